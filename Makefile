@@ -1,0 +1,97 @@
+# Thin targets over `python -m` entry points. Every variable has a default; override on the
+# command line: `make small-pipeline HOSTS=hostfiles/2node DRY_RUN=1`.
+
+PYTHON      ?= .venv/bin/python
+VENV        ?= .venv
+HOSTS       ?= hostfiles/localhost
+LOGS        ?= logs
+# Non-empty: print the exact commands and configs, start nothing.
+DRY_RUN     ?=
+# Launcher mode: local | pdsh | openmpi | slurm | no_ssh (default: from the hostfile).
+LAUNCHER    ?=
+# Run inside an emulated cluster of LAB_NODES network namespaces with links shaped to NET
+# (e.g. 100mbit, 1gbit, none). Needs root and iproute2. Overrides HOSTS.
+NET         ?=
+LAB_NODES   ?= 2
+DELAY_MS    ?=
+LOSS_PCT    ?=
+# Extra spec overrides, space separated: SET="train_iters=20 precision=bf16".
+SET         ?=
+# Non-empty: rerun runs already completed with an identical spec.
+FORCE       ?=
+# Seconds: a run is stopped and recorded as failed (hang) after this long without progress.
+STALL       ?=
+# Seconds: hard limit on a whole run.
+TIMEOUT     ?=
+# Tests: extra pytest arguments (e.g. PYTEST_ARGS="-m 'not slow'").
+PYTEST_ARGS ?=
+
+MODELS      := tiny small large
+STRATEGIES  := baseline pipeline tensor zero1 zero2 zero3 hybrid zero2-offload zero3-offload
+CORE        := baseline,pipeline,tensor,zero1,zero2,zero3
+
+RUN_FLAGS = --hosts $(HOSTS) --logs $(LOGS) \
+	$(if $(DRY_RUN),--dry-run) $(if $(LAUNCHER),--launcher $(LAUNCHER)) \
+	$(if $(NET),--net $(NET) --lab-nodes $(LAB_NODES)) \
+	$(if $(DELAY_MS),--delay-ms $(DELAY_MS)) $(if $(LOSS_PCT),--loss-pct $(LOSS_PCT)) \
+	$(foreach kv,$(SET),--set $(kv)) $(if $(FORCE),--force) \
+	$(if $(STALL),--stall $(STALL)) $(if $(TIMEOUT),--timeout $(TIMEOUT))
+
+RUN_TARGETS := $(foreach m,$(MODELS),$(foreach s,$(STRATEGIES),$(m)-$(s)))
+ALL_TARGETS := $(foreach m,$(MODELS),all-$(m))
+
+.PHONY: help setup test lint fmt demo report bench list clean-lab $(RUN_TARGETS) $(ALL_TARGETS)
+
+help:
+	@echo "make setup            create .venv, install pinned deps, fetch upstream, build data"
+	@echo "make test             run the test suite"
+	@echo "make demo             tiny model, every core strategy, emulated 2-node lab, report"
+	@echo "make <model>-<strategy> [HOSTS=..] [NET=100mbit] [DRY_RUN=1]   one run"
+	@echo "make all-<model>      the six core strategies for a model ($(MODELS))"
+	@echo "make report           python -m analysis.report $(LOGS)"
+	@echo "make list             models, strategies, hostfiles"
+
+$(VENV)/.requirements.stamp: requirements.txt
+	@test -x $(PYTHON) || python3 -m venv $(VENV)
+	@echo "setup: installing pinned requirements into $(VENV)"
+	DS_BUILD_OPS=0 $(PYTHON) -m pip install --quiet --upgrade pip
+	DS_BUILD_OPS=0 $(PYTHON) -m pip install --quiet -r requirements.txt
+	@cp requirements.txt $@
+
+setup: $(VENV)/.requirements.stamp
+	@echo "setup: $(VENV) is up to date with requirements.txt"
+	$(PYTHON) -m launchers.upstream setup $(if $(ALLOW_NO_UPSTREAM),|| echo "setup: continuing without upstream (ALLOW_NO_UPSTREAM set): upstream tests will be skipped")
+
+# pytest exits 5 when no test was collected: not a failure of the suite.
+test:
+	$(PYTHON) -m pytest $(PYTEST_ARGS) || test $$? -eq 5
+
+lint:
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+
+fmt:
+	$(PYTHON) -m ruff format .
+	$(PYTHON) -m ruff check --fix .
+
+list:
+	$(PYTHON) -m launchers list
+
+$(RUN_TARGETS):
+	$(PYTHON) -m launchers run --model $(firstword $(subst -, ,$@)) \
+		--strategy $(patsubst $(firstword $(subst -, ,$@))-%,%,$@) $(RUN_FLAGS)
+
+$(ALL_TARGETS):
+	$(PYTHON) -m launchers matrix --model $(patsubst all-%,%,$@) --strategies $(CORE) $(RUN_FLAGS)
+
+demo:
+	$(PYTHON) -m launchers demo --logs $(LOGS) $(if $(NET),--net $(NET))
+
+report:
+	$(PYTHON) -m analysis.report $(LOGS)
+
+bench:
+	$(PYTHON) benchmarks/parse_bench.py
+
+clean-lab:
+	$(PYTHON) -m launchers.lab down --all
