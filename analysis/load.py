@@ -1,0 +1,589 @@
+"""Run discovery: turn a directory of run directories and bare log files into ``LoadedRun``s.
+
+Two kinds of input, found recursively under LOGDIR:
+
+- a *run directory* (written by ``launchers``): any directory holding ``run.json``; its ``*.log``
+  files (``launcher.log``, ``node0.log``, ...) are the logs of ONE run, merged with
+  ``analysis.parse.merge_runs``; ``ds_config.json``, ``launch.sh`` and ``netbench.json`` sit
+  next to them;
+- *bare log files* (like the lab logs): ``<stem>.log`` is a run named by its stem; files whose
+  stems differ only by a ``_node<N>`` suffix are the per-node logs of one run and are merged;
+  ``<stem>.json`` next to a log is its DeepSpeed config and ``<stem>.cmd`` its command line.
+
+The run's setup (model, strategy, cluster, network) is resolved field by field from, in order of
+trust: ``run.json`` spec, the command line, the DeepSpeed config, the parser's ``config`` (the
+log's own argument dump), the run name. Every field says where it came from; a field no source
+gives stays ``None`` and the problem is recorded. Nothing here is guessed from typical values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from analysis.records import ParsedRun
+
+Precision = Literal["fp32", "fp16", "bf16"]
+"""Training precision of weights and activations."""
+
+Status = Literal["completed", "failed", "incomplete", "interrupted", "running"]
+"""Run status: the parser's three plus the launcher's ``interrupted``/``running`` (run.json)."""
+
+MODEL_PRESETS: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (4, 128, 4, 128),
+    "small": (12, 512, 8, 512),
+    "large": (24, 1024, 16, 1024),
+}
+"""Known model presets as (layers, hidden, heads, seq); must match ``megatron_configs``."""
+
+_NODE_SUFFIX = re.compile(r"^(?P<stem>.+)_node(?P<node>\d+)$")
+_LINK_IN_NAME = re.compile(r"(?<![a-z0-9])(?P<rate>\d+(?:\.\d+)?)(?P<unit>mbit|gbit)", re.I)
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What a run was: model, batch, parallelism, cluster and network, each field optional."""
+
+    model: str | None = None
+    """Preset name (``tiny``/``small``/``large``) or ``custom-l{l}-h{h}-a{a}-s{s}``."""
+    num_layers: int | None = None
+    """Transformer layers ``l``."""
+    hidden_size: int | None = None
+    """Hidden size ``h``."""
+    num_attention_heads: int | None = None
+    """Attention heads ``a``."""
+    seq_length: int | None = None
+    """Sequence length ``s`` (tokens per sample)."""
+    ffn_hidden_size: int | None = None
+    """MLP hidden size (Megatron default 4h)."""
+    vocab_size: int | None = None
+    """Tokenizer vocabulary before padding, when known."""
+    padded_vocab_size: int | None = None
+    """Vocabulary after Megatron's padding to a multiple of 128 x TP (``V`` in the formulas)."""
+    normalization: str | None = None
+    """``layernorm`` (weight + bias, 2h parameters) or ``rmsnorm`` (weight only, h)."""
+    micro_batch_size: int | None = None
+    """Samples per micro-batch per data-parallel rank ``b``."""
+    global_batch_size: int | None = None
+    """Samples per optimizer step over all data-parallel ranks ``B``."""
+    precision: Precision | None = None
+    """Weights/activation precision."""
+    activation_checkpointing: bool | None = None
+    """Full activation recompute (adds one forward pass to the FLOPs)."""
+    strategy: str | None = None
+    """Strategy name (``baseline``, ``pipeline``, ``tensor``, ``zero1``..., ``hybrid-...``)."""
+    tp: int | None = None
+    """Tensor-model-parallel size."""
+    pp: int | None = None
+    """Pipeline-model-parallel size."""
+    dp: int | None = None
+    """Data-parallel size (world / (tp * pp))."""
+    zero_stage: int | None = None
+    """DeepSpeed ZeRO stage 0-3."""
+    offload: bool | None = None
+    """ZeRO optimizer/parameter offload to CPU."""
+    world_size: int | None = None
+    """Total ranks."""
+    nodes: int | None = None
+    """Number of machines (1 for a single machine, e.g. ``deepspeed --num_gpus N``)."""
+    device: Literal["cpu", "cuda"] | None = None
+    """Accelerator: on ``cpu`` DeepSpeed reports process RSS as memory."""
+    train_iters: int | None = None
+    """Iterations the run was asked to train."""
+    log_interval: int | None = None
+    """Megatron's ``--log-interval``: iteration lines are averages over that many iterations."""
+    steps_per_print: int | None = None
+    """DeepSpeed ``steps_per_print`` (PipelineEngine timer totals cover that many steps)."""
+    wall_clock_breakdown: bool | None = None
+    """DeepSpeed per-step timers enabled."""
+    reduce_bucket_size: int | None = None
+    """ZeRO ``reduce_bucket_size`` in elements (DeepSpeed default 5e8)."""
+    param_persistence_threshold: int | None = None
+    """ZeRO-3 ``stage3_param_persistence_threshold`` in elements (DeepSpeed default 1e5)."""
+    communication_data_type: str | None = None
+    """DeepSpeed ``communication_data_type`` override, when set."""
+    link_mbit: float | None = None
+    """Inter-node link rate, Mbit/s (run.json network, else the run name, e.g. ``1000mbit``)."""
+    latency_ms: float | None = None
+    """Emulated one-way latency, ms, when known."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Field name -> where its value came from (``run.json``, ``cmd``, ``ds_config``, ``log``,
+    ``name``, ``derived``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "world_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}({value}) must be >= 1")
+        if None not in (self.tp, self.pp, self.dp, self.world_size) and (
+            self.tp * self.pp * self.dp != self.world_size  # type: ignore[operator]
+        ):
+            raise ValueError(
+                f"tp({self.tp}) * pp({self.pp}) * dp({self.dp}) != world_size({self.world_size})"
+            )
+        if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage({self.zero_stage}) not in 0..3")
+
+    @property
+    def gas(self) -> int | None:
+        """Gradient-accumulation steps = B / (b * dp) (micro-batches per step per replica)."""
+        if None in (self.global_batch_size, self.micro_batch_size, self.dp):
+            return None
+        return self.global_batch_size // (self.micro_batch_size * self.dp)  # type: ignore[operator]
+
+    @property
+    def setup_key(self) -> str:
+        """Runs are compared only within one key: model, cluster shape and network."""
+        nodes = f"{self.nodes}n" if self.nodes is not None else "?n"
+        world = f"{self.world_size}r" if self.world_size is not None else "?r"
+        link = f"{self.link_mbit:g}mbit" if self.link_mbit is not None else "local-or-unknown-link"
+        if self.nodes == 1:
+            link = "single-machine"
+        return f"{self.model or 'unknown-model'} / {nodes} x {world} / {link}"
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """One run as found on disk: its parsed logs, its resolved setup and side files."""
+
+    name: str
+    """Run name: run.json ``name``, else the directory or log stem."""
+    path: str
+    """Where it was found, relative to LOGDIR (POSIX)."""
+    kind: Literal["run_dir", "log_files"]
+    """A launcher run directory or bare log file(s)."""
+    parsed: ParsedRun | None
+    """Merged parse of all its log files (None when there were no logs)."""
+    setup: RunSetup
+    """Resolved setup."""
+    status: Status
+    """run.json outcome when present, else the parser's status."""
+    failure_kind: str | None = None
+    """Failure kind (parser's closed set, or run.json ``outcome.kind``)."""
+    failure_reason: str | None = None
+    """Failure message or run.json ``outcome.reason``."""
+    run_json: dict[str, Any] | None = None
+    """run.json as read."""
+    netbench: dict[str, Any] | None = None
+    """netbench.json as read (measured collective bandwidth)."""
+    log_files: tuple[str, ...] = ()
+    """Log files that fed the run, relative to LOGDIR."""
+    problems: tuple[str, ...] = ()
+    """What was missing or inconsistent, in words."""
+
+
+def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        problems.append(f"{path.name}: unreadable JSON ({exc.__class__.__name__})")
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _cmd_flags(cmd: str) -> dict[str, str | bool]:
+    """``--flag value`` / ``--flag`` pairs of a command line (last occurrence wins)."""
+    first_line = cmd.strip().splitlines()[0] if cmd.strip() else ""
+    try:
+        tokens = shlex.split(first_line)
+    except ValueError:
+        tokens = first_line.split()
+    flags: dict[str, str | bool] = {}
+    for i, tok in enumerate(tokens):
+        if tok.startswith("--"):
+            key = tok[2:].split("=", 1)[0].replace("_", "-")
+            if "=" in tok:
+                flags[key] = tok.split("=", 1)[1]
+            elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                flags[key] = tokens[i + 1]
+            else:
+                flags[key] = True
+    return flags
+
+
+def derive_strategy(tp: int, pp: int, zero_stage: int, offload: bool = False) -> str:
+    """Strategy name from the parallel layout: one axis -> its name; several -> ``hybrid-...``."""
+    parts = []
+    if tp > 1:
+        parts.append(f"tp{tp}")
+    if pp > 1:
+        parts.append(f"pp{pp}")
+    if zero_stage > 0:
+        parts.append(f"zero{zero_stage}")
+    if offload:
+        parts.append("offload")
+    if not parts:
+        return "baseline"
+    if len(parts) == 1:
+        single = parts[0]
+        if single.startswith("tp"):
+            return "tensor"
+        if single.startswith("pp"):
+            return "pipeline"
+        return single
+    return "hybrid-" + "-".join(parts)
+
+
+def derive_model_name(layers: int, hidden: int, heads: int, seq: int) -> str:
+    """Preset name matching (layers, hidden, heads, seq), else a descriptive custom name."""
+    for name, dims in MODEL_PRESETS.items():
+        if dims == (layers, hidden, heads, seq):
+            return name
+    return f"custom-l{layers}-h{hidden}-a{heads}-s{seq}"
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None and value is not True else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _precision(fp16: Any, bf16: Any) -> Precision | None:
+    if fp16 is None and bf16 is None:
+        return None
+    if fp16:
+        return "fp16"
+    if bf16:
+        return "bf16"
+    return "fp32"
+
+
+def resolve_setup(
+    name: str,
+    run_json: dict[str, Any] | None,
+    ds_config: dict[str, Any] | None,
+    cmd: str | None,
+    parsed: ParsedRun | None,
+    node_files: int = 1,
+    log_text: str = "",
+) -> tuple[RunSetup, list[str]]:
+    """Resolve a run's setup from every source, most trusted first; returns (setup, problems)."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    problems: list[str] = []
+
+    def put(key: str, value: Any, source: str) -> None:
+        if value is not None and key not in values:
+            values[key] = value
+            sources[key] = source
+
+    spec = (run_json or {}).get("spec") or {}
+    model = spec.get("model") or {}
+    strategy = spec.get("strategy") or {}
+    cluster = spec.get("cluster") or {}
+    for key in (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "ffn_hidden_size",
+        "vocab_size",
+        "micro_batch_size",
+        "global_batch_size",
+    ):
+        put(key, _as_int(model.get(key)), "run.json")
+    put("precision", model.get("precision"), "run.json")
+    put("model", model.get("name"), "run.json")
+    put("strategy", strategy.get("name"), "run.json")
+    for key in ("tp", "pp", "dp", "zero_stage"):
+        put(key, _as_int(strategy.get(key)), "run.json")
+    if isinstance(strategy.get("offload"), bool):
+        put("offload", strategy["offload"], "run.json")
+    elif strategy.get("offload") not in (None, "none", ""):
+        put("offload", True, "run.json")
+    put("world_size", _as_int(cluster.get("world_size")), "run.json")
+    if isinstance(cluster.get("hosts"), list) and cluster["hosts"]:
+        put("nodes", len(cluster["hosts"]), "run.json")
+    put("device", spec.get("device"), "run.json")
+    put("activation_checkpointing", spec.get("activation_checkpointing"), "run.json")
+    put("train_iters", _as_int(spec.get("train_iters")), "run.json")
+    put("log_interval", _as_int(spec.get("log_interval")), "run.json")
+    network = (run_json or {}).get("network") or {}
+    for key in ("link_mbit", "rate_mbit", "rate_mbps", "mbit"):
+        if isinstance(network.get(key), int | float):
+            put("link_mbit", float(network[key]), "run.json network")
+    for key in ("latency_ms", "delay_ms"):
+        if isinstance(network.get(key), int | float):
+            put("latency_ms", float(network[key]), "run.json network")
+
+    if cmd:
+        flags = _cmd_flags(cmd)
+        cmd_map = {
+            "num_layers": "num-layers",
+            "hidden_size": "hidden-size",
+            "num_attention_heads": "num-attention-heads",
+            "seq_length": "seq-length",
+            "ffn_hidden_size": "ffn-hidden-size",
+            "micro_batch_size": "micro-batch-size",
+            "global_batch_size": "global-batch-size",
+            "tp": "tensor-model-parallel-size",
+            "pp": "pipeline-model-parallel-size",
+            "zero_stage": "zero-stage",
+            "train_iters": "train-iters",
+            "log_interval": "log-interval",
+        }
+        for key, flag in cmd_map.items():
+            put(key, _as_int(flags.get(flag)), "cmd")
+        if "fp16" in flags or "bf16" in flags:
+            put("precision", "fp16" if "fp16" in flags else "bf16", "cmd")
+        if "normalization" in flags:
+            put("normalization", flags["normalization"], "cmd")
+        if "checkpoint-activations" in flags or flags.get("recompute-granularity") == "full":
+            put("activation_checkpointing", True, "cmd")
+        if "DS_ACCELERATOR=cpu" in cmd:
+            put("device", "cpu", "cmd")
+        if "node-rank" in flags or "hostfile" in flags:
+            put("nodes", node_files if node_files > 1 else None, "cmd (per-node logs)")
+        elif "num-gpus" in flags or "num_gpus" in cmd:
+            put("nodes", 1, "cmd (--num_gpus: one machine)")
+            put("world_size", _as_int(flags.get("num-gpus")), "cmd")
+
+    if ds_config:
+        zero = ds_config.get("zero_optimization") or {}
+        put("zero_stage", _as_int(zero.get("stage")), "ds_config")
+        put("steps_per_print", _as_int(ds_config.get("steps_per_print")), "ds_config")
+        if isinstance(ds_config.get("wall_clock_breakdown"), bool):
+            put("wall_clock_breakdown", ds_config["wall_clock_breakdown"], "ds_config")
+        put("reduce_bucket_size", _as_int(zero.get("reduce_bucket_size")), "ds_config")
+        put(
+            "param_persistence_threshold",
+            _as_int(zero.get("stage3_param_persistence_threshold")),
+            "ds_config",
+        )
+        put("communication_data_type", ds_config.get("communication_data_type"), "ds_config")
+        fp16 = (ds_config.get("fp16") or {}).get("enabled")
+        bf16 = (ds_config.get("bf16") or {}).get("enabled")
+        put("precision", _precision(fp16, bf16), "ds_config")
+        offload = zero.get("offload_optimizer") or zero.get("offload_param")
+        if offload:
+            device = offload.get("device") if isinstance(offload, dict) else None
+            put("offload", device not in (None, "none"), "ds_config")
+        micro = _as_int(ds_config.get("train_micro_batch_size_per_gpu"))
+        put("micro_batch_size", micro, "ds_config")
+        put("global_batch_size", _as_int(ds_config.get("train_batch_size")), "ds_config")
+
+    config = parsed.config if parsed else {}
+    for key in (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "ffn_hidden_size",
+        "micro_batch_size",
+        "global_batch_size",
+        "padded_vocab_size",
+        "world_size",
+        "train_iters",
+        "log_interval",
+    ):
+        put(key, _as_int(config.get(key)), "log")
+    put("tp", _as_int(config.get("tensor_model_parallel_size")), "log")
+    put("pp", _as_int(config.get("pipeline_model_parallel_size")), "log")
+    put("dp", _as_int(config.get("data_parallel_size")), "log")
+    put("zero_stage", _as_int(config.get("zero_stage")), "log")
+    put("normalization", config.get("normalization"), "log")
+    put("precision", _precision(config.get("fp16"), config.get("bf16")), "log")
+    if config.get("checkpoint_activations") or config.get("recompute_granularity") == "full":
+        put("activation_checkpointing", True, "log")
+    torch_version = (parsed.versions.get("torch") if parsed else None) or ""
+    if torch_version.endswith("+cpu"):
+        put("device", "cpu", "log (torch +cpu build)")
+    match = re.search(r"nnodes=(\d+)", log_text)
+    if match:
+        put("nodes", int(match.group(1)), "log (launcher nnodes)")
+
+    link = _LINK_IN_NAME.search(name)
+    if link:
+        rate = float(link.group("rate")) * (1000.0 if link.group("unit").lower() == "gbit" else 1)
+        put("link_mbit", rate, "name")
+
+    # Derived fields, from what is known.
+    tp, pp = values.get("tp"), values.get("pp")
+    world = values.get("world_size")
+    if "dp" not in values and None not in (tp, pp, world):
+        put("dp", world // (tp * pp), "derived: world / (tp * pp)")
+    if "world_size" not in values and None not in (tp, pp, values.get("dp")):
+        put("world_size", tp * pp * values["dp"], "derived: tp * pp * dp")
+    if "ffn_hidden_size" not in values and "hidden_size" in values:
+        put("ffn_hidden_size", 4 * values["hidden_size"], "derived: Megatron default 4h")
+    if "normalization" not in values and values.get("num_layers") is not None:
+        put("normalization", "layernorm", "derived: Megatron default")
+    if "activation_checkpointing" not in values and values.get("num_layers") is not None:
+        put("activation_checkpointing", False, "derived: no recompute flag")
+    if "offload" not in values and values.get("zero_stage") is not None:
+        put("offload", False, "derived: no offload in config")
+    dims = [values.get(k) for k in ("num_layers", "hidden_size", "num_attention_heads")]
+    dims.append(values.get("seq_length"))
+    if "model" not in values and None not in dims:
+        put("model", derive_model_name(*dims), "derived from layers/hidden/heads/seq")
+    if "strategy" not in values and None not in (tp, pp, values.get("zero_stage")):
+        put(
+            "strategy",
+            derive_strategy(tp, pp, values["zero_stage"], bool(values.get("offload"))),
+            "derived from tp/pp/zero",
+        )
+    if "padded_vocab_size" not in values and values.get("vocab_size") is not None and tp:
+        multiple = 128 * tp
+        padded = -(-values["vocab_size"] // multiple) * multiple
+        put("padded_vocab_size", padded, "derived: vocab padded to 128 x tp")
+
+    for key, why in (
+        ("model", "model dimensions"),
+        ("strategy", "parallel layout"),
+        ("world_size", "world size"),
+        ("nodes", "node count"),
+        ("padded_vocab_size", "padded vocabulary (needed for FLOPs and parameters)"),
+    ):
+        if key not in values:
+            problems.append(f"{key}: unknown ({why} not in run.json, cmd, ds_config or log)")
+    try:
+        setup = RunSetup(**values, sources=sources)
+    except ValueError as exc:
+        problems.append(f"inconsistent setup: {exc}")
+        values.pop("dp", None)
+        setup = RunSetup(**values, sources=sources)
+    return setup, problems
+
+
+def _group_bare_logs(files: Iterable[Path]) -> dict[tuple[Path, str], list[Path]]:
+    groups: dict[tuple[Path, str], list[Path]] = {}
+    for path in sorted(files):
+        match = _NODE_SUFFIX.match(path.stem)
+        stem = match.group("stem") if match else path.stem
+        groups.setdefault((path.parent, stem), []).append(path)
+    return groups
+
+
+def _status(parsed: ParsedRun | None, run_json: dict[str, Any] | None) -> Status:
+    outcome = (run_json or {}).get("outcome") or {}
+    if outcome.get("status") in ("completed", "failed", "interrupted", "running"):
+        return outcome["status"]
+    return parsed.status if parsed else "incomplete"
+
+
+def _parse_all(paths: list[Path], problems: list[str]) -> list[ParsedRun]:
+    """Parse each file and merge the k-th run of every file into one run (per-node logs)."""
+    from analysis.parse import merge_runs, parse_file
+
+    per_file = [parse_file(p) for p in paths]
+    count = max((len(runs) for runs in per_file), default=0)
+    merged = []
+    for k in range(count):
+        parts = [runs[k] for runs in per_file if k < len(runs)]
+        merged.append(merge_runs(parts) if len(parts) > 1 else parts[0])
+    if len({len(r) for r in per_file}) > 1:
+        problems.append("log files disagree on the number of training runs they hold")
+    return merged
+
+
+def _make_runs(
+    name: str,
+    rel: str,
+    kind: Literal["run_dir", "log_files"],
+    logs: list[Path],
+    root: Path,
+    run_json: dict[str, Any] | None,
+    ds_config: dict[str, Any] | None,
+    cmd: str | None,
+    netbench: dict[str, Any] | None,
+    problems: list[str],
+) -> list[LoadedRun]:
+    parsed_runs = _parse_all(logs, problems) if logs else []
+    if not logs:
+        problems.append("no *.log file")
+    node_files = sum(1 for p in logs if _NODE_SUFFIX.match(p.stem) or p.stem.startswith("node"))
+    log_text = "\n".join(p.read_text(errors="replace")[:200_000] for p in logs)
+    out = []
+    for k, parsed in enumerate(parsed_runs or [None]):
+        run_name = name if len(parsed_runs) <= 1 else f"{name}#{k + 1}"
+        setup, setup_problems = resolve_setup(
+            run_name, run_json, ds_config, cmd, parsed, node_files, log_text
+        )
+        failure = parsed.failure if parsed else None
+        outcome = (run_json or {}).get("outcome") or {}
+        all_problems = [*problems, *setup_problems, *(parsed.problems if parsed else [])]
+        out.append(
+            LoadedRun(
+                name=run_name,
+                path=rel,
+                kind=kind,
+                parsed=parsed,
+                setup=setup,
+                status=_status(parsed, run_json),
+                failure_kind=outcome.get("kind") or (failure.kind if failure else None),
+                failure_reason=outcome.get("reason") or (failure.message if failure else None),
+                run_json=run_json,
+                netbench=netbench,
+                log_files=tuple(p.relative_to(root).as_posix() for p in logs),
+                problems=tuple(all_problems),
+            )
+        )
+    return out
+
+
+def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
+    """Every run under ``logdir`` (a directory or one log file), sorted by name.
+
+    ``exclude`` are directories to skip (the report's own output directory).
+    """
+    logdir = Path(logdir)
+    if logdir.is_file():
+        root, candidates = logdir.parent, [logdir]
+    else:
+        root = logdir
+        excluded = [Path(p).resolve() for p in exclude]
+        candidates = [
+            p
+            for p in sorted(logdir.rglob("*"))
+            if not any(p.resolve().is_relative_to(e) for e in excluded)
+        ]
+    run_dirs = sorted({p.parent for p in candidates if p.name == "run.json"})
+    runs: list[LoadedRun] = []
+    for run_dir in run_dirs:
+        problems: list[str] = []
+        run_json = _read_json(run_dir / "run.json", problems)
+        ds_path = run_dir / "ds_config.json"
+        ds_config = _read_json(ds_path, problems) if ds_path.exists() else None
+        launch = run_dir / "launch.sh"
+        nb_path = run_dir / "netbench.json"
+        netbench = _read_json(nb_path, problems) if nb_path.exists() else None
+        logs = sorted(run_dir.glob("*.log"))
+        name = (run_json or {}).get("name") or run_dir.name
+        rel = run_dir.relative_to(root).as_posix() if run_dir != root else "."
+        runs += _make_runs(
+            name,
+            rel,
+            "run_dir",
+            logs,
+            root,
+            run_json,
+            ds_config,
+            launch.read_text() if launch.exists() else None,
+            netbench,
+            problems,
+        )
+    bare = [
+        p
+        for p in candidates
+        if p.suffix == ".log" and p.is_file() and not any(p.is_relative_to(d) for d in run_dirs)
+    ]
+    for (parent, stem), logs in _group_bare_logs(bare).items():
+        problems = []
+        first = logs[0]
+        json_path = first.with_suffix(".json")
+        cmd_path = first.with_suffix(".cmd")
+        ds_config = _read_json(json_path, problems) if json_path.exists() else None
+        cmd = cmd_path.read_text() if cmd_path.exists() else None
+        if ds_config is None:
+            problems.append("no DeepSpeed config next to the log")
+        if cmd is None:
+            problems.append("no command line (.cmd) next to the log")
+        rel = (parent / stem).relative_to(root).as_posix()
+        runs += _make_runs(stem, rel, "log_files", logs, root, None, ds_config, cmd, None, problems)
+    return sorted(runs, key=lambda r: r.name)

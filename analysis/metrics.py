@@ -1,0 +1,829 @@
+"""Per-run metrics: steady-state time, throughput, FLOPs, memory, breakdown, volume, bandwidth.
+
+One ``RunMetrics`` row per run; ``SCHEMA`` is the column -> dtype contract of the DataFrame,
+summary.json and summary.csv (units in column names: ``_ms``, ``_mb`` = MiB, ``_gbps`` = Gbit/s,
+``_per_s``). A figure the logs cannot support is ``None`` and ``na_reasons[column]`` says why.
+
+Steady-state rule (``STEADY_RULE``): Megatron iteration lines are means over ``log_interval``
+iterations; the first logged window is warm-up (graph build, allocator, data loader, first
+communicator set-up) and is dropped; the remaining windows are the samples. DeepSpeed per-step
+timer lines (one per iteration on the plain engine) drop the same first ``log_interval``
+iterations and give the per-iteration spread.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import pandas as pd
+
+from analysis import comm
+from analysis.load import LoadedRun, RunSetup
+from analysis.records import ParsedRun, TimerBlock
+
+STEADY_RULE = (
+    "drop the first logging window (warm-up), use every later window; each window is the mean "
+    "over log_interval iterations"
+)
+"""The stated steady-state rule."""
+
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
+_T95 |= {9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131}
+_T95 |= {16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074}
+_T95 |= {23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045}
+_T95 |= {30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+
+
+def t95(df: float) -> float:
+    """Two-sided 95% Student-t critical value; between table rows the next lower df is used
+    (conservative); df > 120 -> 1.96."""
+    if df < 1:
+        raise ValueError(f"df({df}) must be >= 1")
+    if df > 120:
+        return 1.960
+    return _T95[max(k for k in _T95 if k <= math.floor(df))]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Summary of samples with a t-interval for the mean."""
+
+    n: int
+    """Number of samples."""
+    mean: float
+    """Arithmetic mean."""
+    median: float
+    """Median."""
+    std: float | None
+    """Sample standard deviation (n-1); None for n < 2."""
+    ci_lo: float | None
+    """Lower bound of the 95% t-interval of the mean; None for n < 2."""
+    ci_hi: float | None
+    """Upper bound."""
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n({self.n}) must be >= 1")
+
+    @property
+    def sem(self) -> float | None:
+        """Standard error of the mean."""
+        return None if self.std is None else self.std / math.sqrt(self.n)
+
+
+def describe(samples: Sequence[float]) -> Stats:
+    """Mean, median, std, 95% CI = mean ± t95(n-1) * std / sqrt(n)."""
+    values = [float(x) for x in samples]
+    if not values:
+        raise ValueError("no samples")
+    mean, median = statistics.fmean(values), statistics.median(values)
+    if len(values) < 2:
+        return Stats(1, mean, median, None, None, None)
+    std = statistics.stdev(values)
+    half = t95(len(values) - 1) * std / math.sqrt(len(values))
+    return Stats(len(values), mean, median, std, mean - half, mean + half)
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """Iteration time over the steady-state window, with the iterations that fed it."""
+
+    stats: Stats
+    """Statistics of the window means (ms per iteration)."""
+    source: str
+    """``megatron`` iteration lines or ``pipeline`` PipelineEngine ``steps:`` lines."""
+    window: int
+    """Iterations per window."""
+    first_iteration: int
+    """First iteration inside the steady-state window."""
+    last_iteration: int
+    """Last iteration inside it."""
+    dropped: str
+    """What was dropped and why."""
+
+    @property
+    def iterations_text(self) -> str:
+        """``iterations 6-30 (5 windows of 5)``."""
+        return (
+            f"iterations {self.first_iteration}-{self.last_iteration} "
+            f"({self.stats.n} windows of {self.window}, {self.source})"
+        )
+
+
+def steady_state(parsed: ParsedRun) -> tuple[SteadyState | None, str | None]:
+    """Apply ``STEADY_RULE`` to Megatron iteration lines, else to PipelineEngine step lines."""
+    lines = sorted(
+        ((i.iteration, i.elapsed_ms) for i in parsed.iterations if i.elapsed_ms is not None),
+        key=lambda x: x[0],
+    )
+    source = "megatron"
+    if not lines:
+        lines = sorted((p.step, p.iter_ms) for p in parsed.pipeline_steps if p.iter_ms is not None)
+        source = "pipeline"
+    if not lines:
+        return None, "no iteration timing line in the logs"
+    if len(lines) < 2:
+        return None, (
+            f"only the warm-up window (iteration {lines[0][0]}) was logged: no steady state"
+        )
+    window = lines[1][0] - lines[0][0]
+    kept = lines[1:]
+    stats = describe([ms for _, ms in kept])
+    return (
+        SteadyState(
+            stats=stats,
+            source=source,
+            window=window,
+            first_iteration=lines[0][0] + 1,
+            last_iteration=kept[-1][0],
+            dropped=f"window ending at iteration {lines[0][0]} (warm-up)",
+        ),
+        None,
+    )
+
+
+_ALIASES = {
+    "forward": "fwd",
+    "backward": "bwd",
+    "backward_inner": "bwd_inner",
+    "backward_allreduce": "bwd_allreduce",
+    "fwd_microstep": "fwd",
+    "bwd_microstep": "bwd",
+    "bwd_inner_microstep": "bwd_inner",
+    "bwd_allreduce_microstep": "bwd_allreduce",
+    "step_microstep": "step",
+}
+"""Older DeepSpeed timer names, and the PipelineEngine's ``_microstep`` names, to today's."""
+
+
+def deepspeed_step_timers(parsed: ParsedRun, warmup_iters: int) -> dict[str, list[float]]:
+    """Per-iteration DeepSpeed timer samples (ms) after dropping ``warmup_iters`` iterations.
+
+    The plain engine logs its timers once per optimizer step and resets them
+    (``deepspeed/runtime/engine.py`` ``DeepSpeedEngine.step`` -> ``timers.log``; ``utils/timer.py``
+    ``Timer.elapsed`` sums every start/stop since the last reset), so each ``fwd``/``bwd``/``step``
+    value is the SUM over that step's micro-steps. ``_microstep`` lines duplicate them and are
+    skipped. Blocks are grouped by their key set and taken in file order (one per iteration).
+    """
+    by_signature: dict[frozenset[str], list[TimerBlock]] = {}
+    for block in parsed.timers:
+        keys = frozenset(block.values_ms)
+        if block.source != "deepspeed" or all(k.endswith("_microstep") for k in keys):
+            continue
+        by_signature.setdefault(keys, []).append(block)
+    out: dict[str, list[float]] = {}
+    for blocks in by_signature.values():
+        if len(blocks) <= warmup_iters:
+            continue
+        for block in blocks[warmup_iters:]:
+            for key, value in block.values_ms.items():
+                if isinstance(value, int | float):
+                    out.setdefault(_ALIASES.get(key, key), []).append(float(value))
+    return out
+
+
+def megatron_timers(parsed: ParsedRun, after_iteration: int) -> dict[str, list[float]]:
+    """Megatron timer means per window (ms per iteration, max across ranks) after the warm-up.
+
+    Megatron logs them with ``normalizer=args.log_interval`` (upstream ``megatron/training.py``
+    ``training_log``), so each value is already per iteration.
+    """
+    out: dict[str, list[float]] = {}
+    for block in parsed.timers:
+        if block.source != "megatron" or (block.iteration or 0) <= after_iteration:
+            continue
+        for key, value in block.values_ms.items():
+            ms = max(value) if isinstance(value, tuple) else value
+            out.setdefault(key, []).append(float(ms))
+    return out
+
+
+def pipeline_timers(parsed: ParsedRun, steps_per_print: int) -> dict[str, list[float]]:
+    """PipelineEngine timer lines, divided by ``steps_per_print`` to get ms per step.
+
+    ``deepspeed/runtime/pipe/engine.py`` ``_exec_optimizer_step`` and ``train_batch`` log their
+    timers only every ``steps_per_print`` steps with reset=True: totals over those steps. The
+    first block (warm-up) is dropped.
+    """
+    out: dict[str, list[float]] = {}
+    blocks = [b for b in parsed.timers if b.source == "pipeline"]
+    for block in blocks[1:]:
+        for key, value in block.values_ms.items():
+            if isinstance(value, int | float):
+                out.setdefault(_ALIASES.get(key, key), []).append(float(value) / steps_per_print)
+    return out
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Where one iteration's time goes (ms per iteration); parts sum to the iteration time."""
+
+    forward_ms: float | None = None
+    """Forward compute (DeepSpeed ``fwd``; includes ZeRO-3 parameter gathers and TP all-reduces
+    issued inside forward)."""
+    backward_ms: float | None = None
+    """Backward compute (``bwd_inner``)."""
+    forward_backward_ms: float | None = None
+    """Forward + backward when only a combined timer exists (Megatron ``forward-backward``)."""
+    optimizer_ms: float | None = None
+    """Optimizer (``step`` minus ``optimizer_allgather``; or Megatron ``optimizer``)."""
+    communication_ms: float | None = None
+    """Separately timed communication (``bwd_allreduce`` + ``optimizer_allgather``)."""
+    other_ms: float | None = None
+    """Iteration time not covered by any timer (data loading, bookkeeping, untimed comm)."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Part -> timers that fed it."""
+
+
+def breakdown(
+    iter_ms: float, setup: RunSetup, ds: dict[str, list[float]], mg: dict[str, list[float]]
+) -> tuple[Breakdown | None, str | None]:
+    """Breakdown from DeepSpeed per-step timers, else Megatron's; ``other`` = iteration - timers."""
+
+    def mean(name: str, pool: dict[str, list[float]]) -> float:
+        return statistics.fmean(pool[name]) if pool.get(name) else 0.0
+
+    if {"fwd", "bwd_inner", "step"} <= ds.keys():
+        gather = mean("optimizer_allgather", ds)
+        parts = {
+            "forward_ms": mean("fwd", ds),
+            "backward_ms": mean("bwd_inner", ds),
+            "communication_ms": mean("bwd_allreduce", ds) + gather,
+            "optimizer_ms": mean("step", ds) - gather,
+        }
+        sources = {
+            "forward_ms": "deepspeed fwd",
+            "backward_ms": "deepspeed bwd_inner",
+            "communication_ms": "deepspeed bwd_allreduce"
+            + (" + optimizer_allgather" if gather else ""),
+            "optimizer_ms": "deepspeed step" + (" - optimizer_allgather" if gather else ""),
+        }
+    elif "forward-backward" in mg:
+        parts = {"forward_backward_ms": mean("forward-backward", mg)}
+        parts["optimizer_ms"] = mean("optimizer", mg)
+        sources = {
+            "forward_backward_ms": "megatron forward-backward (max over ranks)",
+            "optimizer_ms": "megatron optimizer (max over ranks)",
+        }
+    else:
+        reason = "no step timers in the logs"
+        if (setup.pp or 1) > 1:
+            reason += (
+                " (PP>1: Megatron prints no step timer and DeepSpeed's PipelineEngine timers "
+                "need wall_clock_breakdown, off in this run)"
+            )
+        elif setup.wall_clock_breakdown is False:
+            reason += " (DeepSpeed wall_clock_breakdown off, Megatron timing-log-level 0)"
+        return None, reason
+    other = iter_ms - sum(parts.values())
+    sources["other_ms"] = "iteration time - sum of the timers: not covered by any timer"
+    return Breakdown(**parts, other_ms=other, sources=sources), None
+
+
+def gpt_parameters(layers: int, h: int, s: int, v: int) -> int:
+    """GPT parameters with learned positions: l(12h^2 + 13h) + V h + s h + 2h (UPSTREAM.md)."""
+    return layers * (12 * h * h + 13 * h) + v * h + s * h + 2 * h
+
+
+def flops_per_iteration(
+    batch: int, s: int, layers: int, h: int, v: int, ffn: int | None = None, recompute: bool = False
+) -> float:
+    """Model FLOPs of one iteration as upstream Megatron-DeepSpeed counts them.
+
+    ``megatron/utils.py`` ``throughput_calculator`` (commit f4157bea): forward MACs =
+    B l (4 h^2 s + 2 h s^2 + 2 f h s) + B V h s (no GQA, no swiglu, one expert), backward = 2x
+    forward, FLOPs = 2 x MACs; with f = 4h this is 72 B s l h^2 (1 + s/(6h) + V/(12 l h)). Full
+    activation recompute adds one forward (x 4/3).
+    """
+    f = 4 * h if ffn is None else ffn
+    fwd_macs = batch * layers * (4 * h * h * s + 2 * h * s * s + 2 * f * h * s) + batch * v * h * s
+    passes = 4 if recompute else 3
+    return 2.0 * passes * fwd_macs
+
+
+def tflops_per_gpu(flops: float, iter_ms: float, world_size: int) -> float:
+    """TFLOP/s per rank = FLOPs / (t * N * 1e12), t in seconds (as upstream prints it)."""
+    return flops / (iter_ms / 1000.0 * world_size * 1e12)
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """One row of the report: every figure for one run (None = not derivable, see na_reasons)."""
+
+    name: str
+    """Run name."""
+    path: str
+    """Where the run was found, relative to LOGDIR."""
+    model: str | None
+    """Model preset or custom name."""
+    strategy: str | None
+    """Strategy name."""
+    setup_key: str
+    """Comparison group: model / nodes x ranks / network."""
+    status: str
+    """completed, failed, incomplete, interrupted, running."""
+    failure_kind: str | None
+    """Failure kind when not completed."""
+    failure_reason: str | None
+    """Failure message."""
+    nodes: int | None
+    """Machines."""
+    world_size: int | None
+    """Ranks."""
+    tp: int | None
+    """Tensor-parallel size."""
+    pp: int | None
+    """Pipeline-parallel size."""
+    dp: int | None
+    """Data-parallel size."""
+    zero_stage: int | None
+    """ZeRO stage."""
+    gas: int | None
+    """Gradient-accumulation steps (micro-batches per step per replica)."""
+    micro_batch_size: int | None
+    """Micro-batch size."""
+    global_batch_size: int | None
+    """Global batch size (samples per iteration)."""
+    seq_length: int | None
+    """Tokens per sample."""
+    precision: str | None
+    """fp32/fp16/bf16."""
+    device: str | None
+    """cpu or cuda."""
+    link_mbit: float | None
+    """Inter-node link, Mbit/s."""
+    num_parameters: int | None
+    """Parameters from the formula l(12h^2+13h) + Vh + sh + 2h."""
+    iter_ms_mean: float | None
+    """Mean ms per iteration over the steady-state windows."""
+    iter_ms_median: float | None
+    """Median of the steady-state window means."""
+    iter_ms_std: float | None
+    """Per-iteration spread, ms (source in iter_ms_std_source)."""
+    iter_ms_std_source: str | None
+    """What the spread was computed from."""
+    iter_ms_ci95_lo: float | None
+    """95% t-interval of the mean iteration time, lower bound, ms."""
+    iter_ms_ci95_hi: float | None
+    """Upper bound."""
+    iter_ms_n: int | None
+    """Number of steady-state windows."""
+    steady_iterations: str | None
+    """Which iterations fed the time (and from which lines)."""
+    samples_per_s: float | None
+    """Global batch / mean iteration time."""
+    tokens_per_s: float | None
+    """samples_per_s * seq_length."""
+    tflops: float | None
+    """Recomputed TFLOP/s per rank from the spec and the mean iteration time."""
+    tflops_printed: float | None
+    """Mean of the TFLOPs Megatron printed over the steady windows (2 decimals)."""
+    tflops_check: str | None
+    """Recomputed vs printed."""
+    peak_mem_mb: float | None
+    """Max over ranks and nodes of ``max allocated``, MiB."""
+    peak_reserved_mb: float | None
+    """Max over ranks of ``max reserved``, MiB."""
+    mem_kind: str | None
+    """What the memory figure measures (tensor memory, or process RSS on CPU)."""
+    mem_saving_pct: float | None
+    """(baseline peak - peak) / baseline peak * 100, same setup."""
+    speedup: float | None
+    """Baseline mean iteration time / this run's, same setup."""
+    speedup_ci95_lo: float | None
+    """95% interval of the speedup (delta method on the log ratio, Welch df)."""
+    speedup_ci95_hi: float | None
+    """Upper bound."""
+    baseline: str | None
+    """Name of the baseline run the ratios use."""
+    fwd_ms: float | None
+    """Forward, ms per iteration."""
+    bwd_ms: float | None
+    """Backward compute, ms per iteration."""
+    fwd_bwd_ms: float | None
+    """Forward + backward when only combined."""
+    optimizer_ms: float | None
+    """Optimizer, ms per iteration."""
+    comm_ms: float | None
+    """Separately timed communication, ms per iteration."""
+    other_ms: float | None
+    """Not covered by any timer, ms per iteration."""
+    breakdown_sources: dict[str, str] | None
+    """Part -> timers that fed it."""
+    comm_bytes_per_iter: float | None
+    """Bytes the busiest rank sends per iteration, from the spec (analysis.comm)."""
+    comm_bytes_dp: float | None
+    """Of which data-parallel (gradients/parameters)."""
+    comm_bytes_pp: float | None
+    """Of which pipeline p2p and tied embedding."""
+    comm_bytes_tp: float | None
+    """Of which tensor-parallel activations."""
+    collectives: list[dict[str, Any]] | None
+    """Per-collective list: op, purpose, size_bytes, count_per_iter, group, group_size, link,
+    wire_bytes_per_rank, source."""
+    busbw_gbps_timers: float | None
+    """Gradient all-reduce busbw from bytes / ``bwd_allreduce`` time, Gbit/s."""
+    busbw_gbps_timers_allgather: float | None
+    """Parameter all-gather busbw from bytes / ``optimizer_allgather`` time, Gbit/s."""
+    busbw_gbps_inferred: float | None
+    """Extra bytes / extra time over a compute-identical reference run, Gbit/s."""
+    busbw_gbps_measured: float | None
+    """netbench.json busbw at the nearest message size, Gbit/s."""
+    predicted_iter_ms: float | None = None
+    """Filled by a later what-if model."""
+    prediction_error: float | None = None
+    """(predicted - measured) / measured, filled later."""
+    na_reasons: dict[str, str] = field(default_factory=dict)
+    """Column -> why it is None (or why it should be read with care)."""
+    problems: list[str] = field(default_factory=list)
+    """Loading/parsing problems of this run."""
+
+
+SCHEMA: dict[str, str] = {
+    f.name: (
+        "string"
+        if f.type in ("str", "str | None")
+        else "Int64"
+        if f.type == "int | None"
+        else "float64"
+        if f.type in ("float | None", "float")
+        else "object"
+    )
+    for f in fields(RunMetrics)
+}
+"""Column -> pandas dtype of the one DataFrame (derived from ``RunMetrics``)."""
+
+
+def _peak_memory(parsed: ParsedRun) -> tuple[float | None, float | None, int | None, int | None]:
+    peak = reserved = rank = after = None
+    for m in parsed.memory:
+        alloc = m.max_allocated_mb if m.max_allocated_mb is not None else m.allocated_mb
+        res = m.max_reserved_mb if m.max_reserved_mb is not None else m.reserved_mb
+        if alloc is not None and (peak is None or alloc > peak):
+            peak, rank, after = alloc, m.rank, m.after_iteration
+        if res is not None and (reserved is None or res > reserved):
+            reserved = res
+    return peak, reserved, rank, after
+
+
+def compute(run: LoadedRun) -> RunMetrics:
+    """All per-run figures (cross-run ones, speedup and inferred bandwidth, are None here)."""
+    s, p = run.setup, run.parsed
+    na: dict[str, str] = {}
+    row: dict[str, Any] = {
+        "name": run.name,
+        "path": run.path,
+        "model": s.model,
+        "strategy": s.strategy,
+        "setup_key": s.setup_key,
+        "status": run.status,
+        "failure_kind": run.failure_kind,
+        "failure_reason": run.failure_reason,
+        "nodes": s.nodes,
+        "world_size": s.world_size,
+        "tp": s.tp,
+        "pp": s.pp,
+        "dp": s.dp,
+        "zero_stage": s.zero_stage,
+        "gas": s.gas,
+        "micro_batch_size": s.micro_batch_size,
+        "global_batch_size": s.global_batch_size,
+        "seq_length": s.seq_length,
+        "precision": s.precision,
+        "device": s.device,
+        "link_mbit": s.link_mbit,
+        "problems": list(run.problems),
+    }
+    row |= {f.name: None for f in fields(RunMetrics) if f.name not in row}
+    row["na_reasons"] = na
+
+    dims = (s.num_layers, s.hidden_size, s.seq_length, s.padded_vocab_size)
+    if None not in dims:
+        row["num_parameters"] = gpt_parameters(*dims)  # type: ignore[arg-type]
+    else:
+        na["num_parameters"] = "model dimensions or padded vocabulary unknown"
+
+    cplan, why = comm.plan(s)
+    if cplan is not None:
+        row["comm_bytes_per_iter"] = cplan.bytes_per_iter
+        row["comm_bytes_dp"] = cplan.bytes_for(group="dp")
+        row["comm_bytes_pp"] = cplan.bytes_for(group="pp") + cplan.bytes_for(group="tied-embedding")
+        row["comm_bytes_tp"] = cplan.bytes_for(group="tp")
+        row["collectives"] = [
+            {
+                "op": c.op,
+                "purpose": c.purpose,
+                "size_bytes": c.size_bytes,
+                "count_per_iter": c.count_per_iter,
+                "group": c.group,
+                "group_size": c.group_size,
+                "link": c.link,
+                "wire_bytes_per_rank": c.wire_bytes_per_rank,
+                "source": c.source,
+            }
+            for c in cplan.collectives
+        ]
+    else:
+        na["comm_bytes_per_iter"] = why or "unknown"
+
+    if p is None:
+        na["iter_ms_mean"] = "no log"
+        return RunMetrics(**row)
+
+    steady, why = steady_state(p)
+    if steady is None:
+        na["iter_ms_mean"] = why or "no timing"
+        if run.status != "completed":
+            na["iter_ms_mean"] += f"; run {run.status}"
+    peak, reserved, mem_rank, mem_after = _peak_memory(p)
+    row["peak_mem_mb"], row["peak_reserved_mb"] = peak, reserved
+    if peak is None:
+        na["peak_mem_mb"] = "no memory report in the logs (printed after the first log interval)"
+    else:
+        on_cpu = s.device == "cpu"
+        row["mem_kind"] = (
+            "process RSS (CPU accelerator: not tensor memory)"
+            if on_cpu
+            else "accelerator allocator (tensor memory)"
+        )
+        when = f"after iteration {mem_after}" if mem_after else "once"
+        na["peak_mem_mb"] = (
+            f"max over ranks of 'max allocated' (rank {mem_rank}), printed {when} only; "
+            "logs print 'MB' = bytes/1024^2 (MiB)"
+            + (
+                "; on CPU DeepSpeed's accelerator reports psutil RSS of the process "
+                "(deepspeed/accelerator/cpu_accelerator.py memory_allocated)"
+                if on_cpu
+                else ""
+            )
+        )
+    if steady is None:
+        return RunMetrics(**row)
+
+    st = steady.stats
+    row |= {
+        "iter_ms_mean": st.mean,
+        "iter_ms_median": st.median,
+        "iter_ms_ci95_lo": st.ci_lo,
+        "iter_ms_ci95_hi": st.ci_hi,
+        "iter_ms_n": st.n,
+        "steady_iterations": steady.iterations_text,
+    }
+    if st.n < 2:
+        na["iter_ms_ci95_lo"] = "fewer than 2 steady-state windows: no interval"
+    warmup = steady.first_iteration - 1
+    ds = deepspeed_step_timers(p, warmup)
+    mg = megatron_timers(p, warmup)
+    if ds.get("fwd") and ds.get("step"):
+        per_iter = [
+            a + b + c
+            for a, b, c in zip(
+                ds["fwd"], ds.get("bwd", ds.get("bwd_inner", [])), ds["step"], strict=False
+            )
+        ]
+        if len(per_iter) >= 2:
+            row["iter_ms_std"] = statistics.stdev(per_iter)
+            row["iter_ms_std_source"] = (
+                f"std of per-iteration DeepSpeed fwd+bwd+step over {len(per_iter)} iterations "
+                "(timed part of each iteration)"
+            )
+    if row["iter_ms_std"] is None and st.std is not None:
+        row["iter_ms_std"] = st.std
+        row["iter_ms_std_source"] = (
+            f"std of {st.n} window means ({steady.window} iterations each): understates "
+            "per-iteration spread"
+        )
+    if row["iter_ms_std"] is None:
+        na["iter_ms_std"] = "fewer than 2 samples"
+
+    if s.global_batch_size:
+        row["samples_per_s"] = s.global_batch_size / (st.mean / 1000.0)
+        if s.seq_length:
+            row["tokens_per_s"] = row["samples_per_s"] * s.seq_length
+    else:
+        na["samples_per_s"] = "global batch size unknown"
+
+    if None not in dims and s.global_batch_size and s.world_size:
+        layers, h, seq, v = dims
+        flops = flops_per_iteration(
+            s.global_batch_size,
+            seq,
+            layers,
+            h,
+            v,
+            s.ffn_hidden_size,
+            bool(s.activation_checkpointing),
+        )  # type: ignore[arg-type]
+        row["tflops"] = tflops_per_gpu(flops, st.mean, s.world_size)
+    else:
+        na["tflops"] = "model dimensions, padded vocabulary, batch or world size unknown"
+    printed = [
+        i.tflops
+        for i in p.iterations
+        if i.tflops is not None and i.iteration >= steady.first_iteration
+    ]
+    if printed:
+        row["tflops_printed"] = statistics.fmean(printed)
+        if row["tflops"] is not None:
+            diff = abs(row["tflops"] - row["tflops_printed"])
+            # Megatron prints TFLOPs with 2 decimals: +-0.005 plus the spread of the windows.
+            spread = max(printed) - min(printed)
+            row["tflops_check"] = (
+                "agrees within print rounding"
+                if diff <= 0.005 + spread
+                else f"differs by {diff:.3g} TFLOP/s ({diff / max(row['tflops'], 1e-12):.0%})"
+            )
+
+    bd, why = breakdown(st.mean, s, ds, mg)
+    if bd is None:
+        na["fwd_ms"] = why or "no timers"
+    else:
+        row |= {
+            "fwd_ms": bd.forward_ms,
+            "bwd_ms": bd.backward_ms,
+            "fwd_bwd_ms": bd.forward_backward_ms,
+            "optimizer_ms": bd.optimizer_ms,
+            "comm_ms": bd.communication_ms,
+            "other_ms": bd.other_ms,
+            "breakdown_sources": bd.sources,
+        }
+        if (s.zero_stage or 0) == 3:
+            na["comm_ms"] = (
+                "ZeRO-3 gathers parameters inside forward/backward: that time is in fwd/bwd"
+            )
+        if (s.tp or 1) > 1:
+            na["comm_ms"] = "TP all-reduces run inside forward/backward: that time is in fwd/bwd"
+
+    _timer_bandwidth(row, s, cplan, ds, na)
+    _measured_bandwidth(row, run, cplan, na)
+    return RunMetrics(**row)
+
+
+def _timer_bandwidth(
+    row: dict[str, Any],
+    s: RunSetup,
+    cplan: comm.CommPlan | None,
+    ds: dict[str, list[float]],
+    na: dict[str, str],
+) -> None:
+    """busbw = wire bytes per rank / timer time (== algbw x ring factor, nccl-tests)."""
+    if cplan is None:
+        na["busbw_gbps_timers"] = "no communication model for this setup"
+        return
+    grads = [c for c in cplan.collectives if c.group == "dp" and c.purpose == "gradients"]
+    if not grads or grads[0].op != "all_reduce":
+        na["busbw_gbps_timers"] = (
+            "no data-parallel gradient all-reduce (dp = 1)"
+            if not grads
+            else "ZeRO-3 reduce-scatters inside backward hooks; no timer isolates it"
+        )
+        return
+    if not ds.get("bwd_allreduce"):
+        na["busbw_gbps_timers"] = "no DeepSpeed bwd_allreduce timer (wall_clock_breakdown off)"
+        return
+    ms = statistics.fmean(ds["bwd_allreduce"])
+    if ms <= 0:
+        na["busbw_gbps_timers"] = "bwd_allreduce timer is 0"
+        return
+    row["busbw_gbps_timers"] = comm.gbps(grads[0].wire_bytes_per_rank, ms)
+    note = (
+        "rank 0's bwd_allreduce (includes waiting for the slowest rank); "
+        f"{grads[0].wire_bytes_per_rank:,.0f} wire bytes per rank"
+    )
+    bucket = s.reduce_bucket_size or comm.DEFAULT_REDUCE_BUCKET
+    psi = grads[0].size_bytes // (4 if (s.precision or "fp32") == "fp32" else 2)
+    if (s.zero_stage or 0) == 2 and psi > bucket:
+        note += "; ZeRO-2 with buckets smaller than the model reduces partly inside bwd_inner"
+    na["busbw_gbps_timers"] = note
+    gathers = [c for c in cplan.collectives if c.purpose == "parameters (after step)"]
+    if gathers and ds.get("optimizer_allgather"):
+        gms = statistics.fmean(ds["optimizer_allgather"])
+        if gms > 0:
+            row["busbw_gbps_timers_allgather"] = comm.gbps(gathers[0].wire_bytes_per_rank, gms)
+
+
+def _measured_bandwidth(
+    row: dict[str, Any], run: LoadedRun, cplan: comm.CommPlan | None, na: dict[str, str]
+) -> None:
+    if cplan is None or not cplan.collectives:
+        na["busbw_gbps_measured"] = "no collective in the communication model"
+        return
+    main = max(cplan.collectives, key=lambda c: c.wire_bytes_per_rank)
+    value, why = comm.measured_busbw(run.netbench, main.op, main.size_bytes)
+    row["busbw_gbps_measured"] = value
+    na["busbw_gbps_measured"] = why
+
+
+def _welch(a: RunMetrics, b: RunMetrics) -> tuple[float, float, float] | None:
+    """(difference of means b - a, se, Welch df) from the window statistics."""
+    stats = []
+    for r in (a, b):
+        if r.iter_ms_mean is None or r.iter_ms_ci95_hi is None or not r.iter_ms_n:
+            return None
+        half = r.iter_ms_ci95_hi - r.iter_ms_mean
+        sem = half / t95(r.iter_ms_n - 1)
+        stats.append((r.iter_ms_mean, sem, r.iter_ms_n))
+    (ma, sa, na_), (mb, sb, nb) = stats
+    se = math.sqrt(sa**2 + sb**2)
+    if se == 0:
+        return mb - ma, 0.0, float(na_ + nb - 2)
+    df = se**4 / (sa**4 / (na_ - 1) + sb**4 / (nb - 1))
+    return mb - ma, se, df
+
+
+def speedup_interval(base: RunMetrics, run: RunMetrics) -> tuple[float, float | None, float | None]:
+    """Speedup = base mean / run mean; 95% interval by the delta method on log(ratio):
+    se = sqrt((sem_b/mean_b)^2 + (sem_r/mean_r)^2), df by Welch-Satterthwaite."""
+    assert base.iter_ms_mean and run.iter_ms_mean
+    ratio = base.iter_ms_mean / run.iter_ms_mean
+    welch = _welch(base, run)
+    if welch is None:
+        return ratio, None, None
+    rel = []
+    for r in (base, run):
+        assert r.iter_ms_ci95_hi is not None and r.iter_ms_n and r.iter_ms_mean
+        rel.append((r.iter_ms_ci95_hi - r.iter_ms_mean) / t95(r.iter_ms_n - 1) / r.iter_ms_mean)
+    se_log = math.sqrt(rel[0] ** 2 + rel[1] ** 2)
+    half = t95(max(1.0, welch[2])) * se_log
+    return ratio, ratio * math.exp(-half), ratio * math.exp(half)
+
+
+def compare(rows: list[RunMetrics], baseline: str | None = None) -> list[RunMetrics]:
+    """Cross-run figures within each setup group: speedup, memory saving, inferred bandwidth.
+
+    Baseline: the run named ``baseline`` (CLI ``--baseline``) if it is in the group, else the
+    group's completed run whose strategy is ``baseline``.
+    """
+    out = []
+    for row in rows:
+        group = [r for r in rows if r.setup_key == row.setup_key and r.iter_ms_mean is not None]
+        named = [r for r in group if r.name == baseline] if baseline else []
+        base = (named or [r for r in group if r.strategy == "baseline"] or [None])[0]
+        na = dict(row.na_reasons)
+        changes: dict[str, Any] = {}
+        if base is None:
+            na["speedup"] = f"no baseline run in group '{row.setup_key}'"
+        elif row.iter_ms_mean is None:
+            na["speedup"] = "no steady-state time"
+        else:
+            ratio, lo, hi = speedup_interval(base, row)
+            changes |= {"speedup": ratio, "speedup_ci95_lo": lo, "speedup_ci95_hi": hi}
+            changes["baseline"] = base.name
+        if base is not None and base.peak_mem_mb and row.peak_mem_mb is not None:
+            changes["mem_saving_pct"] = (base.peak_mem_mb - row.peak_mem_mb) / base.peak_mem_mb
+            changes["mem_saving_pct"] *= 100.0
+        value, why = inferred_bandwidth(row, group)
+        changes["busbw_gbps_inferred"] = value
+        na["busbw_gbps_inferred"] = why
+        out.append(replace(row, na_reasons=na, **changes))
+    return out
+
+
+def inferred_bandwidth(row: RunMetrics, group: list[RunMetrics]) -> tuple[float | None, str]:
+    """busbw = (bytes - ref bytes) / (time - ref time) against the run of the same group with
+    the same tp/pp/dp (same compute per rank) that sends the fewest bytes. None with the reason
+    when there is no such reference or the 95% CI of the time difference includes 0.
+    Assumes communication is not overlapped with compute (gloo on CPU blocks)."""
+    if row.iter_ms_mean is None or row.comm_bytes_per_iter is None:
+        return None, "no steady-state time or no communication model"
+    peers = [
+        r
+        for r in group
+        if r.name != row.name
+        and (r.tp, r.pp, r.dp) == (row.tp, row.pp, row.dp)
+        and r.comm_bytes_per_iter is not None
+        and r.comm_bytes_per_iter < row.comm_bytes_per_iter
+    ]
+    if not peers:
+        return None, ("no compute-identical reference (same tp/pp/dp, fewer bytes) in this group")
+    ref = min(peers, key=lambda r: r.comm_bytes_per_iter or 0.0)
+    assert ref.comm_bytes_per_iter is not None
+    extra_bytes = row.comm_bytes_per_iter - ref.comm_bytes_per_iter
+    welch = _welch(ref, row)
+    if welch is None:
+        return None, f"reference {ref.name}: not enough windows for an interval"
+    diff, se, df = welch
+    lo, hi = diff - t95(max(1.0, df)) * se, diff + t95(max(1.0, df)) * se
+    text = (
+        f"vs {ref.name}: +{extra_bytes / 1e6:.2f} MB in {diff:+.1f} ms "
+        f"(95% CI [{lo:.1f}, {hi:.1f}] ms)"
+    )
+    if lo <= 0:
+        return None, text + ": the interval includes 0, communication time is within the noise"
+    return comm.gbps(extra_bytes, diff), text
+
+
+def to_frame(rows: list[RunMetrics]) -> pd.DataFrame:
+    """The one DataFrame, columns and dtypes from ``SCHEMA``."""
+    records = [{f.name: getattr(r, f.name) for f in fields(RunMetrics)} for r in rows]
+    frame = pd.DataFrame.from_records(records, columns=list(SCHEMA))
+    return frame.astype(SCHEMA)
+
+
+def row_dict(row: RunMetrics) -> dict[str, Any]:
+    """JSON-ready dict of a row (summary.json)."""
+    return {f.name: getattr(row, f.name) for f in fields(RunMetrics)}

@@ -1,0 +1,109 @@
+"""Headless figures drawn from the metrics DataFrame (matplotlib Agg); one PNG per question."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+BREAKDOWN_PARTS = {
+    "fwd_ms": "forward",
+    "bwd_ms": "backward",
+    "fwd_bwd_ms": "forward+backward",
+    "optimizer_ms": "optimizer",
+    "comm_ms": "communication (timed)",
+    "other_ms": "not covered by any timer",
+}
+"""Breakdown columns -> legend labels, stacking order."""
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text).strip("-").lower()
+
+
+def _title(group: str, frame: pd.DataFrame) -> str:
+    first = frame.iloc[0]
+    return (
+        f"{group}\nGBS {first['global_batch_size']}, micro {first['micro_batch_size']}, "
+        f"seq {first['seq_length']}, {first['precision'] or '?'}, {first['device'] or '?'}"
+    )
+
+
+def write_figures(frame: pd.DataFrame, out: Path) -> list[Path]:
+    """Write the figures for every setup group with timed runs; returns the written paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for group, rows in frame.groupby("setup_key", sort=True):
+        rows = rows[rows["iter_ms_mean"].notna()]
+        if rows.empty:
+            continue
+        slug = _slug(str(group))
+        labels = rows["name"].tolist()
+        x = range(len(rows))
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        lo = (rows["iter_ms_mean"] - rows["iter_ms_ci95_lo"]).fillna(0)
+        hi = (rows["iter_ms_ci95_hi"] - rows["iter_ms_mean"]).fillna(0)
+        ax.bar(x, rows["iter_ms_mean"], yerr=[lo, hi], capsize=4, color="#4c72b0")
+        ax.set_xticks(list(x), labels, rotation=30, ha="right")
+        ax.set_ylabel("ms per iteration (mean, 95% CI)")
+        ax.set_title(_title(str(group), rows), fontsize=9)
+        written.append(_save(fig, out / f"time-{slug}.png"))
+
+        mem = rows[rows["peak_mem_mb"].notna()]
+        if not mem.empty:
+            fig, ax = plt.subplots(figsize=(7, 4))
+            ax.bar(range(len(mem)), mem["peak_mem_mb"], color="#55a868")
+            ax.set_xticks(range(len(mem)), mem["name"].tolist(), rotation=30, ha="right")
+            kind = str(mem["mem_kind"].iloc[0])
+            ax.set_ylabel("peak memory, MiB")
+            ax.set_title(_title(str(group), mem) + f"\n{kind}", fontsize=9)
+            written.append(_save(fig, out / f"memory-{slug}.png"))
+
+        parts = [c for c in BREAKDOWN_PARTS if rows[c].notna().any()]
+        if parts:
+            fig, ax = plt.subplots(figsize=(7, 4))
+            bottom = pd.Series(0.0, index=rows.index)
+            for col in parts:
+                values = rows[col].fillna(0.0).clip(lower=0.0)
+                ax.bar(x, values, bottom=bottom, label=BREAKDOWN_PARTS[col])
+                bottom = bottom + values
+            ax.set_xticks(list(x), labels, rotation=30, ha="right")
+            ax.set_ylabel("ms per iteration (steady state)")
+            ax.set_title(_title(str(group), rows), fontsize=9)
+            ax.legend(fontsize=7)
+            written.append(_save(fig, out / f"breakdown-{slug}.png"))
+
+        bw_cols = {
+            "busbw_gbps_timers": "from timers",
+            "busbw_gbps_inferred": "inferred",
+            "busbw_gbps_measured": "netbench",
+        }
+        bw = rows[[c for c in bw_cols]].notna().any(axis=1)
+        if bw.any():
+            sub = rows[bw]
+            fig, ax = plt.subplots(figsize=(7, 4))
+            width = 0.25
+            for k, (col, label) in enumerate(bw_cols.items()):
+                xs = [i + (k - 1) * width for i in range(len(sub))]
+                ax.bar(xs, sub[col].fillna(0.0), width, label=label)
+            link = sub["link_mbit"].iloc[0]
+            if pd.notna(link):
+                ax.axhline(link / 1000.0, color="k", ls="--", lw=1, label="link rate")
+            ax.set_xticks(range(len(sub)), sub["name"].tolist(), rotation=30, ha="right")
+            ax.set_ylabel("bus bandwidth, Gbit/s (missing = n/a)")
+            ax.set_title(_title(str(group), sub), fontsize=9)
+            ax.legend(fontsize=7)
+            written.append(_save(fig, out / f"bandwidth-{slug}.png"))
+    return written
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
