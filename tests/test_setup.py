@@ -1,0 +1,96 @@
+"""Setup: locating, checking and cloning upstream; the offline dataset."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launchers import upstream
+from launchers.upstream import PINNED_COMMIT, UpstreamError, check_upstream
+
+REAL = check_upstream()
+needs_upstream = pytest.mark.skipif(
+    not REAL.ok, reason=f"upstream not usable here: {REAL.message()}"
+)
+
+
+def test_cache_dirs_follow_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("MDS_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.delenv("MEGATRON_DEEPSPEED_DIR", raising=False)
+    assert upstream.upstream_dir() == tmp_path / "c" / "Megatron-DeepSpeed"
+    assert upstream.tiny_data().vocab_file == tmp_path / "c" / "data" / "tiny" / "vocab.json"
+    monkeypatch.setenv("MEGATRON_DEEPSPEED_DIR", str(tmp_path / "elsewhere"))
+    assert upstream.upstream_dir() == tmp_path / "elsewhere"
+
+
+def test_missing_upstream_says_run_make_setup(tmp_path):
+    status = check_upstream(tmp_path / "nothing")
+    assert not status.ok
+    assert "make setup" in status.message()
+    assert str(tmp_path / "nothing") in status.message()
+    with pytest.raises(UpstreamError, match="run `make setup`"):
+        upstream.require_upstream(tmp_path / "nothing")
+
+
+def test_wrong_commit_is_named(tmp_path):
+    repo = tmp_path / "md"
+    repo.mkdir()
+    (repo / "pretrain_gpt.py").write_text("# placeholder\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "."], cwd=repo, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+        cwd=repo,
+        check=True,
+    )
+    status = check_upstream(repo)
+    assert status.present and not status.ok
+    assert status.commit and status.commit != PINNED_COMMIT
+    assert f"not the pinned {PINNED_COMMIT[:12]}" in status.message()
+
+
+def test_clone_failure_says_what_to_do(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEGATRON_DEEPSPEED_DIR", str(tmp_path / "md"))
+    monkeypatch.setenv("MEGATRON_DEEPSPEED_REPO", str(tmp_path / "no-such-repo"))
+    with pytest.raises(UpstreamError, match="Set MEGATRON_DEEPSPEED_REPO"):
+        upstream.ensure_upstream(log=lambda _m: None)
+    assert not (tmp_path / "md").exists(), "a failed clone must not leave a broken directory"
+
+
+@needs_upstream
+def test_clone_from_local_path_at_pinned_commit_then_reuse(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEGATRON_DEEPSPEED_DIR", str(tmp_path / "md"))
+    monkeypatch.setenv("MEGATRON_DEEPSPEED_REPO", str(REAL.path))
+    said: list[str] = []
+    status = upstream.ensure_upstream(log=said.append)
+    assert status.ok and status.commit == PINNED_COMMIT
+    assert any("cloning" in m for m in said)
+    said.clear()
+    assert upstream.ensure_upstream(log=said.append).ok
+    assert said == [f"upstream: reusing {tmp_path / 'md'} at {PINNED_COMMIT[:12]}"]
+
+
+def test_corpus_is_deterministic(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    upstream.generate_corpus(a, documents=50)
+    upstream.generate_corpus(b, documents=50)
+    assert a.read_bytes() == b.read_bytes()
+    docs = [json.loads(line) for line in a.read_text().splitlines()]
+    assert len(docs) == 50 and all(d["text"].endswith(".") for d in docs)
+
+
+@needs_upstream
+def test_built_dataset_is_usable():
+    data = upstream.tiny_data()
+    if not data.exists():
+        pytest.skip("tiny dataset not built: run `make setup`")
+    vocab = json.loads(data.vocab_file.read_text())
+    assert "<|endoftext|>" in vocab
+    assert 256 < len(vocab) <= upstream.TOKENIZER_VOCAB
+    merges = data.merge_file.read_text().splitlines()
+    assert merges[0].startswith("#version")
+    # upstream's indexed dataset: header magic of the MMap format.
+    assert Path(f"{data.data_prefix}.idx").read_bytes()[:9] == b"MMIDIDX\x00\x00"
