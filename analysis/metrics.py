@@ -167,7 +167,9 @@ def deepspeed_step_timers(parsed: ParsedRun, warmup_iters: int) -> dict[str, lis
     (``deepspeed/runtime/engine.py`` ``DeepSpeedEngine.step`` -> ``timers.log``; ``utils/timer.py``
     ``Timer.elapsed`` sums every start/stop since the last reset), so each ``fwd``/``bwd``/``step``
     value is the SUM over that step's micro-steps. ``_microstep`` lines duplicate them and are
-    skipped. Blocks are grouped by their key set and taken in file order (one per iteration).
+    skipped. Blocks are grouped by their key set; a block attributed to an iteration (or to the
+    iteration line closing its window) is kept when that is past the warm-up, otherwise blocks
+    are taken in file order, one per iteration (rank 0's node log has no iteration lines).
     """
     by_signature: dict[frozenset[str], list[TimerBlock]] = {}
     for block in parsed.timers:
@@ -177,9 +179,12 @@ def deepspeed_step_timers(parsed: ParsedRun, warmup_iters: int) -> dict[str, lis
         by_signature.setdefault(keys, []).append(block)
     out: dict[str, list[float]] = {}
     for blocks in by_signature.values():
-        if len(blocks) <= warmup_iters:
-            continue
-        for block in blocks[warmup_iters:]:
+        if all(b.iteration is not None for b in blocks):
+            # Attributed to an iteration (or to the iteration line closing its window).
+            kept = [b for b in blocks if (b.iteration or 0) > warmup_iters]
+        else:
+            kept = blocks[warmup_iters:]  # one block per iteration, in file order
+        for block in kept:
             for key, value in block.values_ms.items():
                 if isinstance(value, int | float):
                     out.setdefault(_ALIASES.get(key, key), []).append(float(value))

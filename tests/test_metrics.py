@@ -1,0 +1,185 @@
+"""Metrics on runs built by hand from real lab-log values (dp2.log, zero2.log)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from analysis import metrics
+from analysis.load import LoadedRun, RunSetup
+from analysis.records import Iteration, Memory, ParsedRun, TimerBlock
+
+# dp2.log: "elapsed time per iteration (ms)" and "TFLOPs" at iterations 5..30 (log interval 5).
+DP2_WINDOWS = [(5, 201.6), (10, 186.6), (15, 219.0), (20, 211.9), (25, 217.7), (30, 214.0)]
+DP2_TFLOPS = [0.01, 0.02, 0.01, 0.01, 0.01, 0.01]
+# dp2.log: DeepSpeed per-step timers of iterations 1-2 and 6-7 (fwd, bwd, bwd_inner,
+# bwd_allreduce, step).
+DP2_STEPS = {
+    1: (143.21, 93.31, 77.85, 15.34, 8.08),
+    2: (73.13, 69.13, 58.74, 10.30, 8.99),
+    6: (68.81, 79.37, 69.55, 9.73, 10.17),
+    7: (66.23, 72.48, 60.32, 12.07, 8.81),
+}
+SETUP = RunSetup(
+    model="tiny",
+    num_layers=4,
+    hidden_size=128,
+    num_attention_heads=4,
+    seq_length=128,
+    padded_vocab_size=512,
+    micro_batch_size=1,
+    global_batch_size=8,
+    precision="fp32",
+    strategy="baseline",
+    tp=1,
+    pp=1,
+    dp=2,
+    zero_stage=0,
+    world_size=2,
+    nodes=1,
+    device="cpu",
+    log_interval=5,
+)
+
+
+def dp2_parsed(windows=DP2_WINDOWS, steps=DP2_STEPS) -> ParsedRun:
+    run = ParsedRun(status="completed")
+    run.iterations = [
+        Iteration(iteration=i, elapsed_ms=ms, tflops=tf)
+        for (i, ms), tf in zip(windows, DP2_TFLOPS, strict=False)
+    ]
+    names = ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
+    for it, values in steps.items():
+        micro = {f"{n}_microstep": v for n, v in zip(names, values, strict=True)}
+        run.timers.append(TimerBlock("deepspeed", micro, rank=0, iteration=it))
+        run.timers.append(
+            TimerBlock("deepspeed", dict(zip(names, values, strict=True)), rank=0, iteration=it)
+        )
+    run.memory = [
+        Memory(rank=0, allocated_mb=505.13671875, max_allocated_mb=505.13671875,
+               reserved_mb=505.13671875, max_reserved_mb=505.13671875, after_iteration=5)
+    ]  # fmt: skip
+    return run
+
+
+def loaded(name="dp2", parsed=None, setup=SETUP, status="completed") -> LoadedRun:
+    return LoadedRun(
+        name=name,
+        path=name,
+        kind="log_files",
+        parsed=parsed if parsed is not None else dp2_parsed(),
+        setup=setup,
+        status=status,
+    )
+
+
+def test_t_table():
+    assert metrics.t95(4) == 2.776
+    assert metrics.t95(35) == 2.042  # next lower row: conservative
+    assert metrics.t95(1000) == 1.96
+
+
+def test_steady_state_drops_first_window():
+    steady, why = metrics.steady_state(dp2_parsed())
+    assert why is None and steady is not None
+    # (186.6 + 219.0 + 211.9 + 217.7 + 214.0) / 5, hand-checked
+    assert steady.stats.mean == pytest.approx(209.84)
+    assert steady.stats.median == 214.0
+    assert steady.stats.n == 5
+    assert (steady.first_iteration, steady.last_iteration, steady.window) == (6, 30, 5)
+    half = 2.776 * steady.stats.std / math.sqrt(5)
+    assert steady.stats.ci_lo == pytest.approx(209.84 - half)
+
+
+def test_steady_state_needs_two_windows():
+    steady, why = metrics.steady_state(dp2_parsed(windows=DP2_WINDOWS[:1]))
+    assert steady is None and "warm-up" in (why or "")
+
+
+def test_parameters_formula():
+    assert metrics.gpt_parameters(4, 128, 128, 512) == 875264  # dp2.log prints 875264
+    assert metrics.gpt_parameters(12, 512, 512, 50257) == 63_823_360  # "64M"
+    assert metrics.gpt_parameters(24, 1024, 1024, 50257) == 354_823_168  # not "512M"
+
+
+def test_flops_closed_form_and_printed_dp2():
+    b, s, layers, h, v = 8, 128, 4, 128, 512
+    closed = 72 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (12 * layers * h))
+    assert metrics.flops_per_iteration(b, s, layers, h, v) == pytest.approx(closed)
+    assert metrics.flops_per_iteration(b, s, layers, h, v, recompute=True) == pytest.approx(
+        closed * 4 / 3
+    )
+    # dp2.log iteration 30: 214.0 ms on 2 ranks, printed "TFLOPs: 0.01" (2 decimals)
+    tflops = metrics.tflops_per_gpu(closed, 214.0, 2)
+    assert tflops == pytest.approx(0.014113, rel=1e-3)
+    assert round(tflops, 2) == 0.01
+
+
+def test_compute_dp2_row():
+    row = metrics.compute(loaded())
+    assert row.iter_ms_mean == pytest.approx(209.84)
+    assert row.samples_per_s == pytest.approx(8 / 0.20984)
+    assert row.tokens_per_s == pytest.approx(8 / 0.20984 * 128)
+    assert row.tflops == pytest.approx(0.01439, rel=1e-3)
+    assert row.tflops_check == "agrees within print rounding"
+    assert row.peak_mem_mb == pytest.approx(505.13671875)
+    assert "RSS" in (row.mem_kind or "")
+    assert row.comm_bytes_per_iter == 875264 * 4
+    # Breakdown from the per-step timers of iterations 6 and 7 only (1-5 are warm-up).
+    assert row.fwd_ms == pytest.approx((68.81 + 66.23) / 2)
+    assert row.comm_ms == pytest.approx((9.73 + 12.07) / 2)
+    parts = [row.fwd_ms, row.bwd_ms, row.optimizer_ms, row.comm_ms, row.other_ms]
+    assert sum(parts) == pytest.approx(row.iter_ms_mean)
+    assert row.breakdown_sources and "not covered" in row.breakdown_sources["other_ms"]
+    # Timer bandwidth: 3,501,056 wire bytes in mean bwd_allreduce 10.9 ms.
+    assert row.busbw_gbps_timers == pytest.approx(3_501_056 * 8 / 0.0109 / 1e9)
+    assert row.busbw_gbps_measured is None
+    assert "netbench" in row.na_reasons["busbw_gbps_measured"]
+    assert row.iter_ms_std == pytest.approx(
+        __import__("statistics").stdev([68.81 + 79.37 + 10.17, 66.23 + 72.48 + 8.81])
+    )
+
+
+def test_failed_run_keeps_reason():
+    parsed = ParsedRun(status="failed")
+    run = LoadedRun(
+        name="pp2_fail", path="x", kind="log_files", parsed=parsed, setup=SETUP,
+        status="failed", failure_kind="exception",
+        failure_reason="TypeError: LayerNorm.__init__() got an unexpected keyword argument",
+    )  # fmt: skip
+    row = metrics.compute(run)
+    assert row.iter_ms_mean is None
+    assert "no iteration timing" in row.na_reasons["iter_ms_mean"]
+    assert row.failure_reason and "LayerNorm" in row.failure_reason
+
+
+def scaled(name: str, factor: float, strategy: str, zero: int) -> LoadedRun:
+    windows = [(i, ms * factor) for i, ms in DP2_WINDOWS]
+    setup = RunSetup(**{**SETUP.__dict__, "strategy": strategy, "zero_stage": zero})
+    return loaded(name, dp2_parsed(windows=windows), setup)
+
+
+def test_speedup_and_inferred_bandwidth():
+    rows = [metrics.compute(r) for r in (loaded(), scaled("z2", 2.0, "zero2", 2))]
+    rows += [metrics.compute(scaled("z1", 1.01, "zero1", 1))]
+    base, z2, z1 = metrics.compare(rows)
+    assert base.speedup == 1.0 and base.baseline == "dp2"
+    assert z2.speedup == pytest.approx(0.5)
+    assert z2.speedup_ci95_lo < 0.5 < z2.speedup_ci95_hi
+    # ZeRO-2 sends 4 * 3.5 MB + 1.75 MB vs DP's 3.5 MB, in 209.84 ms more.
+    extra = 4 * 3_501_056 + 3_501_056 / 2 - 3_501_056
+    assert z2.busbw_gbps_inferred == pytest.approx(extra * 8 / 0.20984 / 1e9)
+    # ZeRO-1 is 1% slower: the difference is inside the noise -> no inferred figure.
+    assert z1.busbw_gbps_inferred is None
+    assert "includes 0" in z1.na_reasons["busbw_gbps_inferred"]
+    assert base.busbw_gbps_inferred is None
+
+
+def test_frame_schema_has_units_and_design_keys():
+    frame = metrics.to_frame([metrics.compute(loaded())])
+    assert list(frame.columns) == list(metrics.SCHEMA)
+    assert str(frame["iter_ms_mean"].dtype) == "float64"
+    assert str(frame["iter_ms_n"].dtype) == "Int64"
+    for key in ("predicted_iter_ms", "prediction_error"):
+        assert frame[key].isna().all()
