@@ -151,9 +151,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     (
         "hidden-not-divisible-by-heads",
         {"hidden_size": 130},
-        r"hidden_size(130) % "
-        r"num_attention_heads(4) = 2 != 0",
-    ),  # fmt: skip
+        r"hidden_size(130) % num_attention_heads(4) = 2 != 0",
+    ),
     (
         "seq-longer-than-positions",
         {"seq_length": 256},
