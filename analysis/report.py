@@ -149,7 +149,7 @@ def findings(group: list[RunMetrics]) -> list[str]:
                 f"{r.name}: {r.other_ms:,.1f} ms/iteration ({r.other_ms / r.iter_ms_mean:.0%}) "
                 "is not covered by any timer."
             )
-    mems = [r for r in group if r.peak_mem_mb is not None]
+    mems = [r for r in timed if r.peak_mem_mb is not None]
     if len(mems) >= 2:
         lo = min(r.peak_mem_mb or 0.0 for r in mems)
         hi = max(r.peak_mem_mb or 0.0 for r in mems)
@@ -455,6 +455,14 @@ def recommendations(key: str, group: list[RunMetrics]) -> list[str]:
         return [f"- {key}: no completed timed run; nothing to recommend from data."]
     out = []
     best = min(timed, key=lambda r: r.iter_ms_mean or 0.0)
+    if best.baseline and best.name != best.baseline and (best.speedup_ci95_lo or 0.0) <= 1.0:
+        out.append(
+            f"- {key}: {best.name} has the lowest mean, but its speedup interval vs "
+            f"{best.baseline} ({best.speedup_ci95_lo or 0:.2f}-{best.speedup_ci95_hi or 0:.2f}) "
+            f"includes 1: no strategy is measurably faster than {best.baseline}; keep it, or "
+            "collect more iterations to separate them."
+        )
+        best = next(r for r in timed if r.name == best.baseline)
     out.append(
         f"- {key}: for speed use **{best.strategy}** ({best.name}, "
         f"{best.iter_ms_mean:,.1f} ms/iteration)"
