@@ -122,7 +122,7 @@ def test_compute_dp2_row():
     assert row.samples_per_s == pytest.approx(8 / 0.20984)
     assert row.tokens_per_s == pytest.approx(8 / 0.20984 * 128)
     assert row.tflops == pytest.approx(0.01439, rel=1e-3)
-    assert row.tflops_check == "agrees within print rounding"
+    assert row.tflops_check == "agrees in all 5 windows within print rounding (0.005)"
     assert row.peak_mem_mb == pytest.approx(505.13671875)
     assert "RSS" in (row.mem_kind or "")
     assert row.comm_bytes_per_iter == 875264 * 4
