@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Run small-pipeline: model small (12 layers, hidden 512, 8 heads, seq 512, 63,847,424
+# parameters), fp16, micro-batch 2, global batch 8, gradient accumulation 4.
+# Strategy pipeline: tp 1 x pp 2 x dp 1, ZeRO-0; world size 2 on node1(1), node2(1); device cuda.
+# Launch: `bash launch.sh` on the first host; the deepspeed launcher starts the ranks through
+# pdsh. Every host needs the same paths (upstream, data, this run directory).
+# Expect 100 iterations: an iteration line every 10 (10 lines, from the last rank), Megatron
+# timers (--timing-log-level 2), no DeepSpeed breakdown with PP (PipelineEngine) but its 'steps:'
+# lines.
+# Output goes to stdout/stderr: the executor captures it.
+set -euo pipefail
+
+cd -- /opt/Megatron-DeepSpeed
+exec /venv/bin/deepspeed \
+  --hostfile /RUNS/small-pipeline/20261122T021500Z/hostfile \
+  --launcher pdsh \
+  --master_addr node1 \
+  --master_port 29500 \
+  /opt/Megatron-DeepSpeed/pretrain_gpt.py \
+  --tensor-model-parallel-size 1 \
+  --pipeline-model-parallel-size 2 \
+  --num-layers 12 \
+  --hidden-size 512 \
+  --num-attention-heads 8 \
+  --seq-length 512 \
+  --max-position-embeddings 512 \
+  --micro-batch-size 2 \
+  --global-batch-size 8 \
+  --train-iters 100 \
+  --lr 0.001 \
+  --min-lr 0.0001 \
+  --lr-decay-style cosine \
+  --lr-warmup-iters 2 \
+  --weight-decay 0.01 \
+  --clip-grad 1.0 \
+  --data-path /data/tiny/tiny_text_document \
+  --vocab-file /data/tiny/vocab.json \
+  --merge-file /data/tiny/merges.txt \
+  --tokenizer-type GPT2BPETokenizer \
+  --split 98,1,1 \
+  --eval-iters 0 \
+  --eval-interval 101 \
+  --num-workers 0 \
+  --log-interval 10 \
+  --timing-log-level 2 \
+  --timing-log-option minmax \
+  --deepspeed \
+  --deepspeed_config /RUNS/small-pipeline/20261122T021500Z/ds_config.json \
+  --zero-stage 0 \
+  --seed 1234 \
+  --fp16 \
+  --checkpoint-activations \
+  --deepspeed-activation-checkpointing

@@ -1,0 +1,270 @@
+"""Generated run directories: golden launch.sh/ds_config.json, run.json, shell safety, CLI.
+
+Regenerate the golden files with ``UPDATE_GOLDEN=1 pytest tests/test_generate.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launchers.cli import main as cli_main
+from launchers.hostfile import load_hostfile, parse_hostfile_text
+from launchers.presets import CORE_STRATEGIES, load_strategies, resolve_spec
+from launchers.project import ds_config, launcher_command, megatron_args, script_index
+from launchers.render import load_run_spec, read_run_record, render_run_dir
+from launchers.spec import RunPaths, RunSpec, spec_hash
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden" / "launch"
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+NOW = datetime(2026, 11, 22, 2, 15, 0, tzinfo=timezone.utc)
+PLACEHOLDER_ROOT = "/RUNS"
+PATHS = RunPaths(
+    upstream_dir="/opt/Megatron-DeepSpeed",
+    data_path="/data/tiny/tiny_text_document",
+    vocab_file="/data/tiny/vocab.json",
+    merge_file="/data/tiny/merges.txt",
+    python="/venv/bin/python",
+    deepspeed="/venv/bin/deepspeed",
+)
+LOCALHOST = parse_hostfile_text("# 2 ranks here\nlocalhost slots=2\n", "hostfiles/localhost")
+TWO_NODE = load_hostfile(REPO / "hostfiles" / "2node")
+TINY_STRATEGIES = [
+    s.name for s in load_strategies().values() if s.tp * s.pp <= LOCALHOST.world_size
+]
+
+
+def make_spec(model: str, strategy: str, **kwargs: Any) -> RunSpec:
+    if model == "tiny":
+        kwargs.setdefault("device", "cpu")
+        return resolve_spec(model, strategy, LOCALHOST, paths=PATHS, **kwargs)
+    kwargs.setdefault("device", "cuda")
+    kwargs.setdefault("launcher", "pdsh")
+    return resolve_spec(model, strategy, TWO_NODE, paths=PATHS, **kwargs)
+
+
+CASES = [("tiny", s) for s in TINY_STRATEGIES] + [
+    (m, s) for m in ("small", "large") for s in CORE_STRATEGIES
+]
+IDS = [f"{m}-{s}" for m, s in CASES]
+
+
+def placeholder(text: str, root: Path) -> str:
+    return text.replace(str(root), PLACEHOLDER_ROOT)
+
+
+@pytest.mark.parametrize(("model", "strategy"), CASES, ids=IDS)
+def test_golden_files(tmp_path: Path, model: str, strategy: str) -> None:
+    run_dir = render_run_dir(make_spec(model, strategy), tmp_path, now=NOW)
+    assert run_dir == tmp_path / f"{model}-{strategy}" / "20261122T021500Z"
+    for name in ("launch.sh", "ds_config.json"):
+        actual = placeholder((run_dir / name).read_text(), tmp_path)
+        golden = GOLDEN / f"{model}-{strategy}" / name
+        if UPDATE:
+            golden.parent.mkdir(parents=True, exist_ok=True)
+            golden.write_text(actual)
+        assert golden.is_file(), f"{golden} missing: run with UPDATE_GOLDEN=1"
+        assert actual == golden.read_text(), f"{golden} differs (UPDATE_GOLDEN=1 to accept)"
+
+
+@pytest.mark.parametrize(("model", "strategy"), CASES, ids=IDS)
+def test_launch_script_is_valid_bash(tmp_path: Path, model: str, strategy: str) -> None:
+    script = render_run_dir(make_spec(model, strategy), tmp_path, now=NOW) / "launch.sh"
+    assert os.access(script, os.X_OK)
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck not installed (apt-get install -y shellcheck)")
+    result = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize("launcher", ["no_ssh", "pdsh", "openmpi", "slurm"])
+def test_launch_script_is_valid_bash_for_every_launcher(tmp_path: Path, launcher: str) -> None:
+    spec = resolve_spec("tiny", "pipeline", TWO_NODE, device="cpu", launcher=launcher, paths=PATHS)
+    script = render_run_dir(spec, tmp_path, now=NOW) / "launch.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    if shutil.which("shellcheck"):
+        result = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout
+
+
+def test_ds_config_projection() -> None:
+    pp = ds_config(make_spec("tiny", "pipeline"))
+    assert pp["wall_clock_breakdown"] is False  # PipelineEngine: bwd_microstep timer assertion
+    assert ds_config(make_spec("tiny", "baseline"))["wall_clock_breakdown"] is True
+    z3 = ds_config(make_spec("tiny", "zero3-offload"))["zero_optimization"]
+    assert z3 == {
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu", "pin_memory": False},
+        "offload_param": {"device": "cpu", "pin_memory": False},
+    }
+    fp16 = ds_config(make_spec("small", "zero2"))
+    assert fp16["fp16"]["enabled"] and fp16["fp16"]["loss_scale"] == 0  # dynamic
+    assert fp16["train_batch_size"] == 8
+    assert fp16["train_micro_batch_size_per_gpu"] * fp16["gradient_accumulation_steps"] * 2 == 8
+    assert ds_config(make_spec("small", "zero2", overrides={"precision": "bf16"}))["bf16"] == {
+        "enabled": True
+    }
+
+
+def test_megatron_args_cpu_and_gpu() -> None:
+    cpu_pp = megatron_args(make_spec("tiny", "pipeline"), "/r")
+    assert "--no-pipeline-parallel" not in cpu_pp
+    assert cpu_pp[cpu_pp.index("--normalization") + 1] == "rmsnorm"
+    assert "--no-gradient-accumulation-fusion" in cpu_pp
+    gpu = megatron_args(make_spec("small", "baseline"), "/r")
+    for flag in ("--fp16", "--checkpoint-activations", "--no-pipeline-parallel"):
+        assert flag in gpu
+    assert "--no-gradient-accumulation-fusion" not in gpu and "--normalization" not in gpu
+    assert gpu[gpu.index("--deepspeed_config") + 1] == "/r/ds_config.json"
+    assert gpu[gpu.index("--zero-stage") + 1] == "0"
+
+
+def test_run_json_records_the_resolved_spec(tmp_path: Path) -> None:
+    spec = make_spec("tiny", "zero2")
+    run_dir = render_run_dir(spec, tmp_path, now=NOW)
+    record = read_run_record(run_dir)
+    assert record["name"] == "tiny-zero2"
+    assert record["outcome"] == {"status": "generated"}
+    assert record["spec_hash"] == spec_hash(spec)
+    assert record["command"] == launcher_command(spec, str(run_dir))
+    s = record["spec"]
+    assert s["model"]["num_parameters"] == 875_264
+    assert s["strategy"] | {} == s["strategy"] and s["strategy"]["dp"] == 2
+    assert s["cluster"] == {
+        "hostfile": "hostfiles/localhost",
+        "hosts": ["localhost"],
+        "slots": [2],
+        "world_size": 2,
+    }
+    prov = record["provenance"]
+    assert prov["upstream"] == {"commit": None, "patch": None}  # placeholder path: no checkout
+    assert prov["hostfile_text"] == LOCALHOST.text
+    assert prov["created"] == "2026-11-22T02:15:00+00:00"
+    assert (run_dir / "hostfile").read_text() == LOCALHOST.text
+    assert load_run_spec(run_dir) == spec
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_run_directories_are_never_reused(tmp_path: Path) -> None:
+    spec = make_spec("tiny", "baseline")
+    first = render_run_dir(spec, tmp_path, now=NOW)
+    second = render_run_dir(spec, tmp_path, now=NOW)
+    assert second == first.with_name("20261122T021500Z-2")
+    assert (first / "run.json").is_file() and (second / "run.json").is_file()
+
+
+def fake_tree(tmp_path: Path) -> RunPaths:
+    """Upstream and a deepspeed that prints its argv, under paths that need quoting."""
+    root = tmp_path / "it's a dir $(x)"
+    upstream = root / "upstream"
+    upstream.mkdir(parents=True)
+    (upstream / "pretrain_gpt.py").write_text("")
+    deepspeed = root / "deepspeed"
+    deepspeed.write_text(
+        "#!/usr/bin/env python3\nimport json, os, sys\n"
+        "print(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(),"
+        " 'env': {k: os.environ.get(k) for k in ('DS_ACCELERATOR', 'OMP_NUM_THREADS')}}))\n"
+    )
+    deepspeed.chmod(0o755)
+    data = root / "data"
+    return RunPaths(str(upstream), str(data / "d"), str(data / "v.json"), str(data / "m.txt"),
+                    "/venv/bin/python", str(deepspeed))  # fmt: skip
+
+
+@pytest.mark.parametrize("launcher", ["local", "no_ssh"])
+def test_launch_script_passes_the_exact_argv(tmp_path: Path, launcher: str) -> None:
+    paths = fake_tree(tmp_path)
+    hosts = LOCALHOST if launcher == "local" else TWO_NODE
+    spec = resolve_spec("tiny", "zero1", hosts, device="cpu", launcher=launcher, paths=paths)
+    run_dir = render_run_dir(spec, tmp_path / "logs dir", now=NOW)
+    argv = ["bash", str(run_dir / "launch.sh")] + (["1"] if launcher == "no_ssh" else [])
+    result = subprocess.run(argv, capture_output=True, text=True, check=True)
+    seen = json.loads(result.stdout)
+    expected = launcher_command(spec, str(run_dir), node_rank=1)
+    assert seen["argv"] == expected[1:]
+    assert seen["cwd"] == paths.upstream_dir
+    assert seen["env"] == {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    assert expected[script_index(expected)].endswith("/pretrain_gpt.py")
+
+
+@pytest.mark.parametrize("rank", [None, "2", "x", "-1"], ids=["missing", "2", "x", "-1"])
+def test_no_ssh_script_refuses_without_a_valid_node_rank(tmp_path: Path, rank: str | None) -> None:
+    spec = resolve_spec("tiny", "baseline", TWO_NODE, device="cpu", launcher="no_ssh", paths=PATHS)
+    script = render_run_dir(spec, tmp_path, now=NOW) / "launch.sh"
+    env = {k: v for k, v in os.environ.items() if k != "NODE_RANK"}
+    result = subprocess.run(
+        ["bash", str(script), *([rank] if rank else [])], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 2
+    assert "give this node's rank (0..1)" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_cli_dry_run_prints_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    logs = tmp_path / "logs"
+    status = cli_main(["generate", "--model", "tiny", "--strategy", "baseline", "--hosts",
+                       str(REPO / "hostfiles" / "2node"), "--launcher", "no_ssh", "--device",
+                       "cpu", "--logs", str(logs), "--dry-run"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 0
+    assert not logs.exists()
+    assert "# ==> launch.sh <==" in out and '"train_batch_size": 8' in out
+    assert "# on node1: bash " in out and "launch.sh 0" in out and "launch.sh 1" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--strategy", "hybrid"], "tp(2) * pp(2) * dp(0) != world_size(2)"),
+        (["--strategy", "zero2", "--set", "train_iters=x"], "train_iters must be an integer"),
+        (["--strategy", "zero9"], "unknown strategy 'zero9'; valid: baseline"),
+        (["--strategy", "zero2", "--hosts", "/nonexistent"], "/nonexistent: hostfile not found"),
+        (["--strategy", "zero2", "--set", "upstream_dir=/nonexistent"], "run `make setup`"),
+    ],
+    ids=["spec", "override", "preset", "hostfile", "upstream"],
+)
+def test_cli_errors_exit_2_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str], message: str
+) -> None:
+    logs = tmp_path / "logs"
+    base = ["generate", "--model", "tiny", "--device", "cpu", "--logs", str(logs)]
+    assert cli_main(base + argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+    assert not logs.exists()
+
+
+def test_cli_generate_writes_a_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    paths = fake_tree(tmp_path)
+    for name in ("d.bin", "d.idx", "v.json", "m.txt"):
+        Path(paths.vocab_file).parent.mkdir(exist_ok=True)
+        (Path(paths.vocab_file).parent / name).write_text("")
+    sets = [f"{k}={getattr(paths, k)}" for k in ("upstream_dir", "data_path", "vocab_file",
+                                                  "merge_file", "deepspeed")]  # fmt: skip
+    argv = ["generate", "--model", "tiny", "--strategy", "zero2", "--device", "cpu",
+            "--logs", str(tmp_path / "logs")]  # fmt: skip
+    for item in sets:
+        argv += ["--set", item]
+    assert cli_main(argv) == 0
+    run_dir = Path(capsys.readouterr().out.strip())
+    assert run_dir.parent == tmp_path / "logs" / "tiny-zero2"
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "ds_config.json",
+        "hostfile",
+        "launch.sh",
+        "run.json",
+    ]
