@@ -1,0 +1,386 @@
+"""``python -m launchers list|generate|run|matrix|demo``.
+
+Every request is resolved and validated before anything starts; a SpecError, HostfileError or
+PresetError (or a missing upstream checkout or dataset) prints one message and exits with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from launchers.hostfile import HostfileError, load_hostfile, parse_hostfile_text
+from launchers.presets import (
+    CORE_STRATEGIES,
+    PresetError,
+    expand_strategies,
+    load_models,
+    load_strategies,
+    parse_overrides,
+    resolve_spec,
+)
+from launchers.project import DS_CONFIG_NAME
+from launchers.render import (
+    LAUNCH_NAME,
+    RUN_JSON_NAME,
+    node_commands,
+    planned_run_dir,
+    render_files,
+    render_run_dir,
+)
+from launchers.spec import DEVICES, LAUNCHER_MODES, Cluster, RunSpec, SpecError, spec_hash
+
+HOSTFILE_DIR = Path(__file__).resolve().parent.parent / "hostfiles"
+"""Hostfiles shipped with the project (``list`` shows them)."""
+
+EXIT_USAGE = 2
+"""Exit status for a request that cannot run (nothing was started)."""
+
+
+class PreflightError(RuntimeError):
+    """Upstream, data or executables missing; says what to run."""
+
+
+def human_count(n: int) -> str:
+    """875264 -> '875.3K', 63847424 -> '63.8M'."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def preflight(spec: RunSpec) -> list[str]:
+    """Check that what the run needs is on this machine; return warnings, raise when missing."""
+    from launchers.upstream import check_upstream
+
+    status = check_upstream(Path(spec.paths.upstream_dir))
+    if not status.present:
+        raise PreflightError(status.message())
+    warnings = [status.message()] if not status.ok else []
+    p = spec.paths
+    needed = {
+        "vocab_file": p.vocab_file,
+        "merge_file": p.merge_file,
+        "data_path (.bin)": p.data_path + ".bin",
+        "data_path (.idx)": p.data_path + ".idx",
+        "deepspeed": p.deepspeed,
+    }
+    missing = [f"{key} {path}" for key, path in needed.items() if not Path(path).is_file()]
+    if missing:
+        raise PreflightError(
+            "missing: " + "; ".join(missing) + ". Run `make setup` (it builds the tiny dataset), "
+            "or point DATA_PATH/VOCAB_FILE/MERGE_FILE (or --set data_path=...) at your data"
+        )
+    return warnings
+
+
+# ---------------------------------------------------------------------------------------------
+# list
+
+
+def cmd_list(_: argparse.Namespace) -> int:
+    """Models with computed parameter counts, strategies, hostfiles."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    models = Table(title="Models (megatron_configs/*.yaml)")
+    for col in ("model", "layers", "hidden", "heads", "seq", "micro/global", "precision",
+                "iters", "params"):  # fmt: skip
+        models.add_column(col, justify="left" if col == "model" else "right", overflow="fold")
+    presets = sorted(load_models().items(), key=lambda kv: kv[1].model.num_parameters())
+    for name, preset in presets:
+        m, t = preset.model, preset.training
+        models.add_row(
+            name, str(m.num_layers), str(m.hidden_size), str(m.num_attention_heads),
+            str(m.seq_length), f"{m.micro_batch_size}/{m.global_batch_size}", m.precision,
+            str(t.train_iters), human_count(m.num_parameters()),
+        )  # fmt: skip
+    console.print(models)
+    console.print(
+        "params = l(12h^2+13h) + V h + s h + 2h, V padded to a multiple of 128 (TP=1)",
+        style="dim",
+    )
+    strategies = Table(title="Strategies (megatron_configs/strategies.yaml); dp = world/(tp*pp)")
+    for col in ("strategy", "tp", "pp", "zero", "offload", "core", "description"):
+        strategies.add_column(col)
+    for name, s in load_strategies().items():
+        strategies.add_row(
+            name, str(s.tp), str(s.pp), str(s.zero_stage), s.offload,
+            "yes" if name in CORE_STRATEGIES else "", s.description,
+        )  # fmt: skip
+    console.print(strategies)
+    hosts = Table(title=f"Hostfiles ({HOSTFILE_DIR.name}/)")
+    for col in ("hostfile", "hosts", "world size"):
+        hosts.add_column(col)
+    for path in sorted(p for p in HOSTFILE_DIR.iterdir() if p.is_file()):
+        try:
+            cluster = load_hostfile(path)
+            hosts.add_row(
+                f"{HOSTFILE_DIR.name}/{path.name}",
+                ", ".join(f"{h.name} slots={h.slots}" for h in cluster.hosts),
+                str(cluster.world_size),
+            )
+        except HostfileError as exc:
+            hosts.add_row(f"{HOSTFILE_DIR.name}/{path.name}", f"invalid: {exc}", "")
+    console.print(hosts)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# generate / run / matrix
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the command line asked for, before resolution."""
+
+    cluster: Cluster
+    """Hosts from ``--hosts`` (or the lab's)."""
+    overrides: dict[str, Any]
+    """Typed ``--set`` values."""
+    device: str | None
+    """``--device`` or None (detected)."""
+    launcher: str | None
+    """``--launcher`` or None (from the hostfile)."""
+    logs: Path
+    """``--logs`` root."""
+
+
+def _request(args: argparse.Namespace) -> Request:
+    return Request(
+        cluster=load_hostfile(args.hosts),
+        overrides=parse_overrides(args.set),
+        device=args.device,
+        launcher=args.launcher,
+        logs=Path(args.logs),
+    )
+
+
+def _resolve(req: Request, model: str, strategy: str) -> RunSpec:
+    return resolve_spec(
+        model,
+        strategy,
+        req.cluster,
+        req.overrides,
+        device=req.device,  # type: ignore[arg-type]
+        launcher=req.launcher,  # type: ignore[arg-type]
+    )
+
+
+def print_dry_run(spec: RunSpec, logs: Path, out: Callable[[str], None] = print) -> None:
+    """The exact files a run would get; writes nothing."""
+    run_dir = str(planned_run_dir(spec, logs, datetime.now(timezone.utc)))
+    files = render_files(spec, run_dir)
+    out(f"# dry run: {spec.name} (spec {spec_hash(spec)}); nothing written, nothing started")
+    out(f"# run directory would be {run_dir}")
+    for name in (LAUNCH_NAME, DS_CONFIG_NAME):
+        out(f"# ==> {name} <==")
+        out(files[name].rstrip("\n"))
+    if spec.launcher == "no_ssh":
+        out("# ==> per-node commands <==")
+        for host, line in node_commands(spec, run_dir):
+            out(f"# on {host}: {line}")
+
+
+def _completed_twin(spec: RunSpec, logs: Path) -> Path | None:
+    """A completed run directory with the same spec hash, if any."""
+    wanted = spec_hash(spec)
+    for record in sorted((logs / spec.name).glob(f"*/{RUN_JSON_NAME}")):
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            doc = json.loads(record.read_text(encoding="utf-8"))
+            status = (doc.get("outcome") or {}).get("status")
+            if doc.get("spec_hash") == wanted and status == "completed":
+                return record.parent
+    return None
+
+
+def _execute(run_dir: Path, args: argparse.Namespace, **extra: Any) -> str:
+    from launchers.execute import run
+
+    outcome = run(run_dir, stall_s=args.stall, timeout_s=args.timeout, **extra)
+    status = getattr(outcome, "status", str(outcome))
+    reason = getattr(outcome, "reason", None)
+    print(f"{run_dir}: {status}" + (f" ({reason})" if reason else ""))
+    return status
+
+
+@contextlib.contextmanager
+def _lab_session(args: argparse.Namespace) -> Iterator[dict[str, Any] | None]:
+    """With ``--net``: an emulated cluster whose nodes run ``launch.sh`` with ``--no_ssh``."""
+    if not args.net:
+        yield None
+        return
+    from launchers.lab import Lab, LinkShape
+
+    shape = LinkShape.parse(args.net, args.delay_ms or 0.0, args.loss_pct or 0.0)
+    with Lab(nodes=args.lab_nodes, shape=shape, ssh=False) as lab:
+        cluster = parse_hostfile_text(lab.hostfile_text(slots=1), f"lab {lab.name}")
+        yield {"lab": lab, "cluster": cluster}
+
+
+def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
+    """Resolve every run first (all errors before anything starts), then run them in turn."""
+    req = _request(args)
+    with _lab_session(args) as lab:
+        if lab is not None:
+            overrides = req.overrides | {"master_addr": lab["lab"].master_addr}
+            req = replace(req, cluster=lab["cluster"], launcher="no_ssh", overrides=overrides)
+        specs = [_resolve(req, args.model, s) for s in strategies]
+        if args.dry_run:
+            for spec in specs:
+                print_dry_run(spec, req.logs)
+            return 0
+        for warning in preflight(specs[0]):
+            print(f"warning: {warning}", file=sys.stderr)
+        failed = []
+        for spec in specs:
+            twin = None if args.force else _completed_twin(spec, req.logs)
+            if twin is not None:
+                print(f"{spec.name}: skipped, identical spec already completed in {twin} "
+                      "(--force to rerun)")  # fmt: skip
+                continue
+            run_dir = render_run_dir(spec, req.logs)
+            print(run_dir, flush=True)
+            extra: dict[str, Any] = {}
+            if lab is not None:
+                node = lab["lab"]
+                extra = {
+                    "wrap": lambda i, argv, n=node: n.wrap(i, argv),
+                    "on_end": lambda n=node: n.describe(),
+                }
+            if _execute(run_dir, args, **extra) != "completed":
+                failed.append(spec.name)
+        if failed:
+            print(f"not completed: {', '.join(failed)}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Write one run directory (or show it with --dry-run) and print its path."""
+    req = _request(args)
+    spec = _resolve(req, args.model, args.strategy)
+    if args.dry_run:
+        print_dry_run(spec, req.logs)
+        return 0
+    for warning in preflight(spec):
+        print(f"warning: {warning}", file=sys.stderr)
+    print(render_run_dir(spec, req.logs))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """generate + execute."""
+    return _run_many(args, [args.strategy])
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    """Several strategies of one model, in sequence."""
+    return _run_many(args, expand_strategies(args.strategies))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """tiny x the core strategies on this machine, then the report."""
+    args.model, args.strategies = "tiny", "core"
+    status = cmd_matrix(args)
+    if args.dry_run:
+        return status
+    from analysis.report import main as report_main
+
+    report_status = report_main([str(args.logs)])
+    return status or report_status
+
+
+# ---------------------------------------------------------------------------------------------
+# argument parsing
+
+
+def _common(p: argparse.ArgumentParser, execute: bool) -> None:
+    p.add_argument("--model", required=True, help="model preset (see `list`)")
+    p.add_argument(
+        "--hosts", default=str(HOSTFILE_DIR / "localhost"), help="hostfile (default: localhost)"
+    )
+    _options(p, execute)
+
+
+def _options(p: argparse.ArgumentParser, execute: bool) -> None:
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a preset value, e.g. --set train_iters=20 --set precision=bf16",
+    )
+    p.add_argument("--logs", default="logs", help="root of the run directories (default: logs)")
+    p.add_argument("--device", choices=DEVICES, help="default: cuda if torch sees a GPU, else cpu")
+    p.add_argument(
+        "--launcher", choices=LAUNCHER_MODES, help="default: local for one host, else pdsh"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print launch.sh and ds_config.json; write nothing"
+    )
+    if execute:
+        p.add_argument("--force", action="store_true", help="rerun identical completed runs")
+        p.add_argument("--stall", type=float, help="seconds without output before a run is hung")
+        p.add_argument("--timeout", type=float, help="seconds a whole run may take")
+        p.add_argument("--net", help="run in an emulated cluster with links of this rate")
+        p.add_argument("--lab-nodes", type=int, default=2, help="nodes of the emulated cluster")
+        p.add_argument("--delay-ms", type=float, help="one-way delay of the emulated links")
+        p.add_argument("--loss-pct", type=float, help="packet loss of the emulated links")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m launchers`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="python -m launchers",
+        description="Generate and run upstream Megatron-DeepSpeed pretrain_gpt.py launchers.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="models, strategies, hostfiles").set_defaults(func=cmd_list)
+
+    gen = sub.add_parser("generate", help="write a run directory and print its path")
+    _common(gen, execute=False)
+    gen.add_argument("--strategy", required=True, help="strategy preset (see `list`)")
+    gen.set_defaults(func=cmd_generate)
+
+    run = sub.add_parser("run", help="generate, then execute the run directory")
+    _common(run, execute=True)
+    run.add_argument("--strategy", required=True, help="strategy preset (see `list`)")
+    run.set_defaults(func=cmd_run)
+
+    matrix = sub.add_parser("matrix", help="run several strategies of one model in sequence")
+    _common(matrix, execute=True)
+    matrix.add_argument(
+        "--strategies",
+        default="core",
+        help=f"'core' ({','.join(CORE_STRATEGIES)}), 'all', or names separated by commas",
+    )
+    matrix.set_defaults(func=cmd_matrix)
+
+    demo = sub.add_parser("demo", help="tiny model, core strategies, this machine, then report")
+    demo.add_argument(
+        "--hosts", default=str(HOSTFILE_DIR / "localhost"), help="hostfile (default: localhost)"
+    )
+    _options(demo, execute=True)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    from launchers.lab import LabError
+
+    try:
+        return args.func(args)
+    except (SpecError, HostfileError, PresetError, PreflightError, LabError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
