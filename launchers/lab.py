@@ -1,0 +1,981 @@
+"""Emulated cluster: N nodes on one machine, as network namespaces on a shaped Linux bridge.
+
+Each node is a network namespace ``mdsl<id>-n<i>`` holding one end of a veth pair, named ``eth0``
+in every node (interface names are per namespace, so every node's ``GLOO_SOCKET_IFNAME`` is the
+same); the other end, ``mdsl<id>-v<i>``, is a port of the lab's bridge ``mdsl<id>-br`` in the root
+namespace, which also carries the host's own address on the lab network so that the host (and so
+the real ``deepspeed`` launcher, through pdsh over ssh) reaches every node.
+
+Addresses come from ``10.200.X.0/24``: nodes ``.1``..``.N``, the host ``.254``. ``X`` is derived
+from the lab id and chosen under a lock among the /24s that no route of the machine uses, so two
+labs never collide and nothing outside the lab is ever addressed.
+
+Shaping (``tc``), per node link, like a switch port of a full-duplex NIC:
+
+- uplink (node -> bridge): egress of ``eth0`` inside the namespace: ``netem`` (delay, loss) when
+  asked, with ``tbf`` (rate) under it;
+- downlink (bridge -> node): egress of the bridge port ``mdsl<id>-v<i>``: ``tbf`` only.
+
+Shaping both directions (rather than only the uplink, or an ifb on ingress) keeps every node's
+receive side at the link rate too, which matters with more than two nodes (two senders into one
+receiver); an ifb would need a redirect filter per port for the same result. ``delay_ms`` and
+``loss_pct`` are applied once per direction (on the uplink), so between two nodes the one-way
+delay is ``delay_ms`` and a ping's RTT is ``2 x delay_ms``.
+
+Manual use: ``python -m launchers.lab up --nodes 2 --link 100mbit`` (prints the lab's name and
+hostfile, keeps it until Ctrl-C), ``python -m launchers.lab list``, ``python -m launchers.lab down
+NAME`` and ``down --all`` (every leftover lab of this project, found by the ``mdsl`` prefix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import fcntl
+import ipaddress
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal
+
+PREFIX = "mdsl"
+"""Prefix of every namespace, interface and state directory a lab creates (``down --all`` key)."""
+
+NODE_INTERFACE = "eth0"
+"""Name of each node's interface inside its namespace (the same in every node)."""
+
+SUBNET_BASE = ipaddress.IPv4Network("10.200.0.0/16")
+"""Private range the labs' /24s are taken from; used only inside the lab namespaces and bridge."""
+
+HOST_OCTET = 254
+"""Last octet of the host's address on the lab bridge."""
+
+MAX_NODES = 64
+"""Most nodes per lab (interface names stay <= 15 characters, addresses inside one /24)."""
+
+SSH_PORT = 22
+"""Port each node's sshd listens on (on the node's own address, inside its namespace)."""
+
+SSHD = "/usr/sbin/sshd"
+"""sshd must be started by absolute path (it re-executes itself)."""
+
+INSTALL_HINT = "apt-get install -y iproute2 openssh-server openssh-client pdsh"
+"""Debian packages the lab needs (iproute2 for ip/tc; the rest for the ssh path)."""
+
+_ID_RE = re.compile(r"^[a-z0-9]{1,6}$")
+_RATE_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>kbit|mbit|gbit)(?:/s|ps)?\s*$", re.I)
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_UNIT_MBIT = {"kbit": 1e-3, "mbit": 1.0, "gbit": 1e3}
+
+CounterName = Literal["tx_bytes", "rx_bytes", "tx_packets", "rx_packets"]
+"""Interface statistics read from ``/sys/class/net/<if>/statistics``."""
+
+COUNTERS: tuple[CounterName, ...] = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
+"""Counters ``Lab.counters`` returns, per node."""
+
+
+class LabError(RuntimeError):
+    """A lab could not be created, used or removed; the message says what would fix it."""
+
+
+# ----------------------------------------------------------------------------- link shape
+
+
+def parse_rate(text: str) -> float | None:
+    """Parse a link rate into Mbit/s: ``100mbit`` -> 100, ``1gbit`` -> 1000, ``none`` -> None.
+
+    Units are tc's (base 10: 1 mbit = 1e6 bit/s); ``/s`` or ``ps`` suffixes are accepted.
+    """
+    if text.strip().lower() in ("none", "unshaped", "unlimited", "off"):
+        return None
+    match = _RATE_RE.match(text)
+    if not match:
+        raise ValueError(
+            f"link rate {text!r} not understood: write e.g. '100mbit', '1gbit', '500kbit' or 'none'"
+        )
+    rate = float(match["num"]) * _UNIT_MBIT[match["unit"].lower()]
+    if rate <= 0:
+        raise ValueError(f"link rate {text!r} must be > 0 (or 'none' for an unshaped link)")
+    return rate
+
+
+@dataclass(frozen=True)
+class LinkShape:
+    """How every node's link to the lab bridge is shaped."""
+
+    rate_mbit: float | None = None
+    """Link rate in Mbit/s (1e6 bit/s) each way; None leaves the link unshaped (veth speed)."""
+    delay_ms: float = 0.0
+    """One-way delay added to every packet a node sends, ms (node-to-node RTT is twice this)."""
+    loss_pct: float = 0.0
+    """Percentage of packets a node sends that are dropped (0 <= loss < 100)."""
+
+    def __post_init__(self) -> None:
+        if self.rate_mbit is not None and not self.rate_mbit > 0:
+            raise ValueError(f"rate_mbit({self.rate_mbit}) must be > 0, or None for unshaped")
+        if not 0 <= self.delay_ms <= 60_000:
+            raise ValueError(f"delay_ms({self.delay_ms}) must be within 0..60000")
+        if not 0 <= self.loss_pct < 100:
+            raise ValueError(f"loss_pct({self.loss_pct}) must be within 0 <= loss < 100")
+
+    @classmethod
+    def parse(cls, rate: str, delay_ms: float = 0.0, loss_pct: float = 0.0) -> LinkShape:
+        """Build from a rate spelling (``100mbit``, ``1gbit``, ``none``) plus delay and loss."""
+        return cls(rate_mbit=parse_rate(rate), delay_ms=delay_ms, loss_pct=loss_pct)
+
+    @property
+    def label(self) -> str:
+        """Short name for run names and tables: ``100mbit``, ``1gbit``, ``unshaped``."""
+        if self.rate_mbit is None:
+            base = "unshaped"
+        elif self.rate_mbit >= 1000 and self.rate_mbit % 1000 == 0:
+            base = f"{self.rate_mbit / 1000:g}gbit"
+        else:
+            base = f"{self.rate_mbit:g}mbit"
+        extra = (f"-{self.delay_ms:g}ms" if self.delay_ms else "") + (
+            f"-loss{self.loss_pct:g}" if self.loss_pct else ""
+        )
+        return base + extra
+
+    def tbf_args(self) -> list[str]:
+        """``tbf`` parameters for this rate (empty when unshaped).
+
+        The bucket holds at least 64 KiB (a full GSO super-packet of the veth) and 4 ms of
+        traffic at the rate, so timer granularity does not cap high rates; ``latency 50ms`` bounds
+        the queue like a switch buffer would.
+        """
+        if self.rate_mbit is None:
+            return []
+        burst = max(64 * 1024, int(self.rate_mbit * 1e6 / 8 * 0.004))
+        return ["tbf", "rate", f"{round(self.rate_mbit * 1000)}kbit", "burst", str(burst),
+                "latency", "50ms"]  # fmt: skip
+
+    def netem_args(self) -> list[str]:
+        """``netem`` parameters for delay and loss (empty when neither is set)."""
+        if not self.delay_ms and not self.loss_pct:
+            return []
+        args = ["netem", "limit", "100000"]
+        if self.delay_ms:
+            args += ["delay", f"{self.delay_ms:g}ms"]
+        if self.loss_pct:
+            args += ["loss", f"{self.loss_pct:g}%"]
+        return args
+
+    def tc_commands(self, dev: str, netns: str | None, uplink: bool) -> list[list[str]]:
+        """The ``tc`` argv lists that shape ``dev`` (inside ``netns`` when given).
+
+        ``uplink`` (the node's own egress) gets netem (delay, loss) with tbf as its child; the
+        downlink (bridge port egress) gets tbf only, so delay and loss count once per direction.
+        """
+        tc = ["tc", *(["-n", netns] if netns else []), "qdisc", "replace", "dev", dev]
+        netem = self.netem_args() if uplink else []
+        tbf = self.tbf_args()
+        if netem and tbf:
+            return [
+                [*tc, "root", "handle", "1:", *netem],
+                [*tc, "parent", "1:1", "handle", "10:", *tbf],
+            ]
+        if netem or tbf:
+            return [[*tc, "root", "handle", "1:", *(netem or tbf)]]
+        return []
+
+
+# ----------------------------------------------------------------------------- names
+
+
+def new_lab_id() -> str:
+    """A random 6-hex-digit lab id (24 bits; creation also checks it is not in use)."""
+    return secrets.token_hex(3)
+
+
+def check_lab_id(lab_id: str) -> str:
+    """Return ``lab_id`` if usable in interface names (1-6 of ``a-z0-9``), else raise."""
+    if not _ID_RE.match(lab_id):
+        raise ValueError(
+            f"lab name {lab_id!r} must be 1-6 characters of a-z and 0-9 (it goes into interface "
+            "names, which Linux limits to 15 characters)"
+        )
+    return lab_id
+
+
+def namespace_name(lab_id: str, index: int) -> str:
+    """Network namespace of node ``index``: ``mdsl<id>-n<i>``."""
+    return f"{PREFIX}{lab_id}-n{index}"
+
+
+def bridge_name(lab_id: str) -> str:
+    """The lab's bridge in the root namespace: ``mdsl<id>-br``."""
+    return f"{PREFIX}{lab_id}-br"
+
+
+def port_name(lab_id: str, index: int) -> str:
+    """Bridge-side end of node ``index``'s veth pair: ``mdsl<id>-v<i>``."""
+    return f"{PREFIX}{lab_id}-v{index}"
+
+
+def lab_id_of(name: str) -> str | None:
+    """The lab id inside a namespace/interface/lab name of ours, or None if it is not ours."""
+    match = re.match(rf"^{PREFIX}([a-z0-9]{{1,6}})(?:-(?:n\d+|v\d+|br))?$", name)
+    if match:
+        return match[1]
+    return name if _ID_RE.match(name) else None
+
+
+def _is_of_lab(name: str, lab_id: str) -> bool:
+    """Whether a namespace or interface name belongs to lab ``lab_id``."""
+    return name.startswith(f"{PREFIX}{lab_id}-") and lab_id_of(name) == lab_id
+
+
+def state_dir_of(lab_id: str) -> Path:
+    """Directory holding a lab's keys, configs, hostfile and logs (removed on teardown)."""
+    return Path(tempfile.gettempdir()) / f"{PREFIX}{lab_id}"
+
+
+@dataclass(frozen=True)
+class LabNode:
+    """One emulated node."""
+
+    index: int
+    """Node rank in the hostfile (0 is the master)."""
+    name: str
+    """Readable name, ``node<i>``."""
+    namespace: str
+    """Network namespace holding the node (``ip netns exec <namespace> ...``)."""
+    interface: str
+    """The node's interface inside its namespace (``GLOO_SOCKET_IFNAME``)."""
+    host_interface: str
+    """The bridge-side end of the node's veth pair, in the root namespace."""
+    address: str
+    """The node's IPv4 address (its host name in the hostfile)."""
+
+    def __post_init__(self) -> None:
+        for field_name in ("namespace", "interface", "host_interface"):
+            value = getattr(self, field_name)
+            if not 0 < len(value) <= 15:
+                raise ValueError(f"{field_name} {value!r} must be 1-15 characters (IFNAMSIZ)")
+        ipaddress.IPv4Address(self.address)
+
+
+def plan_nodes(lab_id: str, subnet: ipaddress.IPv4Network, count: int) -> tuple[LabNode, ...]:
+    """Names and addresses of a lab's nodes (pure; ``Lab`` creates them)."""
+    if not 2 <= count <= MAX_NODES:
+        raise ValueError(f"nodes({count}) must be within 2..{MAX_NODES}")
+    return tuple(
+        LabNode(
+            index=i,
+            name=f"node{i}",
+            namespace=namespace_name(lab_id, i),
+            interface=NODE_INTERFACE,
+            host_interface=port_name(lab_id, i),
+            address=str(subnet.network_address + i + 1),
+        )
+        for i in range(count)
+    )
+
+
+def subnet_for(lab_id: str, taken: Sequence[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
+    """The first free /24 of ``SUBNET_BASE``, starting at one derived from ``lab_id``."""
+    start = int.from_bytes(lab_id.encode(), "big") % 256
+    for step in range(256):
+        third = (start + step) % 256
+        candidate = ipaddress.IPv4Network(f"10.200.{third}.0/24")
+        if not any(candidate.overlaps(net) for net in taken):
+            return candidate
+    raise LabError(
+        "every /24 of 10.200.0.0/16 is in use by a route of this machine: remove leftover labs "
+        "with 'python -m launchers.lab down --all'"
+    )
+
+
+def hostfile_text(nodes: Sequence[LabNode], slots: int = 1, title: str = "") -> str:
+    """DeepSpeed hostfile naming the nodes by address: ``<address> slots=<slots>`` lines."""
+    if slots < 1:
+        raise ValueError(f"slots({slots}) must be >= 1")
+    lines = [
+        f"# Emulated lab {title}: {len(nodes)} nodes (network namespaces on one machine).".replace(
+            "  ", " "
+        ),
+        "# Written per lab by launchers.lab: addresses are per lab. Columns: host slots=ranks.",
+    ]
+    lines += [f"{node.address} slots={slots}" for node in nodes]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _run(
+    argv: Sequence[str], check: bool = True, timeout: float = 30
+) -> subprocess.CompletedProcess:
+    """Run argv (no shell); on failure raise LabError with the command and its stderr."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError as err:
+        raise LabError(f"{argv[0]} not found: install it ({INSTALL_HINT})") from err
+    if check and proc.returncode != 0:
+        raise LabError(
+            f"command failed ({proc.returncode}): {shlex.join(argv)}\n{proc.stderr.strip()}"
+        )
+    return proc
+
+
+def _lines(argv: Sequence[str]) -> list[str]:
+    return _run(argv, check=False).stdout.split()
+
+
+def list_namespaces() -> list[str]:
+    """Names of all network namespaces (``ip netns list``)."""
+    out = _run(["ip", "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def list_links() -> list[str]:
+    """Names of all interfaces of the root namespace (``ip -o link``), without ``@peer``."""
+    out = _run(["ip", "-o", "link", "show"], check=False).stdout
+    names = []
+    for line in out.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) >= 2:
+            names.append(parts[1].strip().split("@")[0])
+    return names
+
+
+def _taken_networks() -> list[ipaddress.IPv4Network]:
+    """Networks the root namespace routes or holds addresses in (the default route excluded)."""
+    taken: list[ipaddress.IPv4Network] = []
+    for argv in (["ip", "-4", "-j", "route", "show", "table", "all"], ["ip", "-4", "-j", "addr"]):
+        try:
+            data = json.loads(_run(argv, check=False).stdout or "[]")
+        except json.JSONDecodeError:
+            continue
+        for item in data:
+            entries = [item] if "dst" in item else item.get("addr_info", [])
+            for entry in entries:
+                dst = entry.get("dst") or (
+                    f"{entry['local']}/{entry.get('prefixlen', 32)}" if "local" in entry else None
+                )
+                if not dst or dst == "default":
+                    continue
+                with contextlib.suppress(ValueError):
+                    net = ipaddress.IPv4Network(dst if "/" in dst else f"{dst}/32", strict=False)
+                    if net.prefixlen > 0:
+                        taken.append(net)
+    return taken
+
+
+def existing_labs() -> list[str]:
+    """Ids of labs of ours present on the machine (namespaces, links or state directories)."""
+    found: set[str] = set()
+    for name in list_namespaces() + list_links():
+        if name.startswith(PREFIX) and (lab_id := lab_id_of(name)) and name != lab_id:
+            found.add(lab_id)
+    for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        if path.is_dir() and (lab_id := lab_id_of(path.name)) and path.name != lab_id:
+            found.add(lab_id)
+    return sorted(found)
+
+
+@contextlib.contextmanager
+def _creation_lock() -> Iterator[None]:
+    """Serialise lab creation on this machine (id and subnet choice must not race)."""
+    path = Path(tempfile.gettempdir()) / "mds-bench-lab.lock"
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _namespace_pids(namespace: str) -> list[int]:
+    return [int(pid) for pid in _lines(["ip", "netns", "pids", namespace]) if pid.isdigit()]
+
+
+def _kill_namespace_processes(namespace: str) -> None:
+    """Stop every process still inside one of our namespaces (it would keep the namespace)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = _namespace_pids(namespace)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and _namespace_pids(namespace):
+            time.sleep(0.05)
+
+
+def remove_lab(lab_id: str) -> list[str]:
+    """Remove every trace of lab ``lab_id`` (processes, namespaces, links, state); idempotent.
+
+    Returns the problems met (empty when everything is gone).
+    """
+    check_lab_id(lab_id)
+    problems: list[str] = []
+    namespaces = [ns for ns in list_namespaces() if _is_of_lab(ns, lab_id)]
+    for ns in namespaces:
+        _kill_namespace_processes(ns)
+    for link in list_links():
+        if link.startswith(PREFIX) and lab_id_of(link) == lab_id and link != bridge_name(lab_id):
+            _run(["ip", "link", "del", link], check=False)
+    for ns in namespaces:
+        proc = _run(["ip", "netns", "del", ns], check=False)
+        if proc.returncode != 0 and ns in list_namespaces():
+            problems.append(f"ip netns del {ns}: {proc.stderr.strip()}")
+    if bridge_name(lab_id) in list_links():
+        _run(["ip", "link", "del", bridge_name(lab_id)], check=False)
+    shutil.rmtree(state_dir_of(lab_id), ignore_errors=True)
+    left = [n for n in list_namespaces() + list_links() if _is_of_lab(n, lab_id)]
+    if left:
+        problems.append(f"still present after teardown: {', '.join(left)}")
+    return problems
+
+
+# ----------------------------------------------------------------------------- signals
+
+_ACTIVE: list[Lab] = []
+_PREVIOUS_HANDLERS: dict[int, Any] = {}
+_ATEXIT_REGISTERED = False
+
+
+def _teardown_active() -> None:
+    for lab in reversed(list(_ACTIVE)):
+        lab.down()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    """Tear every lab of this process down, then behave as the previous handler would."""
+    _teardown_active()
+    previous = _PREVIOUS_HANDLERS.pop(signum, signal.SIG_DFL)
+    signal.signal(signum, previous)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:
+        os.kill(os.getpid(), signum)
+
+
+def _install_handlers() -> None:
+    global _ATEXIT_REGISTERED
+    if not _ATEXIT_REGISTERED:
+        atexit.register(_teardown_active)
+        _ATEXIT_REGISTERED = True
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread; atexit still applies
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if sig not in _PREVIOUS_HANDLERS:
+            _PREVIOUS_HANDLERS[sig] = signal.getsignal(sig)
+            signal.signal(sig, _on_signal)
+
+
+def _restore_handlers() -> None:
+    if _ACTIVE or threading.current_thread() is not threading.main_thread():
+        return
+    for sig, previous in list(_PREVIOUS_HANDLERS.items()):
+        if signal.getsignal(sig) is _on_signal:
+            signal.signal(sig, previous)
+        del _PREVIOUS_HANDLERS[sig]
+
+
+# ----------------------------------------------------------------------------- the lab
+
+
+def check_prerequisites(ssh: bool) -> None:
+    """Raise LabError naming what is missing to run a lab (root, ip, tc, sshd, ssh, pdsh)."""
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (network namespaces, veth, tc): run it with sudo")
+    tools = ["ip", "tc"] + (["ssh", "ssh-keygen", "pdsh"] if ssh else [])
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if ssh and not os.access(SSHD, os.X_OK):
+        missing.append(SSHD)
+    if missing:
+        raise LabError(f"missing {', '.join(missing)}: {INSTALL_HINT}")
+
+
+class Lab:
+    """An emulated cluster, created on ``__enter__`` and removed on ``__exit__``.
+
+    Teardown also runs on exceptions, SIGINT, SIGTERM (then the signal's previous behaviour
+    follows) and at interpreter exit. ``ssh=True`` runs sshd inside every node so the real
+    ``deepspeed --hostfile`` launcher reaches the nodes through pdsh; ``ssh=False`` is for
+    ``deepspeed --no_ssh`` per node through ``wrap``.
+    """
+
+    def __init__(
+        self,
+        nodes: int = 2,
+        shape: LinkShape | None = None,
+        name: str | None = None,
+        ssh: bool = True,
+    ) -> None:
+        if not 2 <= nodes <= MAX_NODES:
+            raise ValueError(f"nodes({nodes}) must be within 2..{MAX_NODES}")
+        self.node_count = nodes
+        self.shape = shape or LinkShape()
+        self.requested_name = check_lab_id(name) if name is not None else None
+        self.ssh = ssh
+        self.id = ""
+        self.subnet: ipaddress.IPv4Network | None = None
+        self.nodes: tuple[LabNode, ...] = ()
+        self.shaping_commands: list[str] = []
+        self._sshd: list[subprocess.Popen] = []
+        self._is_up = False
+
+    # -- life cycle
+
+    def __enter__(self) -> Lab:
+        self.up()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def up(self) -> Lab:
+        """Create namespaces, bridge, veths, addresses, shaping and (ssh) the sshds."""
+        if self._is_up:
+            return self
+        check_prerequisites(self.ssh)
+        _ACTIVE.append(self)
+        _install_handlers()
+        try:
+            with _creation_lock():
+                self._claim_id_and_subnet()
+                self._is_up = True
+                self._create_network()
+            if self.ssh:
+                self._start_ssh()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def down(self) -> None:
+        """Remove everything this lab created; safe to call twice; raises if something stays."""
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        _restore_handlers()
+        if not self._is_up:
+            return
+        self._is_up = False
+        for proc in self._sshd:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self._sshd:
+            try:
+                proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._sshd = []
+        problems = remove_lab(self.id)
+        if problems:
+            raise LabError(
+                f"lab {self.name} not fully removed: {'; '.join(problems)}. "
+                f"Retry with 'python -m launchers.lab down {self.id}'"
+            )
+
+    def _claim_id_and_subnet(self) -> None:
+        present = set(existing_labs())
+        if self.requested_name is not None:
+            if self.requested_name in present:
+                raise LabError(
+                    f"lab {PREFIX}{self.requested_name} already exists: remove it with "
+                    f"'python -m launchers.lab down {self.requested_name}' or pick another name"
+                )
+            self.id = self.requested_name
+        else:
+            self.id = new_lab_id()
+            while self.id in present:
+                self.id = new_lab_id()
+        self.subnet = subnet_for(self.id, _taken_networks())
+        self.nodes = plan_nodes(self.id, self.subnet, self.node_count)
+        self.state_dir.mkdir(mode=0o700)
+
+    def _create_network(self) -> None:
+        assert self.subnet is not None
+        br = bridge_name(self.id)
+        _run(["ip", "link", "add", br, "type", "bridge", "stp_state", "0"])
+        _disable_ipv6_here(br)
+        _run(["ip", "addr", "add", f"{self.host_address}/24", "dev", br])
+        _run(["ip", "link", "set", br, "up"])
+        for node in self.nodes:
+            ns = node.namespace
+            _run(["ip", "netns", "add", ns])
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            # No IPv6 on the lab links: router/neighbour solicitations would add bytes to the
+            # counters that serve as ground truth. The default applies to eth0 created below.
+            if shutil.which("sysctl"):
+                _run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+                      "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"],
+                     check=False)  # fmt: skip
+            _run(["ip", "link", "add", node.host_interface, "type", "veth",
+                  "peer", "name", node.interface, "netns", ns])  # fmt: skip
+            _disable_ipv6_here(node.host_interface)
+            _run(["ip", "link", "set", node.host_interface, "master", br])
+            _run(["ip", "link", "set", node.host_interface, "up"])
+            _run(["ip", "-n", ns, "addr", "add", f"{node.address}/24", "dev", node.interface])
+            _run(["ip", "-n", ns, "link", "set", node.interface, "up"])
+            for argv in [
+                *self.shape.tc_commands(node.interface, ns, uplink=True),
+                *self.shape.tc_commands(node.host_interface, None, uplink=False),
+            ]:
+                proc = _run(argv, check=False)
+                if proc.returncode != 0 and "netem" in argv and "unknown" in proc.stderr:
+                    raise LabError(
+                        "this kernel has no netem qdisc (sch_netem, CONFIG_NET_SCH_NETEM), needed "
+                        "for delay and loss: load it with 'modprobe sch_netem', or shape the "
+                        "rate only (delay_ms=0, loss_pct=0)"
+                    )
+                if proc.returncode != 0:
+                    raise LabError(f"command failed: {shlex.join(argv)}\n{proc.stderr.strip()}")
+                self.shaping_commands.append(shlex.join(argv))
+
+    # -- ssh
+
+    @property
+    def state_dir(self) -> Path:
+        """The lab's private directory (keys, configs, hostfile, logs); removed on teardown."""
+        if not self.id:
+            raise LabError("the lab is not up: use it as 'with Lab(...) as lab:'")
+        return state_dir_of(self.id)
+
+    @property
+    def ssh_config_path(self) -> Path:
+        """ssh client configuration reaching every node as root with the lab's key."""
+        return self.state_dir / "ssh_config"
+
+    def _start_ssh(self) -> None:
+        key = self.state_dir / "id_ed25519"
+        host_key = self.state_dir / "ssh_host_ed25519_key"
+        for path, comment in ((key, f"{PREFIX}{self.id}"), (host_key, f"{PREFIX}{self.id}-host")):
+            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+        (self.state_dir / "authorized_keys").write_text(
+            (key.with_suffix(".pub")).read_text(), encoding="utf-8"
+        )
+        (self.state_dir / "authorized_keys").chmod(0o600)
+        self.ssh_config_path.write_text(self._ssh_client_config(), encoding="utf-8")
+        # sshd's privilege-separation directory (normally made by the service unit at boot).
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        for node in self.nodes:
+            config = self.state_dir / f"sshd_config.{node.name}"
+            config.write_text(self._sshd_config(node, host_key), encoding="utf-8")
+            log = open(self.state_dir / f"sshd.{node.name}.log", "ab")  # noqa: SIM115
+            with log:
+                self._sshd.append(
+                    subprocess.Popen(
+                        [
+                            "ip",
+                            "netns",
+                            "exec",
+                            node.namespace,
+                            SSHD,
+                            "-D",
+                            "-e",
+                            "-f",
+                            str(config),
+                        ],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=log,
+                    )
+                )
+        for node, proc in zip(self.nodes, self._sshd, strict=True):
+            self._wait_for_sshd(node, proc)
+        for node in self.nodes:
+            proc = _run(self.ssh_argv(node.index, ["true"]), check=False, timeout=20)
+            if proc.returncode != 0:
+                raise LabError(
+                    f"ssh into {node.name} ({node.address}) failed: {proc.stderr.strip()}; "
+                    f"see {self.state_dir}/sshd.{node.name}.log"
+                )
+
+    def _wait_for_sshd(self, node: LabNode, proc: subprocess.Popen, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                log = (self.state_dir / f"sshd.{node.name}.log").read_text(errors="replace")
+                raise LabError(f"sshd in {node.name} exited ({proc.returncode}): {log.strip()}")
+            with socket.socket() as sock:
+                sock.settimeout(0.5)
+                if sock.connect_ex((node.address, SSH_PORT)) == 0:
+                    return
+            time.sleep(0.1)
+        raise LabError(f"sshd in {node.name} not listening on {node.address}:{SSH_PORT}")
+
+    def _sshd_config(self, node: LabNode, host_key: Path) -> str:
+        return "\n".join(
+            [
+                f"# sshd of lab {self.name}, {node.name}: only on the node's lab address.",
+                f"ListenAddress {node.address}:{SSH_PORT}",
+                f"HostKey {host_key}",
+                f"AuthorizedKeysFile {self.state_dir / 'authorized_keys'}",
+                f"PidFile {self.state_dir / f'sshd.{node.name}.pid'}",
+                "PermitRootLogin prohibit-password",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                # The key lives in a private temporary directory, not under ~/.ssh.
+                "StrictModes no",
+                "PrintMotd no",
+                "PrintLastLog no",
+                "UseDNS no",
+                "MaxStartups 100:30:200",
+                "MaxSessions 100",
+                "",
+            ]
+        )
+
+    def _ssh_client_config(self) -> str:
+        lines = [f"# ssh client configuration of lab {self.name} (used with ssh -F)."]
+        for node in self.nodes:
+            lines += [
+                f"Host {node.address} {node.name}",
+                f"  HostName {node.address}",
+                "  User root",
+                f"  IdentityFile {self.state_dir / 'id_ed25519'}",
+                "  IdentitiesOnly yes",
+                "  StrictHostKeyChecking no",
+                "  UserKnownHostsFile /dev/null",
+                "  LogLevel ERROR",
+                "  BatchMode yes",
+                "  ConnectTimeout 10",
+            ]
+        return "\n".join(lines) + "\n"
+
+    def ssh_argv(self, node_index: int, argv: Sequence[str]) -> list[str]:
+        """argv running ``argv`` on a node over the lab's ssh (the remote shell gets it quoted)."""
+        self._require_ssh()
+        node = self.nodes[node_index]
+        return ["ssh", "-F", str(self.ssh_config_path), node.address, shlex.join(argv)]
+
+    def _require_ssh(self) -> None:
+        if not self.ssh or not self._is_up:
+            raise LabError("this needs a running lab created with ssh=True (the default)")
+
+    # -- what callers use
+
+    @property
+    def name(self) -> str:
+        """The lab's name: ``mdsl<id>`` (prefix of all its namespaces and interfaces)."""
+        return f"{PREFIX}{self.id}"
+
+    @property
+    def master_addr(self) -> str:
+        """Address of node 0 (``--master_addr``)."""
+        self._require_nodes()
+        return self.nodes[0].address
+
+    @property
+    def host_address(self) -> str:
+        """The host's own address on the lab bridge."""
+        assert self.subnet is not None
+        return str(self.subnet.network_address + HOST_OCTET)
+
+    def _require_nodes(self) -> None:
+        if not self.nodes:
+            raise LabError("the lab is not up: use it as 'with Lab(...) as lab:'")
+
+    def node_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment every rank on a node needs (the same on every node), plus ``extra``.
+
+        ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` bind collectives to the lab link;
+        ``DS_ACCELERATOR=cpu`` and ``OMP_NUM_THREADS=1`` are the CPU settings; ``PATH`` starts
+        with this interpreter's directory (the venv's ``bin``).
+        """
+        env = {
+            "GLOO_SOCKET_IFNAME": NODE_INTERFACE,
+            "NCCL_SOCKET_IFNAME": NODE_INTERFACE,
+            "DS_ACCELERATOR": "cpu",
+            "OMP_NUM_THREADS": "1",
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        }
+        env.update(extra or {})
+        for key in env:
+            if not _ENV_KEY_RE.match(key):
+                raise ValueError(f"environment variable name {key!r} is not a valid name")
+        return env
+
+    def wrap(
+        self, node_index: int, argv: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> list[str]:
+        """argv running ``argv`` inside node ``node_index`` with ``node_env(env)`` (no ssh)."""
+        self._require_nodes()
+        if not 0 <= node_index < len(self.nodes):
+            raise IndexError(f"node_index({node_index}) must be within 0..{len(self.nodes) - 1}")
+        if not argv or "=" in argv[0]:
+            raise ValueError(f"argv must start with a program name, got {list(argv)[:1]}")
+        assigns = [f"{key}={value}" for key, value in self.node_env(env).items()]
+        return ["ip", "netns", "exec", self.nodes[node_index].namespace, "env", *assigns, *argv]
+
+    def hostfile_text(self, slots: int = 1) -> str:
+        """DeepSpeed hostfile of this lab (node addresses as host names)."""
+        self._require_nodes()
+        return hostfile_text(self.nodes, slots, title=f"{self.name} ({self.shape.label})")
+
+    def write_hostfile(self, path: Path | None = None, slots: int = 1) -> Path:
+        """Write ``hostfile_text`` to ``path`` (default: the lab's state directory)."""
+        target = path or self.state_dir / "hostfile"
+        target.write_text(self.hostfile_text(slots), encoding="utf-8")
+        return target
+
+    def write_deepspeed_env(self, extra: Mapping[str, str] | None = None) -> Path:
+        """Write the node environment as a DeepSpeed env file (``KEY=VALUE`` lines).
+
+        DeepSpeed's runner exports only ``PYTHON*``, ``MLFLOW*``, ``MV2*``, ``UCX*`` (and on CUDA
+        ``NCCL*``) from the launcher's environment to pdsh ranks, plus every line of the file
+        named by ``DS_ENV_FILE`` (default ``.deepspeed_env`` in ``~`` or the current directory).
+        It wraps values in double quotes for the remote shell, so quotes, ``$``, backquotes and
+        backslashes cannot be passed and are rejected here.
+        """
+        env = self.node_env(extra)
+        bad = {k: v for k, v in env.items() if re.search(r"[\"$`\\\n]", v)}
+        if bad:
+            raise ValueError(f"values with quotes, $, ` or \\ cannot pass through pdsh: {bad}")
+        path = self.state_dir / "deepspeed_env"
+        path.write_text("".join(f"{k}={v}\n" for k, v in env.items()), encoding="utf-8")
+        return path
+
+    def launcher_env(
+        self, extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """Environment for the host's ``deepspeed --hostfile`` process (ssh path).
+
+        ``PDSH_SSH_ARGS_APPEND=-F <ssh_config>``: pdsh adds it to every ssh command line, and
+        DeepSpeed's PDSHRunner keeps it (it only appends ``-p`` when ``--ssh_port`` is given);
+        ``DS_ENV_FILE`` (an absolute path: the runner joins it to ``~`` and ``.``, which keeps an
+        absolute path as is) carries ``node_env(extra)`` to every rank.
+        """
+        self._require_ssh()
+        env = dict(os.environ if base is None else base)
+        append = env.get("PDSH_SSH_ARGS_APPEND", "")
+        env["PDSH_SSH_ARGS_APPEND"] = f"{append} -F {self.ssh_config_path}".strip()
+        env["PDSH_RCMD_TYPE"] = "ssh"
+        env["DS_ENV_FILE"] = str(self.write_deepspeed_env(extra))
+        return env
+
+    def deepspeed_args(self, hostfile: Path, master_port: int = 29500) -> list[str]:
+        """Launcher flags for the ssh path: hostfile, master address and port, no ssh check.
+
+        ``--no_ssh_check``: DeepSpeed's check runs a bare ``ssh HOST hostname`` that ignores
+        ``PDSH_SSH_ARGS_APPEND`` and so cannot use the lab's key; ``up`` already checked ssh
+        to every node with it. ``--master_addr`` avoids the runner's ``ssh HOST hostname -I``.
+        """
+        return ["--hostfile", str(hostfile), "--master_addr", self.master_addr,
+                "--master_port", str(master_port), "--no_ssh_check"]  # fmt: skip
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Byte and packet counters of every node's interface, read inside its namespace."""
+        self._require_nodes()
+        result: dict[str, dict[str, int]] = {}
+        for node in self.nodes:
+            files = [f"/sys/class/net/{node.interface}/statistics/{c}" for c in COUNTERS]
+            out = _run(["ip", "netns", "exec", node.namespace, "cat", *files]).stdout.split()
+            result[node.name] = {
+                name: int(value) for name, value in zip(COUNTERS, out, strict=True)
+            }
+        return result
+
+    def describe(self) -> dict[str, Any]:
+        """The network as run.json's ``"network"`` value (link, nodes, addresses, tc commands)."""
+        self._require_nodes()
+        return {
+            "kind": "emulated",
+            "lab": self.name,
+            "link": self.shape.label,
+            "rate_mbit": self.shape.rate_mbit,
+            "delay_ms": self.shape.delay_ms,
+            "loss_pct": self.shape.loss_pct,
+            "topology": "bridge",
+            "transport": "ssh" if self.ssh else "netns-exec",
+            "subnet": str(self.subnet),
+            "host_address": self.host_address,
+            "nodes": [
+                {
+                    "name": n.name,
+                    "namespace": n.namespace,
+                    "interface": n.interface,
+                    "host_interface": n.host_interface,
+                    "address": n.address,
+                }
+                for n in self.nodes
+            ],
+            "shaping": list(self.shaping_commands),
+        }
+
+
+def _disable_ipv6_here(interface: str) -> None:
+    """Turn IPv6 off on one of our root-namespace interfaces (see ``_create_network``)."""
+    path = Path("/proc/sys/net/ipv6/conf") / interface / "disable_ipv6"
+    with contextlib.suppress(OSError):
+        path.write_text("1")
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m launchers.lab up|down|list``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m launchers.lab", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="create a lab and keep it until Ctrl-C / SIGTERM")
+    up.add_argument("--nodes", type=int, default=2, help="number of nodes (default 2)")
+    up.add_argument("--link", default="none", help="rate: 100mbit, 1gbit, none (default none)")
+    up.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay per node, ms")
+    up.add_argument("--loss-pct", type=float, default=0.0, help="packet loss per node, percent")
+    up.add_argument("--name", default=None, help="lab id, 1-6 of a-z0-9 (default: random)")
+    up.add_argument("--no_ssh", "--no-ssh", action="store_true", help="no sshd in the nodes")
+    down = sub.add_parser("down", help="remove a lab by name, or every lab of ours with --all")
+    down.add_argument("name", nargs="?", help="lab name (mdsl<id>) or id")
+    down.add_argument("--all", action="store_true", help="remove every leftover mdsl* lab")
+    sub.add_parser("list", help="list labs present on this machine")
+    args = parser.parse_args(argv)
+
+    if args.command == "list":
+        for lab_id in existing_labs():
+            namespaces = [ns for ns in list_namespaces() if lab_id_of(ns) == lab_id]
+            print(f"{PREFIX}{lab_id}\t{len(namespaces)} namespaces\t{' '.join(namespaces)}")
+        return 0
+    if args.command == "down":
+        if args.all == bool(args.name):
+            parser.error("down takes a lab name or --all (one of the two)")
+        ids = existing_labs() if args.all else [lab_id_of(args.name) or args.name]
+        status = 0
+        for lab_id in ids:
+            problems = remove_lab(check_lab_id(lab_id))
+            print(f"{PREFIX}{lab_id}: " + ("removed" if not problems else "; ".join(problems)))
+            status |= bool(problems)
+        return status
+    shape = LinkShape.parse(args.link, args.delay_ms, args.loss_pct)
+    with Lab(args.nodes, shape, name=args.name, ssh=not args.no_ssh) as lab:
+        hostfile = lab.write_hostfile()
+        print(json.dumps(lab.describe(), indent=2))
+        print(f"hostfile: {hostfile}")
+        if lab.ssh:
+            env = lab.launcher_env(base={})
+            print(f"ssh: ssh -F {lab.ssh_config_path} {lab.master_addr}")
+            print("launcher env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
+        print(f"remove: Ctrl-C, or 'python -m launchers.lab down {lab.id}'", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
