@@ -27,7 +27,7 @@ TimerSource = Literal["megatron", "deepspeed", "pipeline"]
 totals over ``steps_per_print`` steps rather than per step)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Failure:
     """Why a run did not complete."""
 
@@ -39,7 +39,7 @@ class Failure:
     """1-based line number of that line in the file it came from."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Iteration:
     """One Megatron iteration line (or a PipelineEngine ``steps:`` line when no Megatron line)."""
 
@@ -67,6 +67,10 @@ class Iteration:
     """Learning rate as printed."""
     consumed_samples: int | None = None
     """Consumed samples so far."""
+    consumed_tokens: int | None = None
+    """Consumed tokens so far, when printed."""
+    tokens_per_gpu_per_s: float | None = None
+    """Tokens per GPU per second as printed (Megatron-DeepSpeed's ``tgs``)."""
     train_iters: int | None = None
     """Total iterations planned (the N in ``iteration k/N``)."""
     line: int | None = None
@@ -75,7 +79,7 @@ class Iteration:
     """File the line came from (several files can feed one run)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Memory:
     """One memory report, in MiB."""
 
@@ -98,7 +102,7 @@ class Memory:
     """1-based line number in the source file."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TimerBlock:
     """One printed group of timers."""
 
@@ -115,7 +119,7 @@ class TimerBlock:
     """1-based line number in the source file."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PipelineStep:
     """DeepSpeed PipelineEngine ``steps: N loss: L iter time (s): T samples/sec: S`` line."""
 
@@ -154,6 +158,8 @@ class ParsedRun:
     data_parallel_size, zero_stage, world_size, padded_vocab_size, num_parameters``."""
     ds_config: dict[str, Any] = field(default_factory=dict)
     """DeepSpeed's config dump, if printed."""
+    ds_engine: dict[str, Any] = field(default_factory=dict)
+    """DeepSpeed's ``DeepSpeedEngine configuration:`` attribute dump (typed), if printed."""
     versions: dict[str, str] = field(default_factory=dict)
     """Versions the log states (torch, deepspeed, megatron git hash)."""
     problems: list[str] = field(default_factory=list)

@@ -1,0 +1,152 @@
+"""Line-level helpers of the log parser: prefixes, the ``key: value |`` grammar, typed values.
+
+Everything here is pure and never raises on any input string.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+
+MAX_LINE_CHARS = 64 * 1024
+"""Lines longer than this are truncated before parsing (and the truncation is reported)."""
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+# Launcher prefixes, tried repeatedly at the start of a line:
+#   srun --label            "0: " / " 12: "
+#   torchrun --tee / --log  "[default0]:"
+#   torch >= 2.2 rank tags  "[rank3]:"
+#   pdsh                    "host: " (checked by _is_host below so that "steps: 30" or
+#                           "RuntimeError: ..." stay content)
+_PREFIX_RE = re.compile(
+    r"(?:\s{0,4}(?P<srun>\d{1,5}):\s"
+    r"|\[(?P<tag>default\d+|rank\d+)\]:\s?"
+    r"|(?P<host>[A-Za-z0-9][A-Za-z0-9_.-]{0,62}):\s)"
+)
+_HOST_SUFFIX_REJECT = ("Error", "Exception", "Warning", "Interrupt", "Exit", ".py")
+
+
+def _is_host(token: str) -> bool:
+    """Whether ``token`` (text before ``: ``) looks like a pdsh host name rather than content.
+
+    Host names in hostfiles carry a digit, a dash or a dot (``node01``, ``gpu-a``,
+    ``10.0.0.2``), or are ``localhost``; content keys such as ``steps``, ``NOTE``, ``WARNING``
+    do not, and dotted exception names (``torch.OutOfMemoryError``) are rejected by suffix.
+    """
+    if token == "localhost":
+        return True
+    if token.endswith(_HOST_SUFFIX_REJECT):
+        return False
+    return any(c.isdigit() or c in "-." for c in token)
+
+
+def split_prefix(line: str) -> tuple[str, str]:
+    """Split a raw log line into (stream key, content).
+
+    The stream key names the launcher prefixes that were removed (``node1|rank3``, or ``""``),
+    so that lines of several nodes or ranks interleaved in one file can be told apart. ANSI
+    escape codes are removed everywhere; timestamps such as ``[2026-11-22 01:30:03,047]`` are
+    content and stay.
+    """
+    if "\x1b" in line:
+        line = _ANSI_RE.sub("", line)
+    key = ""
+    for _ in range(4):
+        m = _PREFIX_RE.match(line)
+        if m is None:
+            break
+        label = m.group("srun") or m.group("tag") or m.group("host")
+        if m.group("host") is not None and not _is_host(label):
+            break
+        key = f"{key}|{label}" if key else label
+        line = line[m.end() :]
+    return key, line
+
+
+def strip_prefix(line: str) -> str:
+    """Strip ANSI codes and launcher prefixes (pdsh, srun, torchrun) from one line."""
+    return split_prefix(line)[1]
+
+
+def to_float(text: str) -> float | None:
+    """Parse a printed number; None if it is not a finite number."""
+    try:
+        value = float(text.strip().replace(",", ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def to_int(text: str) -> int | None:
+    """Parse a printed integer (``8``, ``8.0``); None if it is not one."""
+    value = to_float(text)
+    if value is None or value != int(value):
+        return None
+    return int(value)
+
+
+def typed_value(text: str) -> object:
+    """Type a value printed by Megatron's or DeepSpeed's argument dump.
+
+    ``4`` -> int, ``0.001`` / ``1e-08`` -> float, ``True``/``False`` -> bool, ``None`` -> None,
+    ``[1]`` / ``['a']`` / ``{...}`` -> the literal when it parses, anything else -> the string.
+    """
+    s = text.strip()
+    if s in ("True", "False"):
+        return s == "True"
+    if s in ("None", "none", "null"):
+        return None
+    try:
+        return int(s)
+    except ValueError:
+        pass
+    try:
+        value = float(s)
+    except ValueError:
+        pass
+    else:
+        return value if math.isfinite(value) else s
+    if s[:1] in "[({" and len(s) <= 10_000:
+        try:
+            return ast.literal_eval(s)
+        except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+            return s
+    return s
+
+
+def norm_key(key: str) -> str:
+    """Normalise a printed key: lower case, ``-``/``_`` as spaces, single spaces."""
+    return " ".join(key.lower().replace("_", " ").replace("-", " ").split())
+
+
+_KV_SPLIT_RE = re.compile(r"[\s,;]+")
+
+
+def parse_pairs(text: str) -> list[tuple[str, str]]:
+    """The one pair grammar: ``key: value | key: value |`` (or ``key value |``, ``k=v k=v``).
+
+    Returns (raw key, raw value) pairs in printed order. Pieces are separated by ``|``; a piece
+    with ``:`` splits at its last colon (``elapsed time per iteration (ms): 201.6``); a piece
+    with ``=`` and no colon is a run of ``k=v`` tokens; otherwise the last word is the value
+    (oldest Megatron: ``lm loss 7.1E+00``).
+    """
+    pairs: list[tuple[str, str]] = []
+    for piece in text.split("|"):
+        piece = piece.strip()
+        if not piece:
+            continue
+        if "=" in piece and ":" not in piece:
+            for tok in _KV_SPLIT_RE.split(piece):
+                k, sep, v = tok.partition("=")
+                if sep and k:
+                    pairs.append((k, v))
+        elif ":" in piece:
+            k, _, v = piece.rpartition(":")
+            pairs.append((k.strip(), v.strip()))
+        else:
+            k, _, v = piece.rpartition(" ")
+            if k:
+                pairs.append((k.strip(), v))
+    return pairs

@@ -1,0 +1,1336 @@
+"""Parse Megatron / Megatron-DeepSpeed / DeepSpeed training logs into typed records.
+
+``parse_lines`` is the core; ``parse_text`` and ``parse_file`` (streaming, chunked, fast path
+for noise) wrap it; ``merge_runs`` joins the per-node files of one run.  Nothing here raises on
+log content: what cannot be read becomes a line in ``ParsedRun.problems``.
+
+How a file is read
+  Until a run's training starts (first iteration, ``steps:`` or DeepSpeed timer line, or
+  Megatron's ``training ...``), after it ends (final iteration, launcher exit, failure), and
+  while a multi-line block is open (argument dump, timer block, traceback, JSON dump), every
+  line is parsed.  In between, only lines holding one of ``_KEYWORDS`` can matter, and the
+  file reader looks for those with ``bytes.find`` over whole chunks: that is what makes a
+  1 GB log of NCCL chatter cheap.  A new run that starts in the middle of training output
+  without any of those lines is still split off when the iteration counter goes back.
+
+Attribution of DeepSpeed ``wall_clock_breakdown`` lines to iterations
+  The plain engine prints one line per optimizer step and per timer group, before Megatron's
+  iteration line of that step; with ``--log-interval L``, the L blocks of one group printed
+  before ``iteration N`` are iterations N-L+1..N.  When the count of blocks between two
+  iteration lines does not match the difference of their numbers, the blocks stay
+  unattributed (and a problem says so).  PipelineEngine timers are printed every
+  ``steps_per_print`` steps as totals: ``pipe_*`` groups right after the ``steps: N`` line
+  (attributed to N), the others before it (attributed to the next ``steps:`` line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from analysis._lines import (
+    MAX_LINE_CHARS,
+    norm_key,
+    parse_pairs,
+    split_prefix,
+    strip_prefix,
+    to_float,
+    to_int,
+    typed_value,
+)
+from analysis.records import (
+    Failure,
+    FailureKind,
+    Iteration,
+    Memory,
+    ParsedRun,
+    PipelineStep,
+    TimerBlock,
+)
+
+__all__ = ["merge_runs", "parse_file", "parse_lines", "parse_text", "strip_prefix"]
+
+# Substrings one of which every line that can matter during training contains (see module
+# doc).  Lines of the start-up phase need none of them: they are all parsed.
+_KEYWORDS: tuple[str, ...] = (
+    "|",  # iteration lines of every era, `time (ms) |` lines, `memory (MB) |`
+    "s)",  # `time across ranks (ms):` headers, PipelineEngine `iter time (s)`, NCCL watchdog
+    # `Timeout(ms)=`
+    "iteration",  # key=value iteration lines
+    "Error",  # XxxError lines: exceptions, OOM, NCCL and gloo errors
+    "*** JOB",  # slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT ... [DUE TO TIME LIMIT]
+    "*** STEP",
+    "Traceback",
+    "Kill",  # `Killed`
+    "KILL",  # SIGKILL
+    "exits",  # deepspeed launcher: `exits successfully` / `exits with return code = N`
+    "# run outcome",
+    "MemAlloc",  # DeepSpeed ThroughputTimer memory
+    "Max_MA",  # DeepSpeed see_memory_usage
+)
+# How the file reader finds them: a rare single byte found with memchr speed, then the
+# keywords holding it are checked at that position; two keywords have no rare byte.
+_ANCHORS: tuple[tuple[bytes, tuple[tuple[bytes, int], ...]], ...] = (
+    *(
+        (a.encode(), tuple((k.encode(), k.index(a)) for k in _KEYWORDS if a in k))
+        for a in ("|", ")", "E", "*", "T", "K", "#", "M")
+    ),
+    (b"iteration", ()),
+    (b"exits", ()),
+)
+
+_CHUNK_BYTES = 1 << 20
+_TRACEBACK_MAX_LINES = 2000
+_JSON_MAX_LINES = 5000
+
+_ITER_RE = re.compile(r"(?<![\w-])iteration\s*[=:]?\s*(\d+)(?:\s*/\s*(\d+))?")
+_GLUE_RE = re.compile(r"(?<![\w-])iteration\s+\d+\s*/\s*\d+")
+_RANK_RE = re.compile(r"\[Rank (\d+)\]")
+_AFTER_RE = re.compile(r"\(after (\d+) iterations?\)")
+_STEPS_RE = re.compile(
+    r"steps:\s*(\d+)\s+loss:\s*(\S+)(?:.*?)iter time \(s\):\s*(\S+)(?:\s+samples/sec:\s*(\S+))?"
+)
+_TIMER_HEAD_RE = re.compile(r"(\(min, max\) time|max time|times) across ranks \(ms\):")
+_TIMER_LINE_RE = re.compile(r"^\s*(\S.*?) \.*: \(?\s*([-\d.eE+]+)(?:\s*,\s*([-\d.eE+]+))?\)?\s*$")
+_TIMER_RANK_RE = re.compile(r"^\s+rank\s+(\d+):\s*([-\d.eE+]+)\s*$")
+_TIMER_NAME_RE = re.compile(r"^\s{1,3}(\S[^:]*):\s*$")
+_ARG_RE = re.compile(r"^\s+(\S+) \.+ ?(.*)$")
+_DS_LOGGER_RE = re.compile(r"^\[[^\]]*\] \[[A-Z]+\] \[[^\]]*\] ?")
+_DS_CFG_LINE_RE = re.compile(r"^\s+(\w+) (\.*) ?(.*)$")
+_MEMALLOC_RE = re.compile(r"MemAllocated=([\d.]+)\s*GB.*?MaxMemAllocated=([\d.]+)\s*GB")
+_SEE_MEM_RE = re.compile(
+    r"MA ([\d.]+) GB\s+Max_MA ([\d.]+) GB\s+CA ([\d.]+) GB\s+Max_CA ([\d.]+) GB"
+)
+_PARAMS_RE = re.compile(
+    r"number of parameters on (?:\(tensor, pipeline\) )?model parallel rank "
+    r"\(?(\d+)(?:, (\d+))?\)?: (\d+)"
+)
+_VOCAB_RE = re.compile(r"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
+_VERSION_RE = re.compile(r"^(torch|deepspeed) (?:version|info) \.+ ([^,\s]+)")
+_DS_INFO_RE = re.compile(r"DeepSpeed info: version=([^,\s]+)")
+_GIT_RE = re.compile(r"git_hash=(\S+)(?: git_branch=(\S+))?")
+_EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Z]\w*)(?::(?:\s.*)?)?$")
+_EXC_NAME_SUFFIX = ("Error", "Exception", "Interrupt", "Exit", "Failure", "Timeout")
+_RC_RE = re.compile(r"exits with return code = (-?\d+)")
+_OUTCOME_RE = re.compile(
+    r"# run outcome:\s*(completed|failed|incomplete)(?:\s+kind=(\w+))?(?:\s+reason=(.*))?$"
+)
+_KILLED_RE = re.compile(r"\bKilled\b|\bSIGKILL\b|Signal 9\b")
+_SLURM_RE = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT")
+_OOM_RE = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|DefaultCPUAllocator|can't allocate memory"
+    r"|not enough memory|out of memory"
+)
+_NCCL_RE = re.compile(
+    r"NCCL error|nccl\w*Error|\bNCCL\b.*\b(?:failure|failed|timeout)|Watchdog caught collective"
+    r"|Gloo connectFullMesh failed|third_party/gloo|Connection (?:closed|reset) by peer"
+    r"|DistBackendError|ProcessGroupNCCL.*(?:timed out|Timeout)"
+)
+_FAILURE_KINDS = frozenset(
+    ("oom", "nccl", "exception", "killed", "time_limit", "cancelled", "hang", "other")
+)
+
+# Iteration-line keys (normalised by norm_key) -> Iteration field.  Elapsed time is handled
+# separately because of its unit.
+_ITER_FIELDS: dict[str, str] = {
+    "lm loss": "lm_loss",
+    "loss": "lm_loss",
+    "loss scale": "loss_scale",
+    "grad norm": "grad_norm",
+    "number of skipped iterations": "skipped",
+    "skipped iterations": "skipped",
+    "skipped": "skipped",
+    "number of nan iterations": "nan",
+    "nan iterations": "nan",
+    "global batch size": "global_batch_size",
+    "batch size": "global_batch_size",
+    "learning rate": "learning_rate",
+    "lr": "learning_rate",
+    "consumed samples": "consumed_samples",
+    "consumed tokens": "consumed_tokens",
+    "samples per second": "samples_per_s",
+    "samples per sec": "samples_per_s",
+    "samples/sec": "samples_per_s",
+    "samples/s": "samples_per_s",
+    "samples per s": "samples_per_s",
+    "tflops": "tflops",
+    "tflops per gpu": "tflops",
+    "tflop/s/gpu": "tflops",
+    "throughput per gpu (tflop/s/gpu)": "tflops",
+    "model tflops": "tflops",
+    "tokens per gpu per second (tgs)": "tokens_per_gpu_per_s",
+    "tgs": "tokens_per_gpu_per_s",
+}
+_INT_FIELDS = frozenset(
+    ("skipped", "nan", "global_batch_size", "consumed_samples", "consumed_tokens")
+)
+
+# Megatron's minmax block names use dashes; DeepSpeed's use underscores.  A single-line
+# `time (ms) | ...` block without `[Rank N]` is Megatron's (older Megatron's Timers.log) when a
+# name has a dash or a space or is one of Megatron's own plain names.
+_MEGATRON_PLAIN_NAMES = frozenset(("optimizer", "allreduce", "batch generator"))
+
+_SUMMARY_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "seq_length",
+    "micro_batch_size",
+    "global_batch_size",
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "data_parallel_size",
+    "zero_stage",
+    "world_size",
+    "padded_vocab_size",
+    "num_parameters",
+)
+
+
+@dataclass
+class _Stream:
+    """Per-prefix state of an open multi-line block."""
+
+    mode: str | None = None
+    """``args``, ``timer``, ``traceback``, ``json``, ``engine``, ``wrap`` or None."""
+    timer_kind: str = ""
+    """Header kind of an open Megatron timer block."""
+    timer_values: dict[str, Any] = field(default_factory=dict)
+    """Values collected so far in an open timer block."""
+    timer_name: str | None = None
+    """Current timer name in a ``times across ranks`` (per-rank) block."""
+    start_line: int = 0
+    """Line where the open block started."""
+    lines: int = 0
+    """Lines consumed by the open block."""
+    buf: list[str] = field(default_factory=list)
+    """Text of an open JSON dump or of a wrapped iteration line."""
+    depth: int = 0
+    """Brace depth of an open JSON dump."""
+    chained: bool = False
+    """A ``During handling of the above exception`` line was seen after an exception."""
+
+
+@dataclass
+class _Run:
+    """A run being filled; turned into a ParsedRun by ``_finish``."""
+
+    source: str
+    first_line: int
+    iterations: list[Iteration] = field(default_factory=list)
+    iter_index: dict[int, int] = field(default_factory=dict)
+    memory: list[Memory] = field(default_factory=list)
+    megatron_blocks: list[TimerBlock] = field(default_factory=list)
+    # DeepSpeed blocks: (values, rank, line, iterations seen before, pipeline steps before)
+    ds_blocks: list[tuple[dict[str, Any], int | None, int, int, int]] = field(default_factory=list)
+    steps: list[PipelineStep] = field(default_factory=list)
+    args: dict[str, Any] = field(default_factory=dict)
+    cmd_args: dict[str, Any] = field(default_factory=dict)
+    world: dict[str, int] = field(default_factory=dict)
+    params: dict[str, int] = field(default_factory=dict)
+    vocab: dict[str, int] = field(default_factory=dict)
+    ds_config: dict[str, Any] = field(default_factory=dict)
+    ds_engine: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    failure: Failure | None = None
+    failure_stream: str | None = None
+    outcome: tuple[str, str | None, str, int] | None = None
+    last_iter: int | None = None
+    max_iter: int = -1
+    train_iters: int | None = None
+    reached_final: bool = False
+    training: bool = False
+    ended: bool = False
+    spawned: int = 0
+    exited_ok: int = 0
+    exit_codes: list[int] = field(default_factory=list)
+
+    def has_content(self) -> bool:
+        """Whether a boundary line now starts a new run rather than continuing this one."""
+        return bool(self.iterations or self.steps or self.failure or self.ended or self.ds_blocks)
+
+
+class _Core:
+    """The line-by-line state machine shared by every entry point."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.runs: list[ParsedRun] = []
+        self.run = _Run(source=source, first_line=1)
+        self.streams: dict[str, _Stream] = {}
+        self.open_blocks = 0
+        self.truncated = 0
+
+    # -- driver interface -------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """Whether every line must be fed (not only those holding a keyword)."""
+        run = self.run
+        return self.open_blocks > 0 or not run.training or run.ended
+
+    def feed(self, lineno: int, raw: str) -> None:
+        """Parse one physical line (1-based ``lineno``)."""
+        try:
+            self._feed(lineno, raw)
+        except Exception as exc:
+            self.run.problems.append(f"line {lineno}: internal parser error {exc!r} (skipped)")
+
+    def finish(self) -> list[ParsedRun]:
+        """Close open blocks and return every run of the input."""
+        for key, st in list(self.streams.items()):
+            if st.mode is not None:
+                self._close_block(key, st, st.start_line, eof=True)
+        if self.truncated:
+            self.run.problems.append(
+                f"{self.truncated} line(s) longer than {MAX_LINE_CHARS} characters were truncated"
+            )
+        self._finish_run()
+        return self.runs
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    def _feed(self, lineno: int, raw: str) -> None:
+        if len(raw) > MAX_LINE_CHARS:
+            raw = raw[:MAX_LINE_CHARS]
+            self.truncated += 1
+        raw = raw.rstrip("\r\n")
+        if "\x00" in raw:
+            raw = raw.replace("\x00", "")
+        key, text = split_prefix(raw)
+        st = self.streams.get(key)
+        if st is not None and st.mode is not None and self._continue_block(key, st, text, lineno):
+            return
+        self._dispatch(key, text, lineno)
+
+    def _open(self, key: str, mode: str, lineno: int) -> _Stream:
+        st = self.streams.get(key)
+        if st is None:
+            st = self.streams[key] = _Stream()
+        if st.mode is None:
+            self.open_blocks += 1
+        st.mode = mode
+        st.start_line = lineno
+        st.lines = 0
+        st.buf = []
+        st.depth = 0
+        st.timer_values = {}
+        st.timer_name = None
+        return st
+
+    def _close(self, st: _Stream) -> None:
+        if st.mode is not None:
+            self.open_blocks -= 1
+        st.mode = None
+        st.buf = []
+        st.timer_values = {}
+
+    def _dispatch(self, key: str, text: str, lineno: int) -> None:
+        run = self.run
+        if "# run outcome" in text:
+            self._outcome(text, lineno)
+            return
+        if "iteration" in text and self._iteration_line(key, text, lineno):
+            return
+        if "steps:" in text and "iter time" in text:
+            self._steps(text, lineno)
+            return
+        if "time (ms)" in text and "|" in text:
+            self._single_line_timers(text, lineno)
+            return
+        if "across ranks (ms)" in text:
+            m = _TIMER_HEAD_RE.search(text)
+            if m:
+                st = self._open(key, "timer", lineno)
+                st.timer_kind = m.group(1)
+                return
+        if "memory (MB)" in text:
+            self._megatron_memory(text, lineno)
+            return
+        if "MemAllocated=" in text:
+            m = _MEMALLOC_RE.search(text)
+            if m:
+                rank = _RANK_RE.search(text)
+                self.run.memory.append(
+                    Memory(
+                        rank=int(rank.group(1)) if rank else None,
+                        allocated_mb=float(m.group(1)) * 1024.0,
+                        max_allocated_mb=float(m.group(2)) * 1024.0,
+                        kind="deepspeed",
+                        line=lineno,
+                    )
+                )
+                return
+        if "Max_MA" in text:
+            m = _SEE_MEM_RE.search(text)
+            if m:
+                # see_memory_usage prints bytes / 1024**3 rounded to 2 decimals ("GB"; Max_CA
+                # rounded to a whole number), so * 1024 gives MiB to that precision.
+                ma, max_ma, ca, max_ca = (float(g) * 1024.0 for g in m.groups())
+                run.memory.append(
+                    Memory(
+                        rank=None,
+                        allocated_mb=ma,
+                        max_allocated_mb=max_ma,
+                        reserved_mb=ca,
+                        max_reserved_mb=max_ca,
+                        kind="see_memory_usage",
+                        line=lineno,
+                    )
+                )
+                return
+        if self._failure_line(key, text, lineno):
+            return
+        if "exits" in text:
+            self._launcher_exit(text, lineno)
+            return
+        if run.training and not run.ended:
+            return  # training phase: nothing else can matter (keeps fast and slow paths equal)
+        self._config_line(key, text, lineno)
+
+    # -- multi-line blocks ------------------------------------------------------------------
+
+    def _continue_block(self, key: str, st: _Stream, text: str, lineno: int) -> bool:
+        """Feed a line to the open block of its stream; False if the block ended before it."""
+        st.lines += 1
+        mode = st.mode
+        if mode == "timer":
+            m = _TIMER_LINE_RE.match(text)
+            if m and st.timer_kind != "times":
+                a = to_float(m.group(2))
+                b = to_float(m.group(3)) if m.group(3) else None
+                if a is not None:
+                    st.timer_values[m.group(1).strip()] = (a, b) if b is not None else a
+                    return True
+            if st.timer_kind == "times":
+                r = _TIMER_RANK_RE.match(text)
+                if r and st.timer_name is not None:
+                    v = to_float(r.group(2))
+                    if v is not None:
+                        lo, hi = st.timer_values.get(st.timer_name, (v, v))
+                        st.timer_values[st.timer_name] = (min(lo, v), max(hi, v))
+                    return True
+                n = _TIMER_NAME_RE.match(text)
+                if n:
+                    st.timer_name = n.group(1).strip()
+                    return True
+            self._close_block(key, st, lineno)
+            return False
+        if mode == "args":
+            if "end of arguments" in text:
+                self._close(st)
+                return True
+            m = _ARG_RE.match(text)
+            if m:
+                self.run.args[m.group(1)] = typed_value(m.group(2))
+                return True
+            if st.lines > 2000:
+                self.run.problems.append(f"line {st.start_line}: argument dump never ended")
+                self._close(st)
+                return False
+            return True  # interleaved text inside the dump is ignored
+        if mode == "engine":
+            body = _DS_LOGGER_RE.sub("", text, count=1)
+            if "json =" in body:
+                self._close(st)
+                return False
+            m = _DS_CFG_LINE_RE.match(body)
+            if m and "print" in text:
+                self.run.ds_engine[m.group(1)] = typed_value(m.group(3))
+                return True
+            self._close(st)
+            return False
+        if mode == "json":
+            st.buf.append(text)
+            st.depth += text.count("{") - text.count("}")
+            if st.depth <= 0 or st.lines > _JSON_MAX_LINES:
+                self._close_block(key, st, lineno)
+            return True
+        if mode == "traceback":
+            return self._traceback_line(key, st, text, lineno)
+        if mode == "wrap":
+            stripped = text.strip()
+            looks_new = (
+                not stripped
+                or stripped.startswith("[")
+                or _GLUE_RE.search(stripped) is not None
+                or "|" not in stripped
+            )
+            pending = "".join(st.buf)
+            start = st.start_line
+            self._close(st)
+            if looks_new:
+                self._iteration_text(key, pending, start, allow_wrap=False)
+                return False
+            self._iteration_text(key, pending + text, start, allow_wrap=False)
+            return True
+        self._close(st)
+        return False
+
+    def _close_block(self, key: str, st: _Stream, lineno: int, eof: bool = False) -> None:
+        mode = st.mode
+        if mode == "timer":
+            if st.timer_values:
+                self.run.megatron_blocks.append(
+                    TimerBlock(
+                        source="megatron",
+                        values_ms=dict(st.timer_values),
+                        iteration=self.run.last_iter,
+                        line=st.start_line,
+                    )
+                )
+        elif mode == "json":
+            self._json_dump("\n".join(st.buf), st.start_line)
+        elif mode == "wrap":
+            self._iteration_text(key, "".join(st.buf), st.start_line, allow_wrap=False)
+        elif mode == "traceback" and eof:
+            self.run.problems.append(
+                f"line {st.start_line}: traceback without a final exception line (log cut short?)"
+            )
+        elif mode == "args" and eof:
+            self.run.problems.append(f"line {st.start_line}: argument dump cut short")
+        self._close(st)
+
+    # -- iterations -------------------------------------------------------------------------
+
+    def _iteration_line(self, key: str, text: str, lineno: int) -> bool:
+        matches = list(_GLUE_RE.finditer(text))
+        if len(matches) > 1 or (matches and "|" in text[: matches[0].start()]):
+            # Several records glued on one line: split at each `iteration k/N`.
+            head = text[: matches[0].start()]
+            if head.strip(" |"):
+                self._dispatch(key, head, lineno)
+            for i, m in enumerate(matches):
+                end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+                self._iteration_text(key, text[m.start() : end], lineno, allow_wrap=False)
+            return True
+        return self._iteration_text(key, text, lineno, allow_wrap=True)
+
+    def _iteration_text(self, key: str, text: str, lineno: int, allow_wrap: bool) -> bool:
+        m = _ITER_RE.search(text)
+        if m is None:
+            return False
+        rest = text[m.end() :]
+        if "|" not in rest and "=" not in rest:
+            return False  # prose that mentions an iteration, not an iteration record
+        if allow_wrap and "|" in rest and not text.rstrip().endswith("|"):
+            st = self._open(key, "wrap", lineno)
+            st.buf = [text]
+            return True
+        number = int(m.group(1))
+        total = int(m.group(2)) if m.group(2) else None
+        values: dict[str, Any] = {}
+        for raw_key, raw_value in parse_pairs(rest):
+            k = norm_key(raw_key)
+            if k in _ITER_FIELDS:
+                name = _ITER_FIELDS[k]
+                if name == "lm_loss" and k == "loss" and "lm_loss" in values:
+                    continue
+                num = to_int(raw_value) if name in _INT_FIELDS else to_float(raw_value)
+                if num is None and raw_value.strip().lower() in ("nan", "inf", "-inf"):
+                    self.run.problems.append(f"line {lineno}: {raw_key} printed as {raw_value}")
+                values[name] = num
+            elif k.startswith(("elapsed", "iteration time", "step time", "time per iteration")):
+                ms = _elapsed_ms(k, raw_value)
+                if ms is None:
+                    self.run.problems.append(
+                        f"line {lineno}: elapsed time {raw_key!r}={raw_value!r} has no readable "
+                        "unit or value; left empty"
+                    )
+                values["elapsed_ms"] = ms
+            elif k == "train iters" and total is None:
+                total = to_int(raw_value)
+        self._add_iteration(
+            Iteration(
+                iteration=number, train_iters=total, line=lineno, source=self.source, **values
+            )
+        )
+        return True
+
+    def _add_iteration(self, it: Iteration) -> None:
+        run = self.run
+        if it.iteration in run.iter_index:
+            return  # printed by several ranks
+        if it.iteration < run.max_iter:
+            self._new_run(it.line or 0, "the iteration counter went back")
+            run = self.run
+        run.training = True
+        run.iter_index[it.iteration] = len(run.iterations)
+        run.iterations.append(it)
+        run.last_iter = it.iteration
+        run.max_iter = max(run.max_iter, it.iteration)
+        if it.train_iters is not None:
+            run.train_iters = it.train_iters
+            if it.iteration >= it.train_iters:
+                run.reached_final = True
+                run.ended = True
+
+    def _steps(self, text: str, lineno: int) -> None:
+        m = _STEPS_RE.search(text)
+        if m is None:
+            return
+        secs = to_float(m.group(3))
+        self.run.steps.append(
+            PipelineStep(
+                step=int(m.group(1)),
+                loss=to_float(m.group(2)),
+                iter_ms=secs * 1000.0 if secs is not None else None,
+                samples_per_s=to_float(m.group(4)) if m.group(4) else None,
+                line=lineno,
+            )
+        )
+        self.run.training = True
+
+    # -- timers and memory ------------------------------------------------------------------
+
+    def _single_line_timers(self, text: str, lineno: int) -> None:
+        head, _, body = text.partition("time (ms)")
+        values: dict[str, Any] = {}
+        for k, v in parse_pairs(body):
+            num = to_float(v)
+            if num is not None and k:
+                values[k] = num
+        if not values:
+            return
+        rank_m = _RANK_RE.search(head)
+        rank = int(rank_m.group(1)) if rank_m else None
+        megatron = rank_m is None and any(
+            "-" in k or " " in k or k in _MEGATRON_PLAIN_NAMES for k in values
+        )
+        run = self.run
+        if megatron:
+            run.megatron_blocks.append(
+                TimerBlock(
+                    source="megatron", values_ms=values, iteration=run.last_iter, line=lineno
+                )
+            )
+        else:
+            run.ds_blocks.append((values, rank, lineno, len(run.iterations), len(run.steps)))
+
+    def _megatron_memory(self, text: str, lineno: int) -> None:
+        head, _, body = text.partition("memory (MB)")
+        values = {norm_key(k): to_float(v) for k, v in parse_pairs(body)}
+        rank = _RANK_RE.search(head)
+        after = _AFTER_RE.search(head)
+        self.run.memory.append(
+            Memory(
+                rank=int(rank.group(1)) if rank else None,
+                allocated_mb=values.get("allocated"),
+                max_allocated_mb=values.get("max allocated"),
+                reserved_mb=values.get("reserved"),
+                max_reserved_mb=values.get("max reserved"),
+                kind="megatron",
+                after_iteration=int(after.group(1)) if after else None,
+                line=lineno,
+            )
+        )
+
+    # -- failures and outcome ---------------------------------------------------------------
+
+    def _fail(self, kind: FailureKind, message: str, lineno: int, stream: str | None) -> None:
+        run = self.run
+        message = message.strip()[:2000]
+        if run.reached_final:
+            run.problems.append(
+                f"line {lineno}: after the final iteration ({kind}, not counted as the run's "
+                f"failure): {message}"
+            )
+            return
+        run.ended = True
+        if run.failure is None:
+            run.failure = Failure(kind=kind, message=message, line=lineno)
+            run.failure_stream = stream
+        else:
+            run.problems.append(f"line {lineno}: further failure ({kind}): {message}")
+
+    def _failure_line(self, key: str, text: str, lineno: int) -> bool:
+        if "Traceback (most recent call last)" in text:
+            self._open(key, "traceback", lineno)
+            return True
+        if "above exception" in text and text.lstrip().startswith(
+            ("During handling of the above exception", "The above exception")
+        ):
+            self.streams.setdefault(key, _Stream()).chained = True
+            return True
+        stripped = text.strip()
+        if "rror" in text or "Exception" in text:
+            m = _EXC_RE.match(stripped)
+            if m and m.group(1).endswith(_EXC_NAME_SUFFIX):
+                self._fail(_classify(stripped, "exception"), stripped, lineno, key)
+                return True
+        if "CANCELLED AT" in text and _SLURM_RE.search(text):
+            kind: FailureKind = "time_limit" if "TIME LIMIT" in text else "cancelled"
+            self._fail(kind, stripped, lineno, key)
+            return True
+        nccl_hint = "Watchdog" in text or "rror" in text or "Gloo" in text or "by peer" in text
+        if nccl_hint and _NCCL_RE.search(text):
+            self._fail("nccl", stripped, lineno, key)
+            return True
+        oom_hint = "memory" in text or "Memory" in text or "Allocator" in text
+        if oom_hint and _OOM_RE.search(text) and "memory (MB)" not in text:
+            self._fail("oom", stripped, lineno, key)
+            return True
+        if ("Kill" in text or "KILL" in text or "Signal 9" in text) and _KILLED_RE.search(text):
+            self._fail("killed", stripped, lineno, key)
+            return True
+        return False
+
+    def _traceback_line(self, key: str, st: _Stream, text: str, lineno: int) -> bool:
+        stripped = text.strip()
+        if not stripped or text[:1] in (" ", "\t"):
+            if st.lines > _TRACEBACK_MAX_LINES:
+                self.run.problems.append(f"line {st.start_line}: traceback never ended")
+                self._close(st)
+            return True
+        if stripped.startswith(("During handling of the above exception", "The above exception")):
+            st.chained = True
+            return True
+        if stripped.startswith("Traceback (most recent call last)"):
+            return True
+        m = _EXC_RE.match(stripped)
+        if m is None:
+            return False  # other output interleaved; the traceback stays open
+        run = self.run
+        kind = _classify(stripped, "exception")
+        if st.chained and run.failure is not None and run.failure_stream == key:
+            # Chained exceptions: the last one printed is the one that ended the process.
+            run.problems.append(
+                f"line {run.failure.line}: chained into line {lineno}: {run.failure.message}"
+            )
+            run.failure = Failure(kind=kind, message=stripped[:2000], line=lineno)
+        else:
+            self._fail(kind, stripped, lineno, key)
+        self._close(st)
+        st.chained = False
+        return True
+
+    def _outcome(self, text: str, lineno: int) -> None:
+        m = _OUTCOME_RE.search(text.strip())
+        if m is None:
+            self.run.problems.append(f"line {lineno}: unreadable run outcome marker: {text[:200]}")
+            return
+        status, kind, reason = m.group(1), m.group(2), (m.group(3) or "").strip()
+        if kind is not None and kind not in _FAILURE_KINDS:
+            self.run.problems.append(f"line {lineno}: unknown failure kind {kind!r}; using other")
+            kind = "other"
+        self.run.outcome = (status, kind, reason or text.strip(), lineno)
+        self.run.ended = True
+
+    def _launcher_exit(self, text: str, lineno: int) -> None:
+        run = self.run
+        if "exits successfully" in text:
+            run.exited_ok += 1
+            run.ended = True
+            return
+        m = _RC_RE.search(text)
+        if m is None:
+            return
+        code = int(m.group(1))
+        run.exit_codes.append(code)
+        if code != 0:
+            kind: FailureKind = "killed" if code in (-9, 137) else "other"
+            self._fail(kind, f"exits with return code = {code}", lineno, None)
+        run.ended = True
+
+    # -- configuration ----------------------------------------------------------------------
+
+    def _config_line(self, key: str, text: str, lineno: int) -> None:
+        run = self.run
+        if "arguments" in text and "-- arguments --" in text:
+            self._boundary(lineno, "a new argument dump")
+            self._open(key, "args", lineno)
+            return
+        if "using world size:" in text:
+            self._boundary(lineno, "a new `using world size` line")
+            for piece in text.split("using", 1)[1].split(","):
+                k, _, v = piece.rpartition(":")
+                num = to_int(v)
+                if num is not None:
+                    name = norm_key(k).replace(" ", "_")
+                    run.world[name] = num
+            return
+        if "cmd = " in text and "runner.py" in text:
+            self._boundary(lineno, "a new launcher command")
+            self._cmd_args(text.split("cmd = ", 1)[1], lineno)
+            return
+        if "spawned with command" in text:
+            run.spawned += 1
+            return
+        if "number of parameters" in text:
+            m = _PARAMS_RE.search(text)
+            if m:
+                run.params[f"({m.group(1)}, {m.group(2) or 0})"] = int(m.group(3))
+            return
+        if "padded vocab" in text:
+            m = _VOCAB_RE.search(text)
+            if m:
+                run.vocab = {"vocab_size": int(m.group(1)), "padded_vocab_size": int(m.group(3))}
+            return
+        if "DeepSpeedEngine configuration" in text:
+            self._open(key, "engine", lineno)
+            return
+        if "json = " in text:
+            body = text.split("json = ", 1)[1]
+            st = self._open(key, "json", lineno)
+            st.buf = [body]
+            st.depth = body.count("{") - body.count("}")
+            if st.depth <= 0:
+                self._close_block(key, st, lineno)
+            return
+        if "version" in text or "info ...." in text:
+            m = _VERSION_RE.match(text.strip())
+            if m:
+                run.versions.setdefault(m.group(1), m.group(2))
+                return
+        if "DeepSpeed info:" in text:
+            m = _DS_INFO_RE.search(text)
+            if m:
+                run.versions.setdefault("deepspeed", m.group(1))
+            return
+        if "git_hash=" in text:
+            m = _GIT_RE.search(text)
+            if m:
+                run.versions.setdefault("megatron_git_hash", m.group(1))
+                if m.group(2):
+                    run.versions.setdefault("megatron_git_branch", m.group(2))
+            return
+        if text.strip() == "training ...":
+            run.training = True
+
+    def _cmd_args(self, cmd: str, lineno: int) -> None:
+        try:
+            argv = shlex.split(cmd)
+        except ValueError:
+            argv = cmd.split()
+        script = next((i for i, a in enumerate(argv) if a.endswith(".py")), None)
+        if script is None:
+            return
+        args = argv[script + 1 :]
+        out = self.run.cmd_args
+        i = 0
+        while i < len(args):
+            a = args[i]
+            if a.startswith("--"):
+                name = a[2:].replace("-", "_")
+                if "=" in name:
+                    name, _, v = name.partition("=")
+                    out[name] = typed_value(v)
+                elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                    out[name] = typed_value(args[i + 1])
+                    i += 1
+                else:
+                    out[name] = True
+            i += 1
+
+    def _json_dump(self, text: str, lineno: int) -> None:
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            self.run.problems.append(f"line {lineno}: DeepSpeed json config dump is not JSON")
+            return
+        if isinstance(value, dict):
+            self.run.ds_config.update(value)
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def _boundary(self, lineno: int, why: str) -> None:
+        if self.run.has_content():
+            self._new_run(lineno, why)
+
+    def _new_run(self, lineno: int, why: str) -> None:
+        self._finish_run()
+        self.run = _Run(source=self.source, first_line=lineno)
+        self.run.problems.append(f"line {lineno}: new run in the same file ({why})")
+
+    def _finish_run(self) -> None:
+        self.runs.append(_finish(self.run))
+
+
+def _elapsed_ms(key: str, value: str) -> float | None:
+    """Elapsed time in ms from a normalised key (which carries the unit) and a value."""
+    num = to_float(value.rstrip("ms").rstrip())
+    if num is None:
+        return None
+    if "(ms)" in key or key.endswith(" ms") or key == "elapsed ms":
+        return num
+    if "(s)" in key or key.endswith((" s", " sec", "(sec)")):
+        return num * 1000.0
+    if value.strip().endswith("ms"):
+        return num
+    return None
+
+
+def _classify(message: str, default: FailureKind) -> FailureKind:
+    """Failure kind of an exception or error message."""
+    if _OOM_RE.search(message):
+        return "oom"
+    if _NCCL_RE.search(message):
+        return "nccl"
+    if "SIGKILL" in message or "Signal 9" in message:
+        return "killed"
+    return default
+
+
+def _attribute(run: _Run, pipeline: bool) -> tuple[list[TimerBlock], list[str]]:
+    """DeepSpeed/pipeline timer blocks with their iteration (see module doc)."""
+    problems: list[str] = []
+    numbers = [it.iteration for it in run.iterations]
+    steps = [s.step for s in run.steps]
+    source = "pipeline" if pipeline else "deepspeed"
+    # Group blocks of one timer group (same names) between two consecutive iteration lines.
+    groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
+    for idx, (values, _rank, _line, n_iter, _n_steps) in enumerate(run.ds_blocks):
+        groups.setdefault((tuple(values), n_iter), []).append(idx)
+    assigned: dict[int, int | None] = {}
+    mismatch = False
+    for (_names, j), idxs in groups.items():
+        m = len(idxs)
+        prev = numbers[j - 1] if j > 0 else None
+        nxt = numbers[j] if j < len(numbers) else None
+        for k, idx in enumerate(idxs, start=1):
+            if pipeline:
+                values, _r, _l, _ni, n_steps = run.ds_blocks[idx]
+                first = next(iter(values), "")
+                if first.startswith("pipe_"):
+                    assigned[idx] = steps[n_steps - 1] if n_steps > 0 else None
+                else:
+                    assigned[idx] = steps[n_steps] if n_steps < len(steps) else None
+            elif prev is not None and nxt is not None:
+                assigned[idx] = prev + k if nxt - prev == m else None
+                mismatch |= nxt - prev != m
+            elif nxt is not None:
+                # Before the first iteration line: one block per step since the start (m == N)
+                # or since a resume one log interval earlier; anything else (a one-off set-up
+                # timer such as ZeRO-3's init_optimizer_state) stays unattributed.
+                interval = numbers[1] - numbers[0] if len(numbers) > 1 else None
+                ok = m in (nxt, interval)
+                assigned[idx] = nxt - m + k if ok else None
+            elif prev is not None:
+                assigned[idx] = prev + k
+            else:
+                assigned[idx] = None
+    if mismatch:
+        problems.append(
+            "some DeepSpeed timer blocks could not be matched to iterations (their count "
+            "between two iteration lines differs from the iterations between them); left "
+            "unattributed"
+        )
+    blocks = [
+        TimerBlock(source=source, values_ms=values, rank=rank, iteration=assigned.get(i), line=line)
+        for i, (values, rank, line, _ni, _ns) in enumerate(run.ds_blocks)
+    ]
+    return blocks, problems
+
+
+def _summary(run: _Run) -> tuple[dict[str, Any], list[str]]:
+    """The config dict: Megatron's typed args plus the summary keys (None when unknown)."""
+    problems: list[str] = []
+    config: dict[str, Any] = dict(run.args)
+    sources = (run.args, run.world, run.cmd_args)
+    for key in _SUMMARY_KEYS:
+        config[key] = next((s[key] for s in sources if s.get(key) is not None), None)
+    ds_stage = None
+    zero = run.ds_config.get("zero_optimization")
+    if isinstance(zero, dict) and isinstance(zero.get("stage"), int):
+        ds_stage = zero["stage"]
+    elif isinstance(run.ds_engine.get("zero_optimization_stage"), int):
+        ds_stage = run.ds_engine["zero_optimization_stage"]
+    if ds_stage is not None:
+        if config["zero_stage"] is not None and config["zero_stage"] != ds_stage:
+            problems.append(
+                f"zero stage: Megatron argument says {config['zero_stage']}, DeepSpeed's config "
+                f"says {ds_stage}; using DeepSpeed's"
+            )
+        config["zero_stage"] = ds_stage
+    if config["global_batch_size"] is None:
+        gbs = run.ds_config.get("train_batch_size")
+        config["global_batch_size"] = gbs if isinstance(gbs, int) else None
+    if config["micro_batch_size"] is None:
+        mbs = run.ds_config.get("train_micro_batch_size_per_gpu")
+        config["micro_batch_size"] = mbs if isinstance(mbs, int) else None
+    if run.vocab:
+        config["padded_vocab_size"] = run.vocab["padded_vocab_size"]
+        config["vocab_size"] = run.vocab["vocab_size"]
+    if run.cmd_args:
+        config["launcher_args"] = dict(run.cmd_args)
+    train_iters = run.train_iters
+    if train_iters is None:
+        for s in sources:
+            if isinstance(s.get("train_iters"), int):
+                train_iters = s["train_iters"]
+                break
+    config["train_iters"] = train_iters
+    if run.params:
+        config["num_parameters_by_rank"] = dict(run.params)
+    config["num_parameters"], why = _num_parameters(config, run.params)
+    if why:
+        problems.append(why)
+    return config, problems
+
+
+def _num_parameters(config: dict[str, Any], params: dict[str, int]) -> tuple[int | None, str]:
+    """Parameters of the model as printed, when the log states it for the whole model.
+
+    Megatron prints ``number of parameters on (tensor, pipeline) model parallel rank (t, p)``
+    per model-parallel rank.  With tp = pp = 1 that is the model's count.  With model
+    parallelism the per-rank counts do not add up to it (tensor-parallel ranks each hold the
+    replicated layer norms and biases; with pipelining the tied word embedding lives on the
+    first and the last stage), so the count is left unknown and the per-rank counts are kept
+    in ``num_parameters_by_rank``.
+    """
+    if not params:
+        return None, ""
+    tp = config.get("tensor_model_parallel_size") or 1
+    pp = config.get("pipeline_model_parallel_size") or 1
+    if tp * pp == 1 and len(params) == 1:
+        return next(iter(params.values())), ""
+    return None, (
+        f"num_parameters not derivable from the log: with tp({tp}) * pp({pp}) = {tp * pp} "
+        f"model-parallel ranks the per-rank counts {sorted(params.items())} count replicated "
+        "and tied weights more than once; see num_parameters_by_rank"
+    )
+
+
+def _is_pipeline(config: dict[str, Any], has_steps: bool) -> bool:
+    pp = config.get("pipeline_model_parallel_size")
+    return has_steps or (isinstance(pp, int) and pp > 1)
+
+
+def _finish(run: _Run) -> ParsedRun:
+    """Turn the filled state into a ParsedRun: config, attribution, status."""
+    config, problems = _summary(run)
+    ds_blocks, attr_problems = _attribute(run, _is_pipeline(config, bool(run.steps)))
+    out = ParsedRun(
+        iterations=run.iterations,
+        memory=run.memory,
+        timers=run.megatron_blocks + ds_blocks,
+        pipeline_steps=run.steps,
+        config=config,
+        ds_config=run.ds_config,
+        ds_engine=run.ds_engine,
+        versions=run.versions,
+        problems=run.problems + problems + attr_problems,
+        sources=[run.source],
+        first_line=run.first_line,
+    )
+    out.timers.sort(key=lambda b: b.line or 0)
+    train_iters = config.get("train_iters")
+    reached = run.reached_final or (
+        isinstance(train_iters, int) and run.max_iter >= train_iters > 0
+    )
+    all_exited = run.exited_ok > 0 and run.exited_ok >= run.spawned
+    if run.failure is not None:
+        out.status, out.failure = "failed", run.failure
+    elif reached or all_exited:
+        out.status = "completed"
+    if run.outcome is not None:
+        status, kind, reason, line = run.outcome
+        if out.failure is not None and (status != "failed" or kind != out.failure.kind):
+            out.problems.append(
+                f"line {out.failure.line}: superseded by the run outcome marker at line {line}: "
+                f"{out.failure.kind}: {out.failure.message}"
+            )
+        out.status = status  # type: ignore[assignment]
+        out.failure = (
+            Failure(kind=kind or "other", message=reason, line=line)  # type: ignore[arg-type]
+            if status == "failed"
+            else None
+        )
+    if not (
+        run.iterations
+        or run.steps
+        or run.ds_blocks
+        or run.megatron_blocks
+        or run.memory
+        or run.failure
+        or run.outcome
+        or run.args
+        or run.world
+    ):
+        out.problems.append("no training output recognised")
+    return out
+
+
+# -- entry points -----------------------------------------------------------------------------
+
+
+def _has_keyword(line: str) -> bool:
+    return any(k in line for k in _KEYWORDS)
+
+
+def parse_lines(lines: Iterable[str], source: str) -> list[ParsedRun]:
+    """Parse log lines (with or without trailing newlines) into one ParsedRun per training run.
+
+    Never raises on content; always returns at least one run.
+    """
+    core = _Core(source)
+    try:
+        for lineno, line in enumerate(lines, start=1):
+            if core.active or _has_keyword(line):
+                core.feed(lineno, line)
+    except (OSError, UnicodeError) as exc:
+        core.run.problems.append(f"reading stopped: {exc}")
+    return core.finish()
+
+
+def parse_text(text: str, source: str = "<text>") -> list[ParsedRun]:
+    """Parse a whole log held in a string."""
+    return parse_lines(text.splitlines(), source)
+
+
+def _next_hit(block: bytes, anchor: bytes, checks: tuple[tuple[bytes, int], ...], pos: int) -> int:
+    """Position of the next keyword hit of one anchor at or after ``pos``, or -1."""
+    find = block.find
+    p = find(anchor, pos)
+    if not checks or (len(checks) == 1 and checks[0][1] == 0 and checks[0][0] == anchor):
+        return p
+    startswith = block.startswith
+    while p >= 0:
+        for kw, off in checks:
+            if p >= off and startswith(kw, p - off):
+                return p
+        p = find(anchor, p + 1)
+    return -1
+
+
+def _drive_block(core: _Core, block: bytes, lineno: int) -> int:
+    """Feed the lines of ``block`` (whole lines) that can matter to ``core``; return the line
+    number after the block."""
+    end = len(block)
+    pos = 0
+    nxt = [-2] * len(_ANCHORS)
+    find = block.find
+    while pos < end:
+        if core.active:
+            e = find(b"\n", pos)
+            if e < 0:
+                e = end
+            core.feed(lineno, block[pos:e].decode("utf-8", "replace"))
+            lineno += 1
+            pos = e + 1
+            continue
+        best = -1
+        for i, (anchor, checks) in enumerate(_ANCHORS):
+            p = nxt[i]
+            if p < pos and p != -1:
+                p = nxt[i] = _next_hit(block, anchor, checks, pos)
+            if p >= 0 and (best < 0 or p < best):
+                best = p
+        if best < 0:
+            break
+        s = block.rfind(b"\n", pos, best) + 1 or pos
+        lineno += block.count(b"\n", pos, s)
+        e = find(b"\n", s)
+        if e < 0:
+            e = end
+        core.feed(lineno, block[s:e].decode("utf-8", "replace"))
+        lineno += 1
+        pos = e + 1
+    if pos < end:
+        lineno += block.count(b"\n", pos, end)
+    return lineno
+
+
+def _drive_file(core: _Core, fh: BinaryIO) -> None:
+    lineno = 1
+    carry = b""
+    skipping = False  # inside the tail of an over-long line
+    while True:
+        data = fh.read(_CHUNK_BYTES)
+        if not data:
+            break
+        if skipping:
+            nl = data.find(b"\n")
+            if nl < 0:
+                continue
+            core.feed(lineno, carry.decode("utf-8", "replace"))  # counted as truncated there
+            lineno += 1
+            carry, skipping = b"", False
+            data = data[nl + 1 :]
+        buf = carry + data if carry else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            carry = buf
+            if len(carry) > MAX_LINE_CHARS * 4:
+                carry, skipping = carry[: MAX_LINE_CHARS * 4], True
+            continue
+        lineno = _drive_block(core, buf[: cut + 1], lineno)
+        carry = buf[cut + 1 :]
+    if carry:
+        core.feed(lineno, carry.decode("utf-8", "replace"))
+
+
+def parse_file(path: str | Path) -> list[ParsedRun]:
+    """Parse one log file, streaming it in chunks (constant memory whatever its size).
+
+    An unreadable file gives one incomplete run whose problems say why.
+    """
+    source = str(path)
+    core = _Core(source)
+    try:
+        with open(path, "rb") as fh:
+            _drive_file(core, fh)
+    except OSError as exc:
+        core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
+    return core.finish()
+
+
+# -- merging per-node files -------------------------------------------------------------------
+
+
+def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
+    """Merge the ParsedRuns of one training run read from several per-node files.
+
+    Records are united (iterations deduplicated by number, pipeline steps by step), config
+    keys take the first known value, the parameter count is recomputed from the union of the
+    per-rank counts, and unattributed DeepSpeed blocks (node 0 prints them, the last node the
+    iteration lines) are attributed when their count equals the final iteration number.
+    Status: failed if any part failed (its failure is kept), completed if the iteration lines
+    reached train_iters or every part completed, incomplete otherwise.
+    """
+    if not runs:
+        return ParsedRun(problems=["nothing to merge"])
+    if len(runs) == 1:
+        return runs[0]
+    out = ParsedRun(first_line=runs[0].first_line)
+    seen_iter: dict[int, Iteration] = {}
+    seen_steps: dict[int, PipelineStep] = {}
+    for part in runs:
+        for it in part.iterations:
+            seen_iter.setdefault(it.iteration, it)
+        for st in part.pipeline_steps:
+            seen_steps.setdefault(st.step, st)
+        out.memory.extend(part.memory)
+        out.timers.extend(part.timers)
+        for key, value in part.config.items():
+            if out.config.get(key) is None:
+                out.config[key] = value
+        by_rank = out.config.get("num_parameters_by_rank")
+        if isinstance(part.config.get("num_parameters_by_rank"), dict):
+            merged = dict(by_rank) if isinstance(by_rank, dict) else {}
+            merged.update(part.config["num_parameters_by_rank"])
+            out.config["num_parameters_by_rank"] = merged
+        for key, value in part.ds_config.items():
+            out.ds_config.setdefault(key, value)
+        for key, value in part.ds_engine.items():
+            out.ds_engine.setdefault(key, value)
+        for key, value in part.versions.items():
+            out.versions.setdefault(key, value)
+        src = ",".join(part.sources)
+        out.problems.extend(f"{src}: {p}" for p in part.problems)
+        out.sources.extend(part.sources)
+    out.iterations = sorted(seen_iter.values(), key=lambda it: it.iteration)
+    out.pipeline_steps = sorted(seen_steps.values(), key=lambda s: s.step)
+    by_rank = out.config.get("num_parameters_by_rank")
+    if isinstance(by_rank, dict):
+        out.config["num_parameters"], why = _num_parameters(out.config, by_rank)
+        if why:
+            out.problems.append(why)
+    pipeline = _is_pipeline(out.config, bool(out.pipeline_steps))
+    out.timers = _merge_attribution(out, pipeline)
+    failed = next((p for p in runs if p.status == "failed"), None)
+    train_iters = out.config.get("train_iters")
+    last = out.iterations[-1].iteration if out.iterations else None
+    if failed is not None:
+        out.status, out.failure = "failed", failed.failure
+    elif (isinstance(train_iters, int) and last is not None and last >= train_iters) or all(
+        p.status == "completed" for p in runs
+    ):
+        out.status = "completed"
+    return out
+
+
+def _merge_attribution(out: ParsedRun, pipeline: bool) -> list[TimerBlock]:
+    """Re-source DeepSpeed blocks of a pipeline run; attribute blocks of files that had no
+    iteration lines when one block per iteration 1..N was printed."""
+    blocks = [
+        replace(b, source="pipeline") if pipeline and b.source == "deepspeed" else b
+        for b in out.timers
+    ]
+    if pipeline or not out.iterations:
+        return blocks
+    last = out.iterations[-1].iteration
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i, b in enumerate(blocks):
+        if b.source == "deepspeed" and b.iteration is None:
+            groups.setdefault(tuple(b.values_ms), []).append(i)
+    for names, idxs in groups.items():
+        if len(idxs) == last:
+            for k, i in enumerate(idxs, start=1):
+                blocks[i] = replace(blocks[i], iteration=k)
+        else:
+            out.problems.append(
+                f"DeepSpeed timer group {names[0]}...: {len(idxs)} unattributed blocks for "
+                f"{last} iterations; left unattributed"
+            )
+    return blocks
+
+
+# -- CLI --------------------------------------------------------------------------------------
+
+
+def _summary_line(run: ParsedRun) -> str:
+    its = run.iterations
+    last = f"{its[-1].iteration}/{its[-1].train_iters}" if its else "-"
+    times = [it.elapsed_ms for it in its if it.elapsed_ms is not None]
+    mean = f"{sum(times) / len(times):.1f} ms" if times else "n/a"
+    fail = (
+        f" {run.failure.kind} at line {run.failure.line}: {run.failure.message}"
+        if (run.failure)
+        else ""
+    )
+    return (
+        f"{run.status:10} iterations {len(its):4d} (last {last}) mean printed elapsed {mean}; "
+        f"timer blocks {len(run.timers)}, memory reports {len(run.memory)}, "
+        f"problems {len(run.problems)}{fail}"
+    )
+
+
+def _iter_docs(paths: Iterable[str]) -> Iterator[dict[str, Any]]:
+    for p in paths:
+        yield {"path": p, "runs": [r.to_dict() for r in parse_file(p)]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m analysis.parse LOG... [--json]``; exit 0 even when logs are unreadable."""
+    ap = argparse.ArgumentParser(
+        prog="python -m analysis.parse", description=__doc__.split("\n")[0]
+    )
+    ap.add_argument("logs", nargs="+", help="log files")
+    ap.add_argument("--json", action="store_true", help='print {"logs": [...]} as JSON')
+    ns = ap.parse_args(argv)
+    if ns.json:
+        doc = {"logs": list(_iter_docs(ns.logs))}
+        json.dump(doc, sys.stdout, indent=1, allow_nan=False, default=str)
+        sys.stdout.write("\n")
+        return 0
+    try:
+        from rich.console import Console
+
+        console: Any = Console(highlight=False)
+    except ImportError:  # pragma: no cover - rich is a project dependency
+        console = None
+    for p in ns.logs:
+        runs = parse_file(p)
+        header = f"{p}: {len(runs)} run(s)"
+        lines = [header] + [f"  run {i + 1}: {_summary_line(r)}" for i, r in enumerate(runs)]
+        for r in runs:
+            lines.extend(f"    problem: {x}" for x in r.problems[:5])
+        for line in lines:
+            if console is not None:
+                console.print(line, markup=False)
+            else:
+                print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
