@@ -178,8 +178,14 @@ def launcher_command(spec: RunSpec, run_dir: str, node_rank: int | str = NODE_RA
 
     ``no_ssh`` commands carry ``node_rank`` (by default the symbolic :data:`NODE_RANK`).
     """
-    hostfile = posixpath.join(run_dir, HOSTFILE_NAME)
-    argv = [spec.paths.deepspeed, *to_flag("hostfile", hostfile, sep="_")]
+    argv = [spec.paths.deepspeed]
+    if spec.launcher == "local":
+        # No --hostfile: given one, the runner first checks ssh to its host even when it is the
+        # only one ("host=localhost was not reachable via ssh"); --num_gpus is how the lab runs
+        # started their ranks (also on CPU).
+        argv += to_flag("num_gpus", spec.cluster.hosts[0].slots, sep="_")
+    else:
+        argv += to_flag("hostfile", posixpath.join(run_dir, HOSTFILE_NAME), sep="_")
     if spec.launcher in ("pdsh", "openmpi", "slurm"):
         argv += to_flag("launcher", spec.launcher, sep="_")
     if spec.launcher == "no_ssh":

@@ -215,6 +215,17 @@ class RunPaths:
             _require(isinstance(value, str) and value != "", f"paths: {key} must be a path")
 
 
+PLACEHOLDER_PATHS = RunPaths(
+    upstream_dir="/opt/Megatron-DeepSpeed",
+    data_path="/data/tiny/tiny_text_document",
+    vocab_file="/data/tiny/vocab.json",
+    merge_file="/data/tiny/merges.txt",
+    python="/venv/bin/python",
+    deepspeed="/venv/bin/deepspeed",
+)
+"""Machine-independent paths for golden files and examples (nothing exists there)."""
+
+
 @dataclass(frozen=True)
 class Adjustment:
     """A value the resolver changed from what the preset or the user asked, and why."""

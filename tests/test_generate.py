@@ -20,21 +20,14 @@ from launchers.hostfile import load_hostfile, parse_hostfile_text
 from launchers.presets import CORE_STRATEGIES, load_strategies, resolve_spec
 from launchers.project import ds_config, launcher_command, megatron_args, script_index
 from launchers.render import load_run_spec, read_run_record, render_run_dir
-from launchers.spec import RunPaths, RunSpec, spec_hash
+from launchers.spec import PLACEHOLDER_PATHS, RunPaths, RunSpec, spec_hash
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "launch"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 NOW = datetime(2026, 11, 22, 2, 15, 0, tzinfo=timezone.utc)
 PLACEHOLDER_ROOT = "/RUNS"
-PATHS = RunPaths(
-    upstream_dir="/opt/Megatron-DeepSpeed",
-    data_path="/data/tiny/tiny_text_document",
-    vocab_file="/data/tiny/vocab.json",
-    merge_file="/data/tiny/merges.txt",
-    python="/venv/bin/python",
-    deepspeed="/venv/bin/deepspeed",
-)
+PATHS = PLACEHOLDER_PATHS
 LOCALHOST = parse_hostfile_text("# 2 ranks here\nlocalhost slots=2\n", "hostfiles/localhost")
 TWO_NODE = load_hostfile(REPO / "hostfiles" / "2node")
 TINY_STRATEGIES = [
@@ -268,3 +261,24 @@ def test_cli_generate_writes_a_run_directory(tmp_path: Path, capsys: pytest.Capt
         "launch.sh",
         "run.json",
     ]
+
+
+def test_launcher_flags_per_mode() -> None:
+    local = launcher_command(make_spec("tiny", "baseline"), "/r")
+    assert local[:5] == ["/venv/bin/deepspeed", "--num_gpus", "2", "--master_port", "29500"]
+    assert "--hostfile" not in local  # the runner would ssh-check localhost
+    pdsh = launcher_command(make_spec("small", "zero1"), "/r")
+    assert pdsh[:8] == ["/venv/bin/deepspeed", "--hostfile", "/r/hostfile", "--launcher", "pdsh",
+                        "--master_addr", "node1", "--master_port"]  # fmt: skip
+    spec = resolve_spec("tiny", "zero1", TWO_NODE, device="cpu", launcher="no_ssh", paths=PATHS)
+    no_ssh = launcher_command(spec, "/r", node_rank=1)
+    assert no_ssh[1:7] == ["--hostfile", "/r/hostfile", "--no_ssh", "--node_rank", "1",
+                           "--master_addr"]  # fmt: skip
+
+
+def test_cpu_multi_node_runners_forward_the_cpu_settings(tmp_path: Path) -> None:
+    spec = resolve_spec("tiny", "zero1", TWO_NODE, device="cpu", launcher="pdsh", paths=PATHS)
+    run_dir = render_run_dir(spec, tmp_path, now=NOW)
+    # pdsh exports only a few variable families to remote ranks; DS_ENV_FILE lists the rest.
+    assert (run_dir / "deepspeed_env").read_text() == "DS_ACCELERATOR=cpu\nOMP_NUM_THREADS=1\n"
+    assert f"export DS_ENV_FILE={run_dir}/deepspeed_env" in (run_dir / "launch.sh").read_text()

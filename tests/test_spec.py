@@ -20,16 +20,16 @@ from launchers.presets import (
     resolve_spec,
 )
 from launchers.project import to_flag
-from launchers.spec import RunPaths, RunSpec, SpecError, spec_from_json, spec_hash, spec_to_json
-
-PATHS = RunPaths(
-    upstream_dir="/opt/Megatron-DeepSpeed",
-    data_path="/data/tiny/tiny_text_document",
-    vocab_file="/data/tiny/vocab.json",
-    merge_file="/data/tiny/merges.txt",
-    python="/venv/bin/python",
-    deepspeed="/venv/bin/deepspeed",
+from launchers.spec import (
+    PLACEHOLDER_PATHS,
+    RunSpec,
+    SpecError,
+    spec_from_json,
+    spec_hash,
+    spec_to_json,
 )
+
+PATHS = PLACEHOLDER_PATHS
 MODELS = load_models()
 STRATEGIES = load_strategies()
 
@@ -58,7 +58,7 @@ def with_strategy(base: RunSpec, **changes: Any) -> RunSpec:
 
 def test_parameter_counts_are_computed() -> None:
     # l(12h^2 + 13h) + V h + s h + 2h, V padded to a multiple of 128 * TP.
-    assert MODELS["tiny"].model.num_parameters() == 875_264  # V = 420 -> 512
+    assert MODELS["tiny"].model.num_parameters() == 875_264  # V = 488 -> 512
     assert MODELS["small"].model.num_parameters() == 63_847_424  # "64M"
     assert MODELS["large"].model.num_parameters() == 354_871_296  # not 512M
     large = dataclasses.replace(MODELS["large"].model, vocab_size=50_304 - 47)  # 50257

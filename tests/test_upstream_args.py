@@ -23,7 +23,7 @@ import pytest
 from launchers.hostfile import parse_hostfile_text
 from launchers.presets import load_models, load_strategies, resolve_spec
 from launchers.project import launcher_command, script_index
-from launchers.spec import RunPaths, RunSpec
+from launchers.spec import PLACEHOLDER_PATHS, RunSpec
 
 pytestmark = pytest.mark.upstream
 
@@ -55,14 +55,7 @@ for case in cases:
 print("RESULTS " + json.dumps(results))
 """
 
-PATHS = RunPaths(
-    upstream_dir="/opt/Megatron-DeepSpeed",
-    data_path="/data/tiny/tiny_text_document",
-    vocab_file="/data/tiny/vocab.json",
-    merge_file="/data/tiny/merges.txt",
-    python="/venv/bin/python",
-    deepspeed="/venv/bin/deepspeed",
-)
+PATHS = PLACEHOLDER_PATHS
 
 
 def _specs() -> dict[str, RunSpec]:

@@ -12,7 +12,7 @@ cd -- /opt/Megatron-DeepSpeed
 export DS_ACCELERATOR=cpu
 export OMP_NUM_THREADS=1
 exec /venv/bin/deepspeed \
-  --hostfile /RUNS/tiny-zero2/20261122T021500Z/hostfile \
+  --num_gpus 2 \
   --master_port 29500 \
   /opt/Megatron-DeepSpeed/pretrain_gpt.py \
   --tensor-model-parallel-size 1 \
