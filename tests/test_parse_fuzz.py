@@ -1,0 +1,142 @@
+"""Property tests: the parser never raises, and launcher prefixes never change parsed values.
+
+Example counts are kept small enough for CI (whole file well under 60 s on 2 cores); each test
+prints how many examples ran (``pytest -s`` shows them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analysis.parse import parse_text
+
+LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
+
+# Real line shapes (from lab-logs/dp2.log, pp2.log, the FAIL logs) used when the lab logs are
+# absent, so the properties still run.
+_SEED_LINES = [
+    "training ...",
+    " iteration        5/      30 | consumed samples:           40 | elapsed time per iteration"
+    " (ms): 201.6 | learning rate: 9.747E-04 | global batch size:     8 | lm loss: 5.866232E+00"
+    " | number of skipped iterations:   0 | samples per second: 39.677 | TFLOPs: 0.01 |",
+    "[Rank 0] time (ms) | fwd_microstep: 143.20 | bwd_microstep: 93.31 | step_microstep: 8.08",
+    "(min, max) time across ranks (ms):",
+    "    forward-backward ...............................: (188.85, 189.42)",
+    "[Rank 0] (after 5 iterations) memory (MB) | allocated: 505.1 | max allocated: 505.1 | "
+    "reserved: 505.1 | max reserved: 505.1",
+    "steps: 10 loss: 4.6757 iter time (s): 0.233 samples/sec: 34.389",
+    "[rank1]: Traceback (most recent call last):",
+    "[rank1]: TypeError: LayerNorm.__init__() got an unexpected keyword argument",
+    "------------------------ arguments ------------------------",
+    "  num_layers ...................................... 4",
+    "-------------------- end of arguments ---------------------",
+    "[2026-11-22 01:30:19,060] [INFO] [launch.py:367:main] Process 30444 exits successfully.",
+    "# run outcome: failed kind=hang reason=no output",
+]
+
+
+def _real_lines() -> list[str]:
+    lines: list[str] = []
+    for name in ("dp2.log", "pp2.log", "pp2_rmsnorm_wallclock_FAIL.log", "zero1.log"):
+        path = LAB / name
+        if path.is_file():
+            lines.extend(path.read_text(errors="replace").splitlines())
+    return lines or _SEED_LINES
+
+
+REAL = _real_lines()
+COUNTS: dict[str, int] = {}
+
+_FAST = settings(
+    max_examples=500,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def _count(name: str) -> None:
+    COUNTS[name] = COUNTS.get(name, 0) + 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_counts():
+    yield
+    print("\nhypothesis examples run:", dict(sorted(COUNTS.items())))
+
+
+def _check(runs) -> None:
+    assert runs, "at least one run"
+    for run in runs:
+        assert run.status in ("completed", "failed", "incomplete")
+        run.to_dict()
+
+
+@_FAST
+@given(st.text(max_size=3000))
+def test_arbitrary_text_never_raises(text):
+    _count("arbitrary_text")
+    _check(parse_text(text))
+
+
+@_FAST
+@given(st.binary(max_size=3000))
+def test_binary_bytes_never_raise(data):
+    _count("binary")
+    _check(parse_text(data.decode("utf-8", errors="replace")))
+
+
+_mutation = st.sampled_from(["keep", "truncate", "prefix", "dup", "junk", "glue"])
+
+
+@_FAST
+@given(
+    st.lists(st.tuples(st.sampled_from(REAL), _mutation, st.integers(0, 400)), max_size=60),
+    st.randoms(use_true_random=False),
+)
+def test_mutated_shuffled_real_lines_never_raise(items, rnd):
+    _count("mutated_real_lines")
+    out: list[str] = []
+    for line, how, n in items:
+        if how == "truncate":
+            line = line[: n % (len(line) + 1)]
+        elif how == "prefix":
+            line = rnd.choice(["node1: ", "[rank0]: ", " 3: ", "[default1]:", "\x1b[31m"]) + line
+        elif how == "dup":
+            out.append(line)
+        elif how == "junk":
+            line = line[:n] + "\x00\ufffd|:(" + line[n:]
+        elif how == "glue" and out:
+            out[-1] += line
+            continue
+        out.append(line)
+    rnd.shuffle(out)
+    _check(parse_text("\n".join(out)))
+
+
+_ITER_LINES = [ln for ln in REAL if " iteration " in ln and "|" in ln] or [_SEED_LINES[1]]
+_PREFIX = st.sampled_from(
+    ["", "node0: ", "gpu-7: ", "10.0.0.3: ", "[default0]:", "[rank5]: ", "0: ", " 12: ",
+     "node1: [rank3]: ", "\x1b[32m"]
+)  # fmt: skip
+
+
+@_FAST
+@given(st.lists(st.tuples(st.sampled_from(_ITER_LINES), _PREFIX), min_size=1, max_size=20))
+def test_prefix_stripping_does_not_change_iteration_values(items):
+    _count("prefix_invariance")
+
+    def values(lines: list[str]):
+        runs = parse_text("training ...\n" + "\n".join(lines))
+        return [
+            (i.iteration, i.elapsed_ms, i.lm_loss, i.samples_per_s, i.train_iters)
+            for r in runs
+            for i in r.iterations
+        ]
+
+    plain = values([line for line, _ in items])
+    prefixed = values([prefix + line for line, prefix in items])
+    assert prefixed == plain
