@@ -879,7 +879,11 @@ class Lab:
                 "--master_port", str(master_port), "--no_ssh_check"]  # fmt: skip
 
     def counters(self) -> dict[str, dict[str, int]]:
-        """Byte and packet counters of every node's interface, read inside its namespace."""
+        """Byte and packet counters of every node's interface, read inside its namespace.
+
+        Bytes include the Ethernet/IP/TCP headers; packets are as the kernel sees them, which
+        with the veth's segmentation offload means super-packets of up to 64 KiB, not frames.
+        """
         self._require_nodes()
         result: dict[str, dict[str, int]] = {}
         for node in self.nodes:

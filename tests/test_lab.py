@@ -1,0 +1,461 @@
+"""The emulated lab: pure naming/shaping/hostfile logic everywhere, real namespaces as root."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launchers import lab as labmod
+from launchers.lab import (
+    Lab,
+    LabError,
+    LinkShape,
+    bridge_name,
+    check_lab_id,
+    hostfile_text,
+    lab_id_of,
+    namespace_name,
+    new_lab_id,
+    parse_rate,
+    plan_nodes,
+    port_name,
+    subnet_for,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ----------------------------------------------------------------------------- pure
+
+
+@pytest.mark.parametrize(
+    ("text", "mbit"),
+    [
+        ("100mbit", 100.0),
+        ("1gbit", 1000.0),
+        ("1000mbit", 1000.0),
+        ("500kbit", 0.5),
+        ("2.5Gbit", 2500.0),
+        ("100mbit/s", 100.0),
+        ("none", None),
+        ("unshaped", None),
+    ],
+    ids=lambda v: str(v),
+)
+def test_parse_rate(text: str, mbit: float | None) -> None:
+    assert parse_rate(text) == mbit
+
+
+@pytest.mark.parametrize("text", ["fast", "100", "100mb", "-1mbit", ""])
+def test_parse_rate_rejects_with_examples(text: str) -> None:
+    with pytest.raises(ValueError, match=r"write e\.g\. '100mbit'"):
+        parse_rate(text)
+
+
+def test_parse_rate_rejects_zero() -> None:
+    with pytest.raises(ValueError, match="must be > 0"):
+        parse_rate("0mbit")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"rate_mbit": 0}, r"rate_mbit\(0\) must be > 0"),
+        ({"delay_ms": -1}, r"delay_ms\(-1\)"),
+        ({"loss_pct": 100}, r"loss_pct\(100\)"),
+    ],
+)
+def test_link_shape_invariants(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        LinkShape(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("shape", "label"),
+    [
+        (LinkShape(100), "100mbit"),
+        (LinkShape(1000), "1gbit"),
+        (LinkShape(2500), "2500mbit"),
+        (LinkShape(None), "unshaped"),
+        (LinkShape(100, delay_ms=5, loss_pct=0.5), "100mbit-5ms-loss0.5"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_link_shape_label(shape: LinkShape, label: str) -> None:
+    assert shape.label == label
+
+
+def test_tc_commands_rate_only_shapes_both_ends_with_tbf() -> None:
+    shape = LinkShape.parse("100mbit")
+    up = shape.tc_commands("eth0", "mdslab-n0", uplink=True)
+    down = shape.tc_commands("mdslab-v0", None, uplink=False)
+    tbf = ["tbf", "rate", "100000kbit", "burst", "65536", "latency", "50ms"]
+    assert up == [["tc", "-n", "mdslab-n0", "qdisc", "replace", "dev", "eth0", "root", "handle",
+                   "1:", *tbf]]  # fmt: skip
+    assert down == [["tc", "qdisc", "replace", "dev", "mdslab-v0", "root", "handle", "1:", *tbf]]
+
+
+def test_tc_burst_scales_with_rate() -> None:
+    # 4 ms at 1 Gbit/s = 500000 bytes, above the 64 KiB floor.
+    assert LinkShape(1000).tbf_args()[4] == "500000"
+
+
+def test_tc_commands_delay_and_loss_only_on_uplink() -> None:
+    shape = LinkShape(100, delay_ms=20, loss_pct=1)
+    up = shape.tc_commands("eth0", "ns", uplink=True)
+    assert [cmd[cmd.index("dev") + 2 :][:4] for cmd in up] == [
+        ["root", "handle", "1:", "netem"],
+        ["parent", "1:1", "handle", "10:"],
+    ]
+    assert up[0][-4:] == ["delay", "20ms", "loss", "1%"]
+    down = shape.tc_commands("v0", None, uplink=False)
+    assert len(down) == 1 and "netem" not in down[0] and "tbf" in down[0]
+
+
+def test_unshaped_link_has_no_tc_commands() -> None:
+    assert LinkShape().tc_commands("eth0", "ns", uplink=True) == []
+
+
+def test_names_fit_ifnamsiz_and_map_back_to_the_lab() -> None:
+    lab_id = "abc123"
+    names = [namespace_name(lab_id, 63), port_name(lab_id, 63), bridge_name(lab_id)]
+    assert names == ["mdslabc123-n63", "mdslabc123-v63", "mdslabc123-br"]
+    assert all(len(name) <= 15 for name in names)
+    assert {lab_id_of(name) for name in names} == {lab_id}
+    # A short id is not confused with a longer one that starts the same way.
+    assert lab_id_of(port_name("ab", 0)) == "ab"
+    assert lab_id_of("mdslabc-n0") == "abc"
+    assert lab_id_of("eth0-x") is None
+
+
+def test_new_lab_ids_are_valid_and_names_of_two_labs_are_disjoint() -> None:
+    first, second = new_lab_id(), new_lab_id()
+    while second == first:
+        second = new_lab_id()
+    assert check_lab_id(first) == first and len(first) == 6
+    subnet = ipaddress.IPv4Network("10.200.1.0/24")
+    a = {v for n in plan_nodes(first, subnet, 4) for v in (n.namespace, n.host_interface)}
+    b = {v for n in plan_nodes(second, subnet, 4) for v in (n.namespace, n.host_interface)}
+    assert not a & b
+
+
+@pytest.mark.parametrize("bad", ["ABC", "toolong7", "a-b", ""])
+def test_check_lab_id_rejects(bad: str) -> None:
+    with pytest.raises(ValueError, match="1-6 characters of a-z and 0-9"):
+        check_lab_id(bad)
+
+
+def test_subnet_skips_taken_networks() -> None:
+    first = subnet_for("ab", [])
+    assert first.subnet_of(ipaddress.IPv4Network("10.200.0.0/16")) and first.prefixlen == 24
+    assert subnet_for("ab", []) == first  # derived from the id
+    taken = [first, first.supernet(new_prefix=23)]
+    second = subnet_for("ab", taken)
+    assert not any(second.overlaps(net) for net in taken)
+
+
+def test_subnet_exhausted_says_how_to_clean_up() -> None:
+    with pytest.raises(LabError, match="down --all"):
+        subnet_for("ab", [ipaddress.IPv4Network("10.200.0.0/16")])
+
+
+def test_plan_nodes_and_hostfile_text() -> None:
+    nodes = plan_nodes("ab", ipaddress.IPv4Network("10.200.7.0/24"), 3)
+    assert [(n.name, n.address, n.interface) for n in nodes] == [
+        ("node0", "10.200.7.1", "eth0"),
+        ("node1", "10.200.7.2", "eth0"),
+        ("node2", "10.200.7.3", "eth0"),
+    ]
+    text = hostfile_text(nodes, slots=2, title="mdslab")
+    lines = text.splitlines()
+    assert lines[0].startswith("# Emulated lab mdslab: 3 nodes")
+    assert [line for line in lines if not line.startswith("#")] == [
+        "10.200.7.1 slots=2",
+        "10.200.7.2 slots=2",
+        "10.200.7.3 slots=2",
+    ]
+
+
+def test_plan_nodes_bounds() -> None:
+    with pytest.raises(ValueError, match=r"nodes\(1\) must be within 2..64"):
+        plan_nodes("ab", ipaddress.IPv4Network("10.200.7.0/24"), 1)
+
+
+def test_lab_api_before_up_says_how_to_use_it() -> None:
+    with pytest.raises(LabError, match="with Lab"):
+        Lab().hostfile_text()
+
+
+def test_committed_hostfile_template_is_comment_only() -> None:
+    text = (ROOT / "hostfiles" / "lab-2node").read_text()
+    assert all(line.startswith("#") or not line.strip() for line in text.splitlines())
+
+
+# ----------------------------------------------------------------------------- root
+
+
+def _lab_skip_reason(ssh: bool) -> str | None:
+    try:
+        labmod.check_prerequisites(ssh)
+    except LabError as err:
+        return str(err)
+    return None
+
+
+def _require_lab(ssh: bool = False) -> None:
+    reason = _lab_skip_reason(ssh)
+    if reason:
+        pytest.skip(reason)
+
+
+def _ours(lab_id: str) -> list[str]:
+    names = labmod.list_namespaces() + labmod.list_links()
+    return [name for name in names if lab_id_of(name) == lab_id and name.startswith("mdsl")]
+
+
+RECEIVER = """
+import socket, sys, time
+srv = socket.socket()
+srv.bind((sys.argv[1], 5201))
+srv.listen(1)
+print("ready", flush=True)
+conn, _ = srv.accept()
+total, start = 0, None
+while True:
+    chunk = conn.recv(1 << 20)
+    if not chunk:
+        break
+    start = start or time.perf_counter()
+    total += len(chunk)
+print(total, time.perf_counter() - start, flush=True)
+"""
+
+SENDER = """
+import socket, sys
+with socket.create_connection((sys.argv[1], 5201)) as sock:
+    sock.sendall(bytes(int(sys.argv[2])))
+"""
+
+ECHO = """
+import socket, sys
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.bind((sys.argv[1], 5202))
+print("ready", flush=True)
+for _ in range(int(sys.argv[2])):
+    data, peer = sock.recvfrom(64)
+    sock.sendto(data, peer)
+"""
+
+PINGER = """
+import socket, statistics, sys, time
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.settimeout(2)
+rtts = []
+for i in range(int(sys.argv[2])):
+    start = time.perf_counter()
+    sock.sendto(b"%d" % i, (sys.argv[1], 5202))
+    sock.recvfrom(64)
+    rtts.append((time.perf_counter() - start) * 1e3)
+print(statistics.median(rtts), flush=True)
+"""
+
+
+def _serve(lab: Lab, node: int, code: str, *args: str) -> subprocess.Popen:
+    argv = lab.wrap(node, [sys.executable, "-c", code, *args])
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _rtt_ms(lab: Lab, count: int = 20) -> float:
+    server = _serve(lab, 1, ECHO, lab.nodes[1].address, str(count))
+    argv = lab.wrap(0, [sys.executable, "-c", PINGER, lab.nodes[1].address, str(count)])
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+    server.wait(timeout=10)
+    return float(out)
+
+
+@pytest.fixture(scope="module")
+def lab100() -> Lab:
+    _require_lab(ssh=True)
+    with Lab(nodes=2, shape=LinkShape.parse("100mbit")) as lab:
+        yield lab
+
+
+@pytest.mark.root
+def test_nodes_reach_each_other(lab100: Lab) -> None:
+    assert _rtt_ms(lab100) < 50
+
+
+@pytest.mark.root
+def test_shaped_throughput_and_counters(lab100: Lab) -> None:
+    nbytes = 12_500_000  # 1 s at 100 Mbit/s
+    before = lab100.counters()
+    receiver = _serve(lab100, 1, RECEIVER, lab100.nodes[1].address)
+    sender = lab100.wrap(0, [sys.executable, "-c", SENDER, lab100.nodes[1].address, str(nbytes)])
+    subprocess.run(sender, check=True, timeout=60)
+    out, _ = receiver.communicate(timeout=60)
+    received, seconds = out.split()
+    assert int(received) == nbytes
+    mbit = nbytes * 8 / float(seconds) / 1e6
+    # TCP/IP and Ethernet headers take ~5% of the 100 Mbit/s link (1448 of 1514 bytes).
+    assert 85 <= mbit <= 115, f"measured {mbit:.1f} Mbit/s on a 100 Mbit/s link"
+    after = lab100.counters()
+    sent = after["node0"]["tx_bytes"] - before["node0"]["tx_bytes"]
+    got = after["node1"]["rx_bytes"] - before["node1"]["rx_bytes"]
+    # The payload plus headers (~4.5% at MTU 1500), ACKs go the other way.
+    assert nbytes <= sent <= nbytes * 1.08
+    assert nbytes <= got <= nbytes * 1.08
+    # veth segmentation offload: packet counters count super-packets of up to 64 KiB.
+    assert after["node0"]["tx_packets"] - before["node0"]["tx_packets"] >= nbytes // 65536
+
+
+@pytest.mark.root
+def test_pdsh_over_ssh_runs_on_every_node(lab100: Lab) -> None:
+    hosts = ",".join(node.address for node in lab100.nodes)
+    proc = subprocess.run(
+        ["pdsh", "-w", hosts, "ip", "-4", "-o", "addr", "show", "dev", "eth0"],
+        env=lab100.launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(proc.stdout.splitlines())
+    assert len(lines) == 2
+    for node, line in zip(lab100.nodes, lines, strict=True):
+        # "<host>: 2: eth0    inet <address>/24 ...": each node answers with its own address.
+        assert line.startswith(f"{node.address}: ") and f"inet {node.address}/24" in line
+
+
+@pytest.mark.root
+def test_ssh_env_file_carries_the_node_environment(lab100: Lab) -> None:
+    env = lab100.launcher_env(extra={"MDS_EXTRA": "1"})
+    assert f"-F {lab100.ssh_config_path}" in env["PDSH_SSH_ARGS_APPEND"]
+    lines = Path(env["DS_ENV_FILE"]).read_text().splitlines()
+    assert "GLOO_SOCKET_IFNAME=eth0" in lines and "DS_ACCELERATOR=cpu" in lines
+    assert "MDS_EXTRA=1" in lines
+
+
+@pytest.mark.root
+def test_describe_and_hostfile(lab100: Lab) -> None:
+    info = lab100.describe()
+    assert info["rate_mbit"] == 100.0 and info["link"] == "100mbit"
+    assert [n["address"] for n in info["nodes"]] == [n.address for n in lab100.nodes]
+    assert len(info["shaping"]) == 4 and all("tbf" in cmd for cmd in info["shaping"])
+    json.dumps(info)
+    lines = [ln for ln in lab100.hostfile_text().splitlines() if not ln.startswith("#")]
+    assert lines == [f"{n.address} slots=1" for n in lab100.nodes]
+    assert lab100.master_addr == lab100.nodes[0].address
+
+
+@pytest.mark.root
+def test_wrap_runs_inside_the_node_namespace(lab100: Lab) -> None:
+    argv = lab100.wrap(1, ["sh", "-c", "echo $GLOO_SOCKET_IFNAME $MDS_X"], {"MDS_X": "y"})
+    assert argv[:4] == ["ip", "netns", "exec", lab100.nodes[1].namespace]
+    assert subprocess.run(argv, capture_output=True, text=True).stdout.split() == ["eth0", "y"]
+
+
+@pytest.mark.root
+def test_two_labs_at_once_do_not_collide(lab100: Lab) -> None:
+    with Lab(nodes=3, shape=LinkShape.parse("1gbit"), ssh=False) as other:
+        assert other.id != lab100.id
+        assert not other.subnet.overlaps(lab100.subnet)
+        assert {n.namespace for n in other.nodes}.isdisjoint(n.namespace for n in lab100.nodes)
+        assert _rtt_ms(other) < 50 and _rtt_ms(lab100) < 50
+    assert _ours(other.id) == []
+
+
+@pytest.mark.root
+def test_delay_shows_in_rtt() -> None:
+    _require_lab()
+    try:
+        lab = Lab(nodes=2, shape=LinkShape(rate_mbit=None, delay_ms=20), ssh=False).up()
+    except LabError as err:
+        if "netem" in str(err):
+            pytest.skip(str(err))
+        raise
+    try:
+        rtt = _rtt_ms(lab)
+    finally:
+        lab.down()
+    # 20 ms each way: RTT 40 ms.
+    assert 40 <= rtt <= 50
+
+
+@pytest.mark.root
+def test_teardown_after_exception_leaves_nothing() -> None:
+    _require_lab(ssh=True)
+    with pytest.raises(RuntimeError, match="boom"), Lab(nodes=2) as lab:
+        lab_id = lab.id
+        assert len(_ours(lab_id)) == 2 + 2 + 1  # namespaces, ports, bridge
+        raise RuntimeError("boom")
+    assert _ours(lab_id) == []
+    assert not labmod.state_dir_of(lab_id).exists()
+    assert lab_id not in labmod.existing_labs()
+
+
+HOLDER = """
+import sys, time
+from launchers.lab import Lab
+with Lab(nodes=2) as lab:
+    print(lab.id, flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_teardown_on_signal_leaves_nothing(sig: signal.Signals) -> None:
+    _require_lab(ssh=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    lab_id = proc.stdout.readline().strip()
+    assert lab_id and _ours(lab_id)
+    proc.send_signal(sig)
+    code = proc.wait(timeout=30)
+    # Torn down, then the signal's usual end: SIGTERM's default action; for SIGINT the
+    # KeyboardInterrupt, which Python turns into death by SIGINT at exit.
+    assert code == -sig
+    assert _ours(lab_id) == []
+    assert not labmod.state_dir_of(lab_id).exists()
+
+
+@pytest.mark.root
+def test_cli_up_list_down() -> None:
+    _require_lab()
+    lab_id = "t" + new_lab_id()[:5]
+    up = subprocess.Popen(
+        [sys.executable, "-m", "launchers.lab", "up", "--name", lab_id, "--no_ssh",
+         "--link", "100mbit"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while lab_id not in labmod.existing_labs() or not _ours(lab_id):
+            assert time.monotonic() < deadline and up.poll() is None
+            time.sleep(0.2)
+        time.sleep(0.5)
+        listed = subprocess.run(
+            [sys.executable, "-m", "launchers.lab", "list"], cwd=ROOT, capture_output=True,
+            text=True, check=True,
+        ).stdout  # fmt: skip
+        assert f"mdsl{lab_id}\t2 namespaces" in listed
+        down = subprocess.run(
+            [sys.executable, "-m", "launchers.lab", "down", f"mdsl{lab_id}"], cwd=ROOT,
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert down.returncode == 0 and "removed" in down.stdout
+        assert _ours(lab_id) == []
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=30)
+    assert _ours(lab_id) == []
