@@ -137,7 +137,10 @@ def parse_pairs(text: str) -> list[tuple[str, str]]:
         piece = piece.strip()
         if not piece:
             continue
-        if "=" in piece and ":" not in piece:
+        if "=" in piece and ":" not in piece and piece.count("=") == 1:
+            k, _, v = piece.partition("=")  # `consumed_samples=   835608576`
+            pairs.append((k.strip(), v.strip()))
+        elif "=" in piece and ":" not in piece:
             for tok in _KV_SPLIT_RE.split(piece):
                 k, sep, v = tok.partition("=")
                 if sep and k:

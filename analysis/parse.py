@@ -90,9 +90,10 @@ _CHUNK_BYTES = 1 << 20
 _TRACEBACK_MAX_LINES = 2000
 _JSON_MAX_LINES = 5000
 
-_ITER_RE = re.compile(r"(?<![\w-])iteration\s*[=:]?\s*(\d+)(?:\s*/\s*(\d+))?")
+_ITER_RE = re.compile(r"(?<![\w-])iteration\s*(=?)\s*(\d+)(?:\s*/\s*(\d+))?\s*(\S?)")
 _GLUE_RE = re.compile(r"(?<![\w-])iteration\s+\d+\s*/\s*\d+")
 _RANK_RE = re.compile(r"\[Rank (\d+)\]")
+_MEM_HEAD_RE = re.compile(r"(?:\[Rank \d+\] )?(?:\(?after \d+ iterations?\)? )?memory \(MB\)")
 _AFTER_RE = re.compile(r"\(after (\d+) iterations?\)")
 _STEPS_RE = re.compile(
     r"steps:\s*(\d+)\s+loss:\s*(\S+)(?:.*?)iter time \(s\):\s*(\S+)(?:\s+samples/sec:\s*(\S+))?"
@@ -227,6 +228,7 @@ class _Run:
     iterations: list[Iteration] = field(default_factory=list)
     iter_index: dict[int, int] = field(default_factory=dict)
     memory: list[Memory] = field(default_factory=list)
+    memory_other: list[Memory] = field(default_factory=list)
     megatron_blocks: list[TimerBlock] = field(default_factory=list)
     # DeepSpeed blocks: (values, rank, line, iterations seen before, pipeline steps before)
     ds_blocks: list[tuple[dict[str, Any], int | None, int, int, int]] = field(default_factory=list)
@@ -359,7 +361,7 @@ class _Core:
             m = _MEMALLOC_RE.search(text)
             if m:
                 rank = _RANK_RE.search(text)
-                self.run.memory.append(
+                self.run.memory_other.append(
                     Memory(
                         rank=int(rank.group(1)) if rank else None,
                         allocated_mb=float(m.group(1)) * 1024.0,
@@ -375,7 +377,7 @@ class _Core:
                 # see_memory_usage prints bytes / 1024**3 rounded to 2 decimals ("GB"; Max_CA
                 # rounded to a whole number), so * 1024 gives MiB to that precision.
                 ma, max_ma, ca, max_ca = (float(g) * 1024.0 for g in m.groups())
-                run.memory.append(
+                run.memory_other.append(
                     Memory(
                         rank=None,
                         allocated_mb=ma,
@@ -503,7 +505,8 @@ class _Core:
 
     def _iteration_line(self, key: str, text: str, lineno: int) -> bool:
         matches = list(_GLUE_RE.finditer(text))
-        if len(matches) > 1 or (matches and "|" in text[: matches[0].start()]):
+        lead = text[: matches[0].start()] if matches else ""
+        if len(matches) > 1 or "time (ms)" in lead or "memory (MB)" in lead:
             # Several records glued on one line: split at each `iteration k/N`.
             head = text[: matches[0].start()]
             if head.strip(" |"):
@@ -518,15 +521,20 @@ class _Core:
         m = _ITER_RE.search(text)
         if m is None:
             return False
-        rest = text[m.end() :]
+        rest = text[m.end() - len(m.group(4)) :]
+        head = text[: m.start()]
+        if "|" in head:
+            rest = head + "|" + rest  # GPT-NeoX puts `samples/sec: 7.8 |` before the iteration
+        if m.group(4) not in ("|", "") and not m.group(1):
+            return False  # prose: "validation loss at iteration 137650 on ..."
         if "|" not in rest and "=" not in rest:
             return False  # prose that mentions an iteration, not an iteration record
         if allow_wrap and "|" in rest and not text.rstrip().endswith("|"):
             st = self._open(key, "wrap", lineno)
             st.buf = [text]
             return True
-        number = int(m.group(1))
-        total = int(m.group(2)) if m.group(2) else None
+        number = int(m.group(2))
+        total = int(m.group(3)) if m.group(3) else None
         values: dict[str, Any] = {}
         for raw_key, raw_value in parse_pairs(rest):
             k = norm_key(raw_key)
@@ -538,6 +546,8 @@ class _Core:
                 if num is None and raw_value.strip().lower() in ("nan", "inf", "-inf"):
                     self.run.problems.append(f"line {lineno}: {raw_key} printed as {raw_value}")
                 values[name] = num
+            elif k == "approx flops per gpu":  # GPT-NeoX: `approx flops per GPU: 112.9TFLOPS`
+                values["tflops"] = _tflops(raw_value)
             elif k.startswith(("elapsed", "iteration time", "step time", "time per iteration")):
                 ms = _elapsed_ms(k, raw_value)
                 if ms is None:
@@ -616,22 +626,26 @@ class _Core:
             run.ds_blocks.append((values, rank, lineno, len(run.iterations), len(run.steps)))
 
     def _megatron_memory(self, text: str, lineno: int) -> None:
-        head, _, body = text.partition("memory (MB)")
-        values = {norm_key(k): to_float(v) for k, v in parse_pairs(body)}
-        rank = _RANK_RE.search(head)
-        after = _AFTER_RE.search(head)
-        self.run.memory.append(
-            Memory(
-                rank=int(rank.group(1)) if rank else None,
-                allocated_mb=values.get("allocated"),
-                max_allocated_mb=values.get("max allocated"),
-                reserved_mb=values.get("reserved"),
-                max_reserved_mb=values.get("max reserved"),
-                kind="megatron",
-                after_iteration=int(after.group(1)) if after else None,
-                line=lineno,
+        # Reports of several ranks can be glued on one line: split at each report's head.
+        starts = [m.start() for m in _MEM_HEAD_RE.finditer(text)] or [0]
+        for i, start in enumerate(starts):
+            end = starts[i + 1] if i + 1 < len(starts) else len(text)
+            head, _, body = text[start:end].partition("memory (MB)")
+            values = {norm_key(k): to_float(v) for k, v in parse_pairs(body)}
+            rank = _RANK_RE.search(head)
+            after = _AFTER_RE.search(head)
+            self.run.memory.append(
+                Memory(
+                    rank=int(rank.group(1)) if rank else None,
+                    allocated_mb=values.get("allocated"),
+                    max_allocated_mb=values.get("max allocated"),
+                    reserved_mb=values.get("reserved"),
+                    max_reserved_mb=values.get("max reserved"),
+                    kind="megatron",
+                    after_iteration=int(after.group(1)) if after else None,
+                    line=lineno,
+                )
             )
-        )
 
     # -- failures and outcome ---------------------------------------------------------------
 
@@ -868,6 +882,16 @@ def _elapsed_ms(key: str, value: str) -> float | None:
     return None
 
 
+def _tflops(value: str) -> float | None:
+    """TFLOP/s from a value with its unit (``112.9TFLOPS``, ``950.1GFLOPS``); None if no unit."""
+    m = re.fullmatch(r"\s*([-+\d.eE]+)\s*([TGP])FLOPS?(?:/s)?\s*", value, flags=re.I)
+    if m is None:
+        return None
+    num = to_float(m.group(1))
+    scale = {"T": 1.0, "G": 1e-3, "P": 1e3}[m.group(2).upper()]
+    return num * scale if num is not None else None
+
+
 def _classify(message: str, default: FailureKind) -> FailureKind:
     """Failure kind of an exception or error message."""
     if _OOM_RE.search(message):
@@ -1011,6 +1035,7 @@ def _finish(run: _Run) -> ParsedRun:
     out = ParsedRun(
         iterations=run.iterations,
         memory=run.memory,
+        memory_other=run.memory_other,
         timers=run.megatron_blocks + ds_blocks,
         pipeline_steps=run.steps,
         config=config,
@@ -1050,6 +1075,7 @@ def _finish(run: _Run) -> ParsedRun:
         or run.ds_blocks
         or run.megatron_blocks
         or run.memory
+        or run.memory_other
         or run.failure
         or run.outcome
         or run.args
@@ -1209,6 +1235,7 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
         for st in part.pipeline_steps:
             seen_steps.setdefault(st.step, st)
         out.memory.extend(part.memory)
+        out.memory_other.extend(part.memory_other)
         out.timers.extend(part.timers)
         for key, value in part.config.items():
             if out.config.get(key) is None:

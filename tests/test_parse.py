@@ -47,7 +47,8 @@ def test_dp2_values_checked_by_hand():
     assert len(megatron_mem) == 1
     assert megatron_mem[0].rank == 0 and megatron_mem[0].after_iteration == 5
     assert megatron_mem[0].max_allocated_mb == 505.13671875
-    see = [m for m in run.memory if m.kind == "see_memory_usage"]
+    assert [m.kind for m in run.memory] == ["megatron"]
+    see = [m for m in run.memory_other if m.kind == "see_memory_usage"]
     assert see and see[0].allocated_mb == pytest.approx(0.43 * 1024)
     ds = [t for t in run.timers if t.source == "deepspeed"]
     assert len(ds) == 60  # two groups (microstep and global) per step, 30 steps
@@ -451,7 +452,10 @@ def test_memory_forms():
             "2048.0 | reserved: 3000.0 | max reserved: 3100.0",
         ]
     )
-    mem = parse_text(text)[0].memory
+    run = parse_text(text)[0]
+    # the GB-rounded DeepSpeed figures are kept apart from Megatron's exact reports
+    mem = run.memory_other + run.memory
+    assert [m.kind for m in run.memory] == ["megatron"]
     assert (mem[0].kind, mem[0].allocated_mb, mem[0].max_allocated_mb) == (
         "deepspeed",
         0.4 * 1024,
