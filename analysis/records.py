@@ -151,10 +151,6 @@ class ParsedRun:
     """Coarser memory figures kept apart from ``memory``: DeepSpeed's ``MemAllocated=..GB``
     and ``see_memory_usage`` (``MA .. GB ... Max_CA .. GB``), printed in GB rounded to 2
     decimals (``Max_CA`` to a whole GB), so they must not feed a peak-memory figure."""
-    memory_other: list[Memory] = field(default_factory=list)
-    """Coarser memory figures kept apart from ``memory``: DeepSpeed's ``MemAllocated=..GB``
-    and ``see_memory_usage`` (``MA .. GB ... Max_CA .. GB``), printed in GB rounded to 2
-    decimals (``Max_CA`` to a whole GB), so they must not feed a peak-memory figure."""
     timers: list[TimerBlock] = field(default_factory=list)
     """Every timer block."""
     pipeline_steps: list[PipelineStep] = field(default_factory=list)

@@ -119,12 +119,15 @@ def _check_run(entry: dict[str, Any], runs: list[Any]) -> list[str]:
 
     if "memory_count" in entry and len(run.memory) != entry["memory_count"]:
         problems.append(f"memory reports: expected {entry['memory_count']}, got {len(run.memory)}")
-    for wanted in entry.get("memory", []):
-        if not any(
-            all(_same(getattr(m, k, "<missing>"), v) for k, v in wanted.items()) for m in run.memory
-        ):
-            seen = [_fields(m, wanted) for m in run.memory[:3]]
-            problems.append(f"no memory report with {wanted!r} (first parsed: {seen!r})")
+    for key in ("memory", "memory_other"):
+        reports = getattr(run, key)
+        for wanted in entry.get(key, []):
+            if not any(
+                all(_same(getattr(m, k, "<missing>"), v) for k, v in wanted.items())
+                for m in reports
+            ):
+                seen = [_fields(m, wanted) for m in reports[:3]]
+                problems.append(f"no {key} report with {wanted!r} (first parsed: {seen!r})")
 
     for key, value in entry.get("config", {}).items():
         actual = run.config.get(key, "<missing>")
