@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from launchers.netbench import (
+    BACKEND_NOTES,
     OPS,
     Op,
     bandwidths,
@@ -219,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
             "network": None,
             "results": results,
             "unsupported": unsupported,
+            "notes": {
+                op: note for op, note in BACKEND_NOTES.get(backend, {}).items() if op in args.ops
+            },
             "torch": torch.__version__,
             "dtype": str(DTYPE).removeprefix("torch."),
         }

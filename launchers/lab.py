@@ -454,14 +454,25 @@ _ATEXIT_REGISTERED = False
 
 
 def _teardown_active() -> None:
+    """Tear down every lab of this process (signal handlers, atexit)."""
+    problems = []
     for lab in reversed(list(_ACTIVE)):
-        lab.down()
+        try:
+            lab.down()
+        except LabError as err:
+            problems.append(str(err))
+    if problems:
+        raise LabError("; ".join(problems))
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     """Tear every lab of this process down, then behave as the previous handler would."""
-    _teardown_active()
-    previous = _PREVIOUS_HANDLERS.pop(signum, signal.SIG_DFL)
+    previous = _PREVIOUS_HANDLERS.get(signum, signal.SIG_DFL)
+    try:
+        _teardown_active()
+    except LabError as err:  # still end as the signal asks; say what is left
+        print(f"launchers.lab: {err}", file=sys.stderr)
+    _PREVIOUS_HANDLERS.pop(signum, None)
     signal.signal(signum, previous)
     if callable(previous):
         previous(signum, frame)

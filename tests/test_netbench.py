@@ -1,0 +1,171 @@
+"""Collective benchmark: nccl-tests arithmetic everywhere; real runs locally and on a lab."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from launchers import lab as labmod
+from launchers._netbench_worker import parse_args
+from launchers.netbench import (
+    OPS,
+    bandwidths,
+    busbw_factor,
+    choose_iters,
+    element_count,
+    largest,
+    parse_size,
+    plan_iterations,
+    render_table,
+    run_launcher,
+    run_on_lab,
+    size_sweep,
+    worker_args,
+)
+
+RESULT_KEYS = {"op", "bytes", "time_ms", "algbw_gbps", "busbw_gbps", "iters"}
+
+
+@pytest.mark.parametrize(
+    ("op", "world", "factor"),
+    [
+        ("all_reduce", 2, 1.0),
+        ("all_reduce", 8, 1.75),
+        ("all_gather", 2, 0.5),
+        ("all_gather", 4, 0.75),
+        ("reduce_scatter", 4, 0.75),
+        ("sendrecv", 8, 1.0),
+    ],
+)
+def test_busbw_factor_nccl_tests(op: str, world: int, factor: float) -> None:
+    assert busbw_factor(op, world) == pytest.approx(factor)
+
+
+def test_bandwidths_in_gbit_per_s() -> None:
+    # 12.5 MB in 1 s is 0.1 Gbit/s (100 Mbit/s); all-reduce on 4 ranks: busbw x 1.5.
+    algbw, busbw = bandwidths("all_reduce", 12_500_000, 1.0, 4)
+    assert algbw == pytest.approx(0.1)
+    assert busbw == pytest.approx(0.15)
+    with pytest.raises(ValueError, match="seconds"):
+        bandwidths("all_reduce", 1, 0.0, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "nbytes"),
+    [("1K", 1024), ("64M", 64 << 20), ("1MiB", 1 << 20), ("4096", 4096), ("2GB", 2 << 30)],
+)
+def test_parse_size(text: str, nbytes: int) -> None:
+    assert parse_size(text) == nbytes
+
+
+def test_parse_size_rejects() -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=r"write e\.g\. 1K, 16M, 64M"):
+        parse_size("lots")
+
+
+def test_default_sweep_is_powers_of_four_from_1k_to_64m() -> None:
+    sizes = size_sweep(1 << 10, 64 << 20)
+    assert sizes == [1 << (10 + 2 * i) for i in range(9)]
+
+
+def test_sweep_keeps_max_and_splits_evenly() -> None:
+    assert size_sweep(1024, 10_000, factor=4) == [1024, 4096, 10_000]
+    # all-gather over 3 ranks of 4-byte elements: multiples of 12 bytes.
+    assert size_sweep(1024, 4096, op="all_gather", world=3) == [1020, 4092]
+    with pytest.raises(ValueError, match="factor"):
+        size_sweep(1024, 4096, factor=1)
+
+
+def test_element_count() -> None:
+    assert element_count("all_reduce", 4096, 2, 4) == 1024
+    assert element_count("reduce_scatter", 4100, 3, 4) == 1023
+    with pytest.raises(ValueError, match="need >= 12 bytes"):
+        element_count("all_gather", 8, 3, 4)
+
+
+def test_iteration_planning_by_size() -> None:
+    assert choose_iters(0.0001, 1.0, 2, 50) == 50  # small message: capped
+    assert choose_iters(0.1, 1.0, 2, 50) == 10
+    assert choose_iters(5.0, 1.0, 2, 50) == 2  # 64 MB at 100 Mbit/s: the floor
+    assert plan_iterations(None, 1.0, 1, 2, 50) == (1, None)
+    assert plan_iterations(0.05, 1.0, 1, 2, 50) == (1, 20)
+    assert plan_iterations(5.5, 1.0, 1, 2, 50) == (0, 2)
+
+
+def test_worker_args_round_trip() -> None:
+    argv = worker_args(Path("out"), {"ops": "all_reduce", "max_bytes": "1M"})
+    assert argv[:2] == ["--module", "launchers._netbench_worker"]
+    args = parse_args([*argv[2:], "--local_rank=0"])
+    assert args.ops == ["all_reduce"] and args.max_bytes == 1 << 20
+    assert args.out == Path("out").resolve()
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "x", "--ops", "broadcast"])
+
+
+def _check_doc(doc: dict, ops: list[str], world: int) -> None:
+    assert doc["backend"] == "gloo" and doc["world_size"] == world
+    assert {row["op"] for row in doc["results"]} == set(ops)
+    for row in doc["results"]:
+        assert row.keys() >= RESULT_KEYS
+        assert row["time_ms"] > 0 and row["iters"] >= 2
+        assert row["busbw_gbps"] == pytest.approx(
+            row["algbw_gbps"] * busbw_factor(row["op"], world)
+        )
+        assert row["algbw_gbps"] == pytest.approx(row["bytes"] * 8 / row["time_ms"] / 1e6)
+    Console(width=120, file=open("/dev/null", "w")).print(render_table(doc))  # noqa: SIM115
+
+
+SMALL = {"min_bytes": "1K", "max_bytes": "16K", "max_iters": "3", "budget_s": "0.01"}
+
+
+def test_local_run_through_the_deepspeed_launcher(tmp_path: Path) -> None:
+    doc = run_launcher(tmp_path, {"ops": ",".join(OPS), **SMALL}, None, None, nproc=2)
+    _check_doc(doc, list(OPS), 2)
+    assert doc["network"] is None
+    assert [row["bytes"] for row in doc["results"] if row["op"] == "all_reduce"] == [
+        1024,
+        4096,
+        16384,
+    ]
+    assert json.loads((tmp_path / "netbench.json").read_text())["results"] == doc["results"]
+
+
+def _require_lab(ssh: bool) -> None:
+    try:
+        labmod.check_prerequisites(ssh)
+    except labmod.LabError as err:
+        pytest.skip(str(err))
+
+
+@pytest.mark.root
+def test_lab_100mbit_all_reduce_busbw_near_link_rate(tmp_path: Path) -> None:
+    _require_lab(ssh=True)
+    options = {"ops": "all_reduce", "min_bytes": "1M", "max_bytes": "16M"}
+    with labmod.Lab(nodes=2, shape=labmod.LinkShape.parse("100mbit")) as lab:
+        doc = run_on_lab(lab, tmp_path, options, timeout_s=300)
+    _check_doc(doc, ["all_reduce"], 2)
+    assert doc["nodes"] == 2 and doc["network"]["rate_mbit"] == 100.0
+    top = largest(doc, "all_reduce")
+    assert top is not None and top["bytes"] == 16 << 20
+    assert top["busbw_gbps"] == pytest.approx(0.1, rel=0.25)
+    # The wire saw at least what a ring all-reduce sends: S per rank per iteration (n = 2).
+    runs = sum(row["iters"] + row["warmup"] for row in doc["results"])
+    minimum = sum((row["iters"] + row["warmup"]) * row["bytes"] for row in doc["results"])
+    sent = doc["counters"]["delta"]["node0"]["tx_bytes"]
+    assert minimum <= sent <= minimum * 1.15 + runs * 1e5
+
+
+@pytest.mark.root
+@pytest.mark.slow  # two full launcher stacks (runner, launch, rank) per node: ~50 s on 2 cores
+def test_lab_per_node_path_without_ssh(tmp_path: Path) -> None:
+    _require_lab(ssh=False)
+    options = {"ops": "sendrecv", **SMALL}
+    with labmod.Lab(nodes=2, shape=labmod.LinkShape.parse("1gbit"), ssh=False) as lab:
+        doc = run_on_lab(lab, tmp_path, options, timeout_s=300)
+    _check_doc(doc, ["sendrecv"], 2)
+    assert doc["network"]["transport"] == "netns-exec"
+    assert (tmp_path / "node0.log").exists() and (tmp_path / "node1.log").exists()
