@@ -95,6 +95,18 @@ def _max_over_ranks(values: list[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
+def _timed(run: Callable[[], None], count: int, device: torch.device) -> list[float]:
+    """Seconds of ``count`` passes of ``run`` on this rank, each started after a barrier."""
+    times = []
+    for _ in range(count):
+        dist.barrier()
+        start = time.perf_counter()
+        run()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def measure(
     op: Op,
     nbytes: int,
@@ -115,24 +127,11 @@ def measure(
     warmup, iters = plan_iterations(
         estimate_s, args.budget_s, args.warmup, args.min_iters, args.max_iters
     )
-    warm: list[float] = []
-    for _ in range(warmup):
-        dist.barrier()
-        start = time.perf_counter()
-        run()
-        _sync(device)
-        warm.append(time.perf_counter() - start)
+    warm = _timed(run, warmup, device)
     if iters is None:
         (warm_s,) = _max_over_ranks([max(warm, default=0.0)], device)
         iters = choose_iters(warm_s, args.budget_s, args.min_iters, args.max_iters)
-    times: list[float] = []
-    for _ in range(iters):
-        dist.barrier()
-        start = time.perf_counter()
-        run()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    times = _max_over_ranks(times, device)
+    times = _max_over_ranks(_timed(run, iters, device), device)
     seconds = statistics.median(times)
     algbw, busbw = bandwidths(op, nbytes, seconds, world)
     return {
