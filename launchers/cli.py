@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -29,12 +28,12 @@ from launchers.presets import (
 from launchers.project import DS_CONFIG_NAME
 from launchers.render import (
     LAUNCH_NAME,
-    RUN_JSON_NAME,
     node_commands,
     planned_run_dir,
     render_files,
     render_run_dir,
 )
+from launchers.session import LabSession, failed, lab_available, lab_session, run_specs
 from launchers.spec import DEVICES, LAUNCHER_MODES, Cluster, RunSpec, SpecError, spec_hash
 
 HOSTFILE_DIR = Path(__file__).resolve().parent.parent / "hostfiles"
@@ -190,77 +189,62 @@ def print_dry_run(spec: RunSpec, logs: Path, out: Callable[[str], None] = print)
             out(f"# on {host}: {line}")
 
 
-def _completed_twin(spec: RunSpec, logs: Path) -> Path | None:
-    """A completed run directory with the same spec hash, if any."""
-    wanted = spec_hash(spec)
-    for record in sorted((logs / spec.name).glob(f"*/{RUN_JSON_NAME}")):
-        with contextlib.suppress(OSError, json.JSONDecodeError):
-            doc = json.loads(record.read_text(encoding="utf-8"))
-            status = (doc.get("outcome") or {}).get("status")
-            if doc.get("spec_hash") == wanted and status == "completed":
-                return record.parent
-    return None
-
-
-def _execute(run_dir: Path, args: argparse.Namespace, **extra: Any) -> str:
-    from launchers.execute import run
-
-    outcome = run(run_dir, stall_s=args.stall, timeout_s=args.timeout, **extra)
-    status = getattr(outcome, "status", str(outcome))
-    reason = getattr(outcome, "reason", None)
-    print(f"{run_dir}: {status}" + (f" ({reason})" if reason else ""))
-    return status
-
-
 @contextlib.contextmanager
-def _lab_session(args: argparse.Namespace) -> Iterator[dict[str, Any] | None]:
-    """With ``--net``: an emulated cluster whose nodes run ``launch.sh`` with ``--no_ssh``."""
-    if not args.net:
+def _lab_session(args: argparse.Namespace) -> Iterator[LabSession | None]:
+    """With ``--net``: an emulated cluster, reached through pdsh over ssh unless ``no_ssh``."""
+    if not args.net or args.dry_run:
         yield None
         return
-    from launchers.lab import Lab, LinkShape
+    with lab_session(
+        args.lab_nodes,
+        args.net,
+        args.delay_ms or 0.0,
+        args.loss_pct or 0.0,
+        ssh=args.launcher != "no_ssh",
+    ) as session:
+        yield session
 
-    shape = LinkShape.parse(args.net, args.delay_ms or 0.0, args.loss_pct or 0.0)
-    with Lab(nodes=args.lab_nodes, shape=shape, ssh=False) as lab:
-        cluster = parse_hostfile_text(lab.hostfile_text(slots=1), f"lab {lab.name}")
-        yield {"lab": lab, "cluster": cluster}
+
+def _dry_run_cluster(args: argparse.Namespace) -> Cluster:
+    """For ``--net --dry-run``: the lab's hostfile shape with placeholder addresses."""
+    lines = [f"10.200.0.{i + 1} slots=1" for i in range(args.lab_nodes)]
+    text = "# emulated lab: addresses are assigned when the lab starts\n" + "\n".join(lines)
+    return parse_hostfile_text(text + "\n", "lab (dry run)")
 
 
 def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
     """Resolve every run first (all errors before anything starts), then run them in turn."""
     req = _request(args)
-    with _lab_session(args) as lab:
-        if lab is not None:
-            overrides = req.overrides | {"master_addr": lab["lab"].master_addr}
-            req = replace(req, cluster=lab["cluster"], launcher="no_ssh", overrides=overrides)
+    if args.net and args.dry_run:
+        launcher = "no_ssh" if args.launcher == "no_ssh" else "pdsh"
+        req = replace(req, cluster=_dry_run_cluster(args), launcher=launcher)
+        specs = [replace(_resolve(req, args.model, s), ssh_check=launcher == "no_ssh",
+                         network=f"emulated {args.lab_nodes} nodes x {args.net}")
+                 for s in strategies]  # fmt: skip
+    else:
         specs = [_resolve(req, args.model, s) for s in strategies]
-        if args.dry_run:
-            for spec in specs:
-                print_dry_run(spec, req.logs)
-            return 0
-        for warning in preflight(specs[0]):
-            print(f"warning: {warning}", file=sys.stderr)
-        failed = []
+    if args.dry_run:
         for spec in specs:
-            twin = None if args.force else _completed_twin(spec, req.logs)
-            if twin is not None:
-                print(f"{spec.name}: skipped, identical spec already completed in {twin} "
-                      "(--force to rerun)")  # fmt: skip
-                continue
-            run_dir = render_run_dir(spec, req.logs)
-            print(run_dir, flush=True)
-            extra: dict[str, Any] = {}
-            if lab is not None:
-                node = lab["lab"]
-                extra = {
-                    "wrap": lambda i, argv, n=node: n.wrap(i, argv),
-                    "on_end": lambda n=node: n.describe(),
-                }
-            if _execute(run_dir, args, **extra) != "completed":
-                failed.append(spec.name)
-        if failed:
-            print(f"not completed: {', '.join(failed)}", file=sys.stderr)
-            return 1
+            print_dry_run(spec, req.logs)
+        return 0
+    for warning in preflight(specs[0]):
+        print(f"warning: {warning}", file=sys.stderr)
+    with _lab_session(args) as session:
+        if session is not None:
+            cluster = session.cluster()
+            req = replace(req, cluster=cluster)
+            specs = [_resolve(req, args.model, s) for s in strategies]
+            if not args.no_netbench:
+                session.measure_bandwidth(req.logs)
+        try:
+            rows = run_specs(specs, req.logs, force=args.force, stall_s=args.stall,
+                             timeout_s=args.timeout, session=session)  # fmt: skip
+        except KeyboardInterrupt:
+            return 130
+    bad = failed(rows)
+    if bad:
+        print(f"not completed: {', '.join(r.name for r in bad)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -288,14 +272,28 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """tiny x the core strategies on this machine, then the report."""
+    """tiny x the core strategies on an emulated 2-node cluster (or 2 local ranks), then report."""
     args.model, args.strategies = "tiny", "core"
+    if args.net and args.net != "none" and not args.dry_run:
+        ok, why = lab_available(ssh=args.launcher != "no_ssh")
+        if not ok:
+            print(f"demo: no emulated cluster on this machine ({why}); running 2 local ranks "
+                  "without network shaping instead", flush=True)  # fmt: skip
+            args.net = None
+    elif args.net == "none":
+        args.net = None
     status = cmd_matrix(args)
     if args.dry_run:
         return status
     from analysis.report import main as report_main
 
-    report_status = report_main([str(args.logs)])
+    out = Path(args.logs) / "report"
+    report_status = report_main([str(args.logs), "--out", str(out)])
+    summary = out / "report.md"
+    if summary.exists():
+        text = summary.read_text(encoding="utf-8")
+        head = text.split("## Executive summary", 1)[-1].split("\n## ", 1)[0].strip()
+        print(f"\nreport: {summary}\n{head}")
     return status or report_status
 
 
@@ -335,6 +333,9 @@ def _options(p: argparse.ArgumentParser, execute: bool) -> None:
         p.add_argument("--lab-nodes", type=int, default=2, help="nodes of the emulated cluster")
         p.add_argument("--delay-ms", type=float, help="one-way delay of the emulated links")
         p.add_argument("--loss-pct", type=float, help="packet loss of the emulated links")
+        p.add_argument(
+            "--no-netbench", action="store_true", help="lab: skip the collective benchmark"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -370,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--hosts", default=str(HOSTFILE_DIR / "localhost"), help="hostfile (default: localhost)"
     )
     _options(demo, execute=True)
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=cmd_demo, net="100mbit")
     return parser
 
 

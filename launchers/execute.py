@@ -269,13 +269,15 @@ def run(
     env: dict[str, str] | None = None,
     show_progress: bool = True,
     on_start: Callable[[], None] | None = None,
+    on_iteration: Callable[[int], None] | None = None,
     on_end: Callable[[], dict[str, Any] | None] | None = None,
 ) -> Outcome:
     """Execute a run directory and record its outcome in run.json.
 
     ``wrap`` turns a node's argv into the argv that runs it in its place (``ip netns exec ...``
     in the lab). ``on_start``/``on_end`` bracket the run (the lab reads its interface counters
-    there); a dict returned by ``on_end`` is stored as run.json's ``"network"``.
+    there); ``on_iteration(k)`` is called when iteration line k appears (counters sampled in
+    steady state); a dict returned by ``on_end`` is stored as run.json's ``"network"``.
     """
     run_dir = Path(run_dir)
     doc = json.loads((run_dir / "run.json").read_text())
@@ -323,10 +325,14 @@ def run(
         if show_progress:
             bar, task = _render_bar(progress, doc.get("name", run_dir.name))
             bar.start()
+        seen_iteration = 0
         while any(p.poll() is None for p in procs):
             progress.changed.wait(timeout=0.5)
             progress.changed.clear()
             now = time.monotonic()
+            if on_iteration is not None and progress.iteration > seen_iteration:
+                seen_iteration = progress.iteration
+                on_iteration(seen_iteration)
             if bar is not None:
                 detail = (
                     f"{progress.iter_ms:.0f} ms/iter  loss {progress.loss:.4f}"

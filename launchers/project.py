@@ -188,6 +188,8 @@ def launcher_command(spec: RunSpec, run_dir: str, node_rank: int | str = NODE_RA
         argv += to_flag("hostfile", posixpath.join(run_dir, HOSTFILE_NAME), sep="_")
     if spec.launcher in ("pdsh", "openmpi", "slurm"):
         argv += to_flag("launcher", spec.launcher, sep="_")
+    if spec.launcher == "pdsh" and not spec.ssh_check:
+        argv += to_flag("no_ssh_check", True, sep="_")
     if spec.launcher == "no_ssh":
         argv += to_flag("no_ssh", True, sep="_") + to_flag("node_rank", node_rank, sep="_")
     if spec.launcher != "local":  # local: DeepSpeed uses 127.0.0.1

@@ -304,6 +304,13 @@ class RunSpec:
     """Rendezvous TCP port."""
     adjustments: tuple[Adjustment, ...] = ()
     """Values the resolver changed from the preset or the request, with reasons."""
+    ssh_check: bool = True
+    """Let DeepSpeed's runner check ssh to every host first (pdsh). Off in the emulated lab,
+    whose ssh needs the lab's own client config, which that check does not use; the lab checks
+    ssh to every node itself when it starts."""
+    network: str = ""
+    """The network the run is on, when the project set it up (``emulated 2 nodes x 100mbit``);
+    empty on a real cluster, whose network is what it is."""
 
     def __post_init__(self) -> None:
         _one_of("run", "device", self.device, DEVICES)
@@ -457,6 +464,8 @@ def spec_to_json(spec: RunSpec) -> dict[str, Any]:
         "master_port": spec.master_port,
         "adjustments": [asdict(a) for a in spec.adjustments],
         "paths": asdict(spec.paths),
+        "ssh_check": spec.ssh_check,
+        "network": spec.network,
     }
 
 
@@ -482,6 +491,8 @@ def spec_from_json(data: dict[str, Any], hostfile_text: str = "") -> RunSpec:
             master_addr=data["master_addr"],
             master_port=data["master_port"],
             adjustments=tuple(Adjustment(**a) for a in data.get("adjustments", [])),
+            ssh_check=data.get("ssh_check", True),
+            network=data.get("network", ""),
         )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, SpecError):
@@ -492,9 +503,14 @@ def spec_from_json(data: dict[str, Any], hostfile_text: str = "") -> RunSpec:
 def spec_hash(spec: RunSpec) -> str:
     """Stable SHA-256 (16 hex digits) of the resolved spec, independent of the hostfile's path.
 
-    Two runs with the same hash ran the same command on the same hosts with the same data.
+    Two runs with the same hash ran the same command on the same hosts with the same data. On
+    a network the project emulates, the node addresses are assigned anew for every lab and do not
+    define the run: there the hash keeps the slots per node and the network, not the addresses.
     """
     data = spec_to_json(spec)
     data["cluster"] = {k: v for k, v in data["cluster"].items() if k != "hostfile"}
+    if spec.network:
+        data["cluster"].pop("hosts")
+        data.pop("master_addr")
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]

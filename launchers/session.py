@@ -1,0 +1,321 @@
+"""Sessions of runs: a matrix that survives bad runs, and the emulated cluster around it.
+
+A matrix resolves and validates every run before anything starts, then runs them one after the
+other: a failed run is recorded and the matrix goes on; a run already completed with an identical
+resolved spec is skipped unless forced; Ctrl-C stops the current run (recorded as interrupted)
+and the matrix. At the end it prints a summary table (run, status, reason, ms per iteration) and
+reports whether any run failed.
+
+With a lab (``--net``), the runs go to an emulated cluster (``launchers.lab``): by default the
+real ``deepspeed --hostfile`` launcher on this host reaches every node through pdsh over ssh,
+exactly as on a cluster; ``--launcher no_ssh`` starts ``launch.sh <node_rank>`` inside each
+node's namespace instead. The session measures the collective bandwidth once (``netbench.json``,
+copied into every run directory so the report shows it beside the inferred figures) and records
+the ground truth of each run in run.json's ``"network"``: the link, and the bytes each node's
+interface sent and received during the run and per steady-state iteration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from launchers.spec import RunSpec
+
+NETBENCH_OPTIONS = {
+    "ops": "all_reduce,all_gather,reduce_scatter,send_recv",
+    "min_bytes": str(1 << 10),
+    "max_bytes": str(16 << 20),
+    "factor": "4",
+    "budget_s": "1.0",
+    "min_iters": "2",
+    "max_iters": "50",
+}
+"""Collective benchmark of a lab session: 1 KiB to 16 MiB (a 64 MiB all-reduce alone takes ~6 s
+per operation at 100 Mbit/s; 16 MiB is past the size where the link rate is reached)."""
+
+
+@dataclass
+class MatrixRow:
+    """One line of the matrix summary."""
+
+    name: str
+    """``<model>-<strategy>``."""
+    status: str
+    """``completed``, ``failed``, ``interrupted``, ``skipped`` (identical spec completed)."""
+    reason: str = ""
+    """Why it failed, or where the completed twin is."""
+    iter_ms: float | None = None
+    """Steady-state mean ms per iteration (first logging window dropped), when it ran."""
+    run_dir: Path | None = None
+    """Its run directory."""
+
+
+def steady_iter_ms(run_dir: Path) -> float | None:
+    """Mean elapsed ms of the iteration lines after the first logging window, or None."""
+    from analysis.parse import merge_runs, parse_file
+
+    parts = [runs[-1] for log in sorted(run_dir.glob("*.log")) if (runs := parse_file(log))]
+    if not parts:
+        return None
+    values = [
+        it.elapsed_ms
+        for it in sorted(merge_runs(parts).iterations, key=lambda it: it.iteration)[1:]
+        if it.elapsed_ms is not None
+    ]
+    return statistics.fmean(values) if values else None
+
+
+def completed_twin(spec: RunSpec, logs: Path) -> Path | None:
+    """A completed run directory of this spec's name with the same spec hash, if any."""
+    from launchers.spec import spec_hash
+
+    wanted = spec_hash(spec)
+    for record in sorted((logs / spec.name).glob("*/run.json")):
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            doc = json.loads(record.read_text(encoding="utf-8"))
+            if (
+                doc.get("spec_hash") == wanted
+                and (doc.get("outcome") or {}).get("status") == "completed"
+            ):
+                return record.parent
+    return None
+
+
+# --- the emulated cluster -------------------------------------------------------------------
+
+
+def lab_available(ssh: bool = True) -> tuple[bool, str]:
+    """Whether this machine can host a lab, and if not, why (for the fallback message)."""
+    if os.geteuid() != 0:
+        return False, "not root (network namespaces need root)"
+    missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
+    if ssh:
+        missing += [t for t in ("sshd", "pdsh", "ssh-keygen") if shutil.which(t) is None]
+        if shutil.which("sshd") is None and Path("/usr/sbin/sshd").exists():
+            missing.remove("sshd")
+    if missing:
+        return False, f"missing {', '.join(missing)} (Debian: iproute2, openssh-server, pdsh)"
+    return True, ""
+
+
+@dataclass
+class LabSession:
+    """A running lab and what every run on it needs."""
+
+    lab: Any
+    """The ``launchers.lab.Lab`` (entered)."""
+    ssh: bool
+    """Runs go through pdsh over ssh (else ``no_ssh`` per node in each namespace)."""
+    netbench: Path | None = None
+    """The session's ``netbench.json``, once measured."""
+    samples: list[tuple[int, dict[str, dict[str, int]]]] = field(default_factory=list)
+    """(iteration, counters) sampled during the current run."""
+    start: dict[str, dict[str, int]] | None = None
+    """Counters when the current run started."""
+
+    @property
+    def label(self) -> str:
+        """What the spec records as its network."""
+        return f"emulated {len(self.lab.nodes)} nodes x {self.lab.shape.label}"
+
+    def cluster(self):
+        """The lab's hostfile as a ``Cluster`` (one slot per node)."""
+        from launchers.hostfile import parse_hostfile_text
+
+        return parse_hostfile_text(self.lab.hostfile_text(slots=1), f"lab {self.lab.name}")
+
+    def adapt(self, spec: RunSpec) -> RunSpec:
+        """The spec as it runs on this lab."""
+        return replace(
+            spec,
+            launcher="pdsh" if self.ssh else "no_ssh",
+            master_addr=self.lab.master_addr,
+            ssh_check=not self.ssh,
+            network=self.label,
+        )
+
+    def measure_bandwidth(self, logs: Path) -> Path | None:
+        """Run the collective benchmark once for the session; never fails the session."""
+        from launchers import netbench
+
+        out = logs / "netbench" / f"{self.lab.name}-{self.lab.shape.label}"
+        print(f"lab {self.lab.name}: measuring collective bandwidth ({out})", flush=True)
+        try:
+            netbench.run_on_lab(self.lab, out, NETBENCH_OPTIONS, timeout_s=900)
+        except Exception as e:  # the runs stay useful without a measured figure
+            print(f"lab {self.lab.name}: collective benchmark failed: {e}", file=sys.stderr)
+            return None
+        path = out / "netbench.json"
+        self.netbench = path if path.exists() else None
+        return self.netbench
+
+    def hooks(self, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
+        """Keyword arguments for ``launchers.execute.run`` on this lab."""
+        from launchers.project import remote_environment
+
+        self.samples, self.start = [], None
+        if self.netbench is not None:
+            shutil.copy2(self.netbench, run_dir / "netbench.json")
+
+        def on_start() -> None:
+            self.start = self.lab.counters()
+
+        def on_iteration(k: int) -> None:
+            with contextlib.suppress(Exception):
+                self.samples.append((k, self.lab.counters()))
+
+        def on_end() -> dict[str, Any]:
+            return self.ground_truth(self.lab.counters())
+
+        hooks: dict[str, Any] = {"on_start": on_start, "on_iteration": on_iteration,
+                                 "on_end": on_end}  # fmt: skip
+        if self.ssh:
+            hooks["env"] = self.lab.launcher_env(remote_environment(spec), base={})
+        else:
+            hooks["wrap"] = lambda i, argv: self.lab.wrap(i, argv, remote_environment(spec))
+        return hooks
+
+    def ground_truth(self, end: dict[str, dict[str, int]]) -> dict[str, Any]:
+        """run.json's ``"network"``: the lab, bytes per node during the run and per iteration.
+
+        Per iteration: counters sampled when the first and the last iteration lines after the
+        first logging window appeared, divided by the iterations between them, so start-up
+        traffic (rendezvous, parameter broadcast, data-index building) is left out.
+        """
+        doc = self.lab.describe()
+        delta = {
+            node: {k: end[node][k] - self.start[node][k] for k in end[node]}
+            for node in end
+            if self.start and node in self.start
+        }
+        doc["counters"] = {"start": self.start, "end": end, "delta": delta}
+        steady = self.samples[1:] if len(self.samples) > 2 else []
+        if len(steady) >= 2:
+            (k0, c0), (k1, c1) = steady[0], steady[-1]
+            per = {
+                node: {
+                    "tx_bytes": (c1[node]["tx_bytes"] - c0[node]["tx_bytes"]) / (k1 - k0),
+                    "rx_bytes": (c1[node]["rx_bytes"] - c0[node]["rx_bytes"]) / (k1 - k0),
+                }
+                for node in c1
+            }
+            doc["per_iteration"] = {
+                "from_iteration": k0,
+                "to_iteration": k1,
+                "bytes": per,
+                "max_tx_bytes": max(v["tx_bytes"] for v in per.values()),
+                "method": "interface counters sampled at the iteration lines; includes "
+                "Ethernet/IP/TCP headers and the ssh-carried log output",
+            }
+        else:
+            doc["per_iteration"] = None
+            doc["per_iteration_reason"] = (
+                f"only {len(self.samples)} iteration lines were seen: need 3 or more to leave "
+                "out the first logging window"
+            )
+        return doc
+
+
+@contextlib.contextmanager
+def lab_session(
+    nodes: int, net: str, delay_ms: float = 0.0, loss_pct: float = 0.0, ssh: bool = True
+) -> Iterator[LabSession]:
+    """Bring a lab up for a session and always tear it down (also on errors and signals)."""
+    from launchers.lab import Lab, LinkShape
+
+    shape = LinkShape.parse(net, delay_ms, loss_pct)
+    with Lab(nodes=nodes, shape=shape, ssh=ssh) as lab:
+        print(f"lab {lab.name}: {nodes} nodes, link {shape.label}, "
+              f"{'pdsh over ssh' if ssh else 'per-node --no_ssh'}", flush=True)  # fmt: skip
+        yield LabSession(lab=lab, ssh=ssh)
+
+
+# --- the matrix ------------------------------------------------------------------------------
+
+
+def run_specs(
+    specs: Sequence[RunSpec],
+    logs: Path,
+    *,
+    force: bool = False,
+    stall_s: float | None = None,
+    timeout_s: float | None = None,
+    session: LabSession | None = None,
+    render: Callable[[RunSpec, Path], Path] | None = None,
+) -> list[MatrixRow]:
+    """Run every spec in turn; never stop at a failed run; stop at Ctrl-C/SIGTERM."""
+    from launchers.execute import DEFAULT_STALL_S, run
+    from launchers.render import render_run_dir
+
+    render = render or render_run_dir
+    rows: list[MatrixRow] = []
+    pending = list(specs)
+    try:
+        while pending:
+            spec = pending.pop(0)
+            if session is not None:
+                spec = session.adapt(spec)
+            twin = None if force else completed_twin(spec, logs)
+            if twin is not None:
+                print(f"{spec.name}: skipped, identical spec completed in {twin} (FORCE=1 reruns)")
+                rows.append(MatrixRow(spec.name, "skipped", f"completed in {twin}",
+                                      steady_iter_ms(twin), twin))  # fmt: skip
+                continue
+            run_dir = render(spec, logs)
+            print(run_dir, flush=True)
+            hooks = session.hooks(spec, run_dir) if session is not None else {}
+            try:
+                outcome = run(
+                    run_dir,
+                    stall_s=stall_s if stall_s is not None else DEFAULT_STALL_S,
+                    timeout_s=timeout_s,
+                    **hooks,
+                )
+            except KeyboardInterrupt:
+                rows.append(MatrixRow(spec.name, "interrupted", "stopped by the user",
+                                      steady_iter_ms(run_dir), run_dir))  # fmt: skip
+                raise
+            reason = "" if outcome.status == "completed" else f"{outcome.kind}: {outcome.reason}"
+            print(f"{run_dir}: {outcome.status}" + (f" ({reason})" if reason else ""), flush=True)
+            rows.append(MatrixRow(spec.name, outcome.status, reason,
+                                  steady_iter_ms(run_dir), run_dir))  # fmt: skip
+    except KeyboardInterrupt:
+        rows += [MatrixRow(s.name, "not run", "matrix interrupted") for s in pending]
+        print_summary(rows)
+        raise
+    print_summary(rows)
+    return rows
+
+
+def print_summary(rows: Sequence[MatrixRow]) -> None:
+    """The end-of-matrix table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="matrix summary")
+    for col in ("run", "status", "ms/iter (steady)", "reason", "run directory"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        style = {"completed": "green", "skipped": "cyan"}.get(r.status, "red")
+        table.add_row(
+            r.name,
+            f"[{style}]{r.status}[/]",
+            f"{r.iter_ms:.1f}" if r.iter_ms is not None else "n/a",
+            r.reason,
+            str(r.run_dir or ""),
+        )
+    Console(width=160).print(table)
+
+
+def failed(rows: Sequence[MatrixRow]) -> list[MatrixRow]:
+    """Rows that did not complete (skipped twins count as completed)."""
+    return [r for r in rows if r.status not in ("completed", "skipped")]
