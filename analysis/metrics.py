@@ -439,9 +439,9 @@ class RunMetrics:
     busbw_gbps_measured: float | None
     """netbench.json busbw at the nearest message size, Gbit/s."""
     predicted_iter_ms: float | None = None
-    """Filled by a later what-if model."""
+    """Leave-one-out prediction of ``iter_ms_mean`` from the other runs (analysis.predict)."""
     prediction_error: float | None = None
-    """(predicted - measured) / measured, filled later."""
+    """(predicted - measured) / measured, signed (analysis.predict leave-one-out)."""
     na_reasons: dict[str, str] = field(default_factory=dict)
     """Column -> why it is None (or why it should be read with care)."""
     problems: list[str] = field(default_factory=list)

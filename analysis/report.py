@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from analysis import load, metrics
+from analysis import load, metrics, predict
 from analysis.metrics import RunMetrics
 
 
@@ -173,8 +173,13 @@ def findings(group: list[RunMetrics]) -> list[str]:
     return out
 
 
-def render(rows: list[RunMetrics], logdir_label: str, figures: list[str]) -> str:
-    """The whole markdown report."""
+def render(
+    rows: list[RunMetrics],
+    logdir_label: str,
+    figures: list[str],
+    model: predict.ReportSections | None = None,
+) -> str:
+    """The whole markdown report; ``model`` adds the calibrated model's sections."""
     notes = Footnotes()
     groups = _groups(rows)
     md: list[str] = ["# Megatron-DeepSpeed parallelism report", ""]
@@ -386,26 +391,13 @@ def render(rows: list[RunMetrics], logdir_label: str, figures: list[str]) -> str
     md.append("")
 
     md += ["## Scaling predictions", ""]
-    md += [
-        "Assumptions: communication bytes scale as in analysis.comm with the ring factor "
-        "2(n-1)/n (all-reduce) approaching 2 as n grows; per-rank compute scales with the "
-        "per-rank batch; link bandwidth as measured above; no overlap of communication and "
-        "compute. A calibrated model comes later: no predicted times are shown yet.",
-        "",
-    ]
-    for r in rows:
-        if r.comm_bytes_per_iter and r.busbw_gbps_timers:
-            t = r.comm_bytes_per_iter * 8 / (r.busbw_gbps_timers * 1e9) * 1000
-            md.append(
-                f"- {r.name}: {r.comm_bytes_per_iter / 1e6:.2f} MB/iteration at the timer "
-                f"bandwidth {r.busbw_gbps_timers:.3f} Gbit/s = {t:,.1f} ms of communication per "
-                "iteration if not overlapped; it stays at that size per rank as DP grows."
-            )
-    md.append("")
+    md += model.scaling if model is not None else _scaling_qualitative(rows)
 
     md += ["## Recommendations", ""]
     for key, group in groups.items():
         md += recommendations(key, group)
+    if model is not None and model.recommendations:
+        md += ["", "From the calibrated model (analysis.predict):", "", *model.recommendations]
     md.append("")
 
     md += ["## Configuration", ""]
@@ -439,6 +431,26 @@ def render(rows: list[RunMetrics], logdir_label: str, figures: list[str]) -> str
     if notes.texts:
         md += ["", "## Notes", "", *notes.render()]
     return "\n".join(md) + "\n"
+
+
+def _scaling_qualitative(rows: list[RunMetrics]) -> list[str]:
+    """Scaling notes without a calibrated model."""
+    md = [
+        "Assumptions: communication bytes scale as in analysis.comm with the ring factor "
+        "2(n-1)/n (all-reduce) approaching 2 as n grows; per-rank compute scales with the "
+        "per-rank batch; link bandwidth as measured above; no overlap of communication and "
+        "compute. No calibrated model was run: no predicted times are shown.",
+        "",
+    ]
+    for r in rows:
+        if r.comm_bytes_per_iter and r.busbw_gbps_timers:
+            t = r.comm_bytes_per_iter * 8 / (r.busbw_gbps_timers * 1e9) * 1000
+            md.append(
+                f"- {r.name}: {r.comm_bytes_per_iter / 1e6:.2f} MB/iteration at the timer "
+                f"bandwidth {r.busbw_gbps_timers:.3f} Gbit/s = {t:,.1f} ms of communication per "
+                "iteration if not overlapped; it stays at that size per rank as DP grows."
+            )
+    return [*md, ""]
 
 
 def _collective_text(c: dict[str, Any]) -> str:
@@ -547,6 +559,8 @@ def build(logdir: Path, out: Path, baseline: str | None = None) -> list[RunMetri
     """Load, compute, write everything; returns the rows."""
     runs = load.discover(logdir, exclude=[out])
     rows = metrics.compare([metrics.compute(r) for r in runs], baseline)
+    model = predict.report_sections(runs, rows)
+    rows = predict.fill_rows(rows, model.loo)
     moved = _set_aside(out)
     if moved:
         print(f"previous report kept as {moved}", file=sys.stderr)
@@ -556,7 +570,7 @@ def build(logdir: Path, out: Path, baseline: str | None = None) -> list[RunMetri
 
     figures = [p.relative_to(out).as_posix() for p in write_figures(frame, out / "figures")]
     label = logdir.name or str(logdir)
-    (out / "report.md").write_text(render(rows, label, figures))
+    (out / "report.md").write_text(render(rows, label, figures, model))
     summary = {"runs": [metrics.row_dict(r) for r in rows]}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     frame.to_csv(out / "summary.csv", index=False)
