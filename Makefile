@@ -9,6 +9,9 @@ LOGS        ?= logs
 DRY_RUN     ?=
 # Launcher mode: local | pdsh | openmpi | slurm | no_ssh (default: from the hostfile).
 LAUNCHER    ?=
+# cpu | cuda (default: cuda when torch sees a GPU). DEVICE=cuda DRY_RUN=1 shows a GPU cluster's
+# launcher from a machine without one.
+DEVICE      ?=
 # Run inside an emulated cluster of LAB_NODES network namespaces with links shaped to NET
 # (e.g. 100mbit, 1gbit, none). Needs root and iproute2. Overrides HOSTS.
 NET         ?=
@@ -32,6 +35,7 @@ CORE        := baseline,pipeline,tensor,zero1,zero2,zero3
 
 RUN_FLAGS = --hosts $(HOSTS) --logs $(LOGS) \
 	$(if $(DRY_RUN),--dry-run) $(if $(LAUNCHER),--launcher $(LAUNCHER)) \
+	$(if $(DEVICE),--device $(DEVICE)) \
 	$(if $(NET),--net $(NET) --lab-nodes $(LAB_NODES)) \
 	$(if $(DELAY_MS),--delay-ms $(DELAY_MS)) $(if $(LOSS_PCT),--loss-pct $(LOSS_PCT)) \
 	$(foreach kv,$(SET),--set $(kv)) $(if $(FORCE),--force) \
