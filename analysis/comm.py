@@ -359,7 +359,8 @@ def measured_busbw(
     (log distance); (None, reason) without a usable measurement."""
     if not netbench:
         return None, "no netbench.json for this run"
-    rows = [r for r in netbench.get("results") or [] if r.get("op") == op and r.get("bytes")]
+    names = {op, op.replace("_", "")}  # nccl-tests and launchers.netbench spell it "sendrecv"
+    rows = [r for r in netbench.get("results") or [] if r.get("op") in names and r.get("bytes")]
     rows = [r for r in rows if isinstance(r.get("busbw_gbps"), int | float)]
     if not rows or size_bytes <= 0:
         return None, f"netbench.json has no {op} measurement"

@@ -31,7 +31,7 @@ from typing import Any
 from launchers.spec import RunSpec
 
 NETBENCH_OPTIONS = {
-    "ops": "all_reduce,all_gather,reduce_scatter,send_recv",
+    "ops": "all_reduce,all_gather,reduce_scatter,sendrecv",
     "min_bytes": str(1 << 10),
     "max_bytes": str(16 << 20),
     "factor": "4",
