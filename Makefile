@@ -44,7 +44,7 @@ RUN_FLAGS = --hosts $(HOSTS) --logs $(LOGS) \
 RUN_TARGETS := $(foreach m,$(MODELS),$(foreach s,$(STRATEGIES),$(m)-$(s)))
 ALL_TARGETS := $(foreach m,$(MODELS),all-$(m))
 
-.PHONY: help setup test lint fmt demo report bench list clean-lab $(RUN_TARGETS) $(ALL_TARGETS)
+.PHONY: help setup test lint fmt demo report predict bench netbench list clean-lab $(RUN_TARGETS) $(ALL_TARGETS)
 
 help:
 	@echo "make setup            create .venv, install pinned deps, fetch upstream, build data"
@@ -92,10 +92,19 @@ demo:
 	$(PYTHON) -m launchers demo --logs $(LOGS) $(if $(NET),--net $(NET))
 
 report:
-	$(PYTHON) -m analysis.report $(LOGS)
+	$(PYTHON) -m analysis.report $(LOGS) $(if $(OUT),--out $(OUT)) $(if $(BASELINE),--baseline $(BASELINE))
 
+predict:
+	$(PYTHON) -m analysis.predict $(LOGS) $(if $(NET),--link $(NET))
+
+# Parser throughput on a generated multi-node log of BENCH_MB megabytes.
+BENCH_MB ?= 1024
 bench:
-	$(PYTHON) benchmarks/parse_bench.py
+	$(PYTHON) benchmarks/parse_bench.py --size-mb $(BENCH_MB)
+
+# Collective bandwidth (all-reduce, all-gather, reduce-scatter, send/recv) on an emulated lab.
+netbench:
+	$(PYTHON) -m launchers.netbench --lab $(LAB_NODES) --link $(or $(NET),100mbit)
 
 clean-lab:
 	$(PYTHON) -m launchers.lab down --all
