@@ -114,6 +114,21 @@ class SteadyState:
         )
 
 
+def wire_bytes(run_json: dict[str, Any] | None) -> tuple[float | None, str]:
+    """Bytes per steady-state iteration on the busiest node's interface, from run.json.
+
+    The executor samples the interface counters of an emulated cluster at the iteration lines
+    (launchers.session.LabSession.ground_truth); on a real cluster nothing counts them.
+    """
+    network = (run_json or {}).get("network")
+    if not isinstance(network, dict):
+        return None, "no interface counters (not run on the emulated cluster)"
+    per = network.get("per_iteration")
+    if not isinstance(per, dict) or not isinstance(per.get("max_tx_bytes"), int | float):
+        return None, str(network.get("per_iteration_reason") or "no per-iteration counters")
+    return float(per["max_tx_bytes"]), ""
+
+
 def steady_state(parsed: ParsedRun) -> tuple[SteadyState | None, str | None]:
     """Apply ``STEADY_RULE`` to Megatron iteration lines, else to PipelineEngine step lines."""
     lines = sorted(
@@ -430,6 +445,12 @@ class RunMetrics:
     collectives: list[dict[str, Any]] | None
     """Per-collective list: op, purpose, size_bytes, count_per_iter, group, group_size, link,
     wire_bytes_per_rank, source."""
+    wire_bytes_per_iter: float | None
+    """Ground truth: bytes the busiest node's interface sent per steady-state iteration
+    (run.json ``network.per_iteration``, interface counters of an emulated cluster; includes
+    Ethernet/IP/TCP headers)."""
+    wire_over_model: float | None
+    """``wire_bytes_per_iter / comm_bytes_per_iter``: how well the byte model matches the wire."""
     busbw_gbps_timers: float | None
     """Gradient all-reduce busbw from bytes / ``bwd_allreduce`` time, Gbit/s."""
     busbw_gbps_timers_allgather: float | None
@@ -534,6 +555,12 @@ def compute(run: LoadedRun) -> RunMetrics:
         ]
     else:
         na["comm_bytes_per_iter"] = why or "unknown"
+    wire, why_wire = wire_bytes(run.run_json)
+    row["wire_bytes_per_iter"] = wire
+    if wire is None:
+        na["wire_bytes_per_iter"] = why_wire
+    elif row.get("comm_bytes_per_iter"):
+        row["wire_over_model"] = wire / row["comm_bytes_per_iter"]
 
     if p is None:
         na["iter_ms_mean"] = "no log"
