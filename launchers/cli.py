@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -55,13 +56,23 @@ def human_count(n: int) -> str:
     return str(n)
 
 
-def preflight(spec: RunSpec) -> list[str]:
-    """Check that what the run needs is on this machine; return warnings, raise when missing."""
+def preflight(spec: RunSpec, allow_other_upstream: bool = False) -> list[str]:
+    """Check that what the run needs is on this machine; return warnings, raise when missing.
+
+    An upstream checkout at another commit than the pinned one is refused (its flags and log
+    lines may differ from what the launchers and the parser expect) unless
+    ``allow_other_upstream``; then it is a warning, and run.json records the commit.
+    """
     from launchers.upstream import check_upstream
 
     status = check_upstream(Path(spec.paths.upstream_dir))
     if not status.present:
         raise PreflightError(status.message())
+    if not status.ok and not allow_other_upstream:
+        raise PreflightError(
+            status.message() + " (or pass --allow-other-upstream to run it anyway; run.json "
+            "records its commit)"
+        )
     warnings = [status.message()] if not status.ok else []
     p = spec.paths
     needed = {
@@ -120,6 +131,13 @@ def cmd_list(_: argparse.Namespace) -> int:
     for col in ("hostfile", "hosts", "world size"):
         hosts.add_column(col)
     for path in sorted(p for p in HOSTFILE_DIR.iterdir() if p.is_file()):
+        if (lab := lab_directive(path)) is not None:
+            hosts.add_row(
+                f"{HOSTFILE_DIR.name}/{path.name}",
+                f"emulated lab: {lab[0]} nodes, link {lab[1]} (addresses assigned per lab)",
+                str(lab[0]),
+            )
+            continue
         try:
             cluster = load_hostfile(path)
             hosts.add_row(
@@ -212,8 +230,69 @@ def _dry_run_cluster(args: argparse.Namespace) -> Cluster:
     return parse_hostfile_text(text + "\n", "lab (dry run)")
 
 
+def _mem_limit(args: argparse.Namespace, specs: Sequence[RunSpec]) -> int | None:
+    """``--mem-limit`` in bytes, checked before anything starts (None when not given).
+
+    The limit holds the processes the executor starts on this machine: ``local`` runs, and
+    ``no_ssh`` nodes (each node's launcher). Ranks that pdsh, mpirun or srun start elsewhere
+    are not under it, so those launchers are refused rather than silently unlimited.
+    """
+    if args.mem_limit is None:
+        return None
+    from launchers.execute import MemoryCgroup, parse_size
+
+    try:
+        size = parse_size(args.mem_limit)
+    except ValueError as exc:
+        raise PreflightError(f"--mem-limit: {exc}") from None
+    launchers = {("no_ssh" if args.net and args.launcher == "no_ssh" else
+                  "pdsh" if args.net else s.launcher) for s in specs}  # fmt: skip
+    remote = sorted(launchers - {"local", "no_ssh"})
+    if remote:
+        raise PreflightError(
+            f"--mem-limit applies to processes started on this machine; launcher "
+            f"{', '.join(remote)} starts the ranks elsewhere: use --launcher no_ssh (each node's "
+            "launcher is then started here) or a local run, or drop --mem-limit"
+        )
+    probe = MemoryCgroup.create(size, f"probe-{os.getpid()}")  # LimitError says why not
+    probe.remove()
+    return size
+
+
+def lab_directive(path: str | Path) -> tuple[int, str] | None:
+    """``(nodes, link)`` of a hostfile that describes a lab (``# lab: nodes=2 link=100mbit``).
+
+    A lab's addresses are assigned when it starts, so such a hostfile names no hosts: the line
+    tells the launcher to build the lab and use the hostfile the lab writes.
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in lines:
+        words = line.strip().removeprefix("#").split()
+        if words[:1] == ["lab:"]:
+            fields = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+            try:
+                return int(fields.get("nodes", "2")), fields.get("link", "100mbit")
+            except ValueError:
+                return None
+    return None
+
+
+def _apply_lab_hostfile(args: argparse.Namespace) -> None:
+    """``HOSTS=hostfiles/lab-2node``: run on an emulated lab; ``NET`` still sets the link."""
+    lab = lab_directive(args.hosts) if getattr(args, "hosts", None) else None
+    if lab is None:
+        return
+    args.lab_nodes = lab[0] if args.lab_nodes == 2 else args.lab_nodes
+    args.net = args.net or lab[1]
+    args.hosts = str(HOSTFILE_DIR / "localhost")  # placeholder until the lab writes its own
+
+
 def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
     """Resolve every run first (all errors before anything starts), then run them in turn."""
+    _apply_lab_hostfile(args)
     req = _request(args)
     if args.net and args.dry_run:
         launcher = "no_ssh" if args.launcher == "no_ssh" else "pdsh"
@@ -227,8 +306,9 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
         for spec in specs:
             print_dry_run(spec, req.logs)
         return 0
-    for warning in preflight(specs[0]):
+    for warning in preflight(specs[0], args.allow_other_upstream):
         print(f"warning: {warning}", file=sys.stderr)
+    mem_limit = _mem_limit(args, specs)
     with _lab_session(args) as session:
         if session is not None:
             cluster = session.cluster()
@@ -238,7 +318,8 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
                 session.measure_bandwidth(req.logs)
         try:
             rows = run_specs(specs, req.logs, force=args.force, stall_s=args.stall,
-                             timeout_s=args.timeout, session=session)  # fmt: skip
+                             timeout_s=args.timeout, session=session,
+                             mem_limit_bytes=mem_limit)  # fmt: skip
         except KeyboardInterrupt:
             return 130
     bad = failed(rows)
@@ -255,7 +336,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.dry_run:
         print_dry_run(spec, req.logs)
         return 0
-    for warning in preflight(spec):
+    for warning in preflight(spec, allow_other_upstream=True):
         print(f"warning: {warning}", file=sys.stderr)
     print(render_run_dir(spec, req.logs))
     return 0
@@ -329,6 +410,17 @@ def _options(p: argparse.ArgumentParser, execute: bool) -> None:
         p.add_argument("--force", action="store_true", help="rerun identical completed runs")
         p.add_argument("--stall", type=float, help="seconds without output before a run is hung")
         p.add_argument("--timeout", type=float, help="seconds a whole run may take")
+        p.add_argument(
+            "--mem-limit",
+            metavar="SIZE",
+            help="memory limit of each run's processes on this machine, e.g. 2G (a cgroup; "
+            "a rank killed at the limit is recorded as oom)",
+        )
+        p.add_argument(
+            "--allow-other-upstream",
+            action="store_true",
+            help="run with an upstream checkout at another commit than the pinned one",
+        )
         p.add_argument("--net", help="run in an emulated cluster with links of this rate")
         p.add_argument("--lab-nodes", type=int, default=2, help="nodes of the emulated cluster")
         p.add_argument("--delay-ms", type=float, help="one-way delay of the emulated links")
@@ -378,10 +470,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = build_parser().parse_args(argv)
+    from launchers.execute import LimitError
     from launchers.lab import LabError
 
     try:
         return args.func(args)
-    except (SpecError, HostfileError, PresetError, PreflightError, LabError) as exc:
+    except (SpecError, HostfileError, PresetError, PreflightError, LabError, LimitError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
