@@ -139,12 +139,12 @@ class RunSetup:
     @property
     def setup_key(self) -> str:
         """Runs are compared only within one key: model, cluster shape and network."""
-        nodes = f"{self.nodes}n" if self.nodes is not None else "?n"
-        world = f"{self.world_size}r" if self.world_size is not None else "?r"
-        link = f"{self.link_mbit:g}mbit" if self.link_mbit is not None else "local-or-unknown-link"
+        nodes = f"{self.nodes} node{'s' if self.nodes != 1 else ''}" if self.nodes else "? nodes"
+        world = f"{self.world_size} ranks" if self.world_size is not None else "? ranks"
+        link = f"{self.link_mbit:g} Mbit/s" if self.link_mbit is not None else "unknown link"
         if self.nodes == 1:
-            link = "single-machine"
-        return f"{self.model or 'unknown-model'} / {nodes} x {world} / {link}"
+            link = "one machine"
+        return f"{self.model or 'unknown model'} / {nodes}, {world} / {link}"
 
 
 @dataclass(frozen=True)
@@ -568,10 +568,16 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
             netbench,
             problems,
         )
+    # A collective benchmark's own directory (netbench.json, no run.json) holds launcher logs
+    # of the benchmark, not of a training run.
+    bench_dirs = {p.parent for p in candidates if p.name == "netbench.json"} - set(run_dirs)
     bare = [
         p
         for p in candidates
-        if p.suffix == ".log" and p.is_file() and not any(p.is_relative_to(d) for d in run_dirs)
+        if p.suffix == ".log"
+        and p.is_file()
+        and not any(p.is_relative_to(d) for d in run_dirs)
+        and p.parent not in bench_dirs
     ]
     for (parent, stem), logs in _group_bare_logs(bare).items():
         problems = []

@@ -631,7 +631,7 @@ class Prediction:
     """Predicted time and memory of one setup, with how it was obtained."""
 
     label: str
-    """Strategy and cluster, e.g. ``zero2 / 2n x 2r / 100 Mbit/s``."""
+    """Strategy and cluster, e.g. ``zero2 / 2 nodes, 2 ranks / 100 Mbit/s``."""
     setup: RunSetup
     """What was predicted."""
     iter_ms: float | None
