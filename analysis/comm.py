@@ -36,12 +36,13 @@ gradient norm) are a few bytes and are left out.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from analysis.load import RunSetup
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
+Backend = Literal["nccl", "gloo"]
 """Collective kinds, as named by nccl-tests and netbench.json."""
 
 Group = Literal["dp", "tp", "pp", "tied-embedding"]
@@ -92,6 +93,8 @@ class Collective:
     """Link the traffic crosses."""
     source: str
     """Where in DeepSpeed/Megatron this communication is issued."""
+    backend: Backend = "nccl"
+    """Collective backend: ``gloo`` on CPU (DeepSpeed's CPU accelerator without oneCCL)."""
 
     def __post_init__(self) -> None:
         if self.size_bytes < 0 or self.count_per_iter < 0:
@@ -101,8 +104,18 @@ class Collective:
 
     @property
     def wire_bytes_per_rank(self) -> float:
-        """Bytes one (sending) rank puts on the wire per iteration: factor * S * count."""
-        return ring_factor(self.op, self.group_size) * self.size_bytes * self.count_per_iter
+        """Bytes one (sending) rank puts on the wire per iteration: factor * S * count.
+
+        gloo's reduce-scatter moves what an all-reduce moves (2(n-1)/n S per rank, not
+        (n-1)/n S): measured on the emulated cluster's interface counters by launchers.netbench
+        (16.8 MB sent per 16 MiB reduce-scatter between 2 nodes) and by ZeRO-3 runs, whose
+        gradient reduce-scatter (torch reduce_scatter_tensor through deepspeed.comm) shows the
+        traffic of ZeRO-2's all-reduce.
+        """
+        op = self.op
+        if self.backend == "gloo" and op == "reduce_scatter":
+            op = "all_reduce"
+        return ring_factor(op, self.group_size) * self.size_bytes * self.count_per_iter
 
 
 @dataclass(frozen=True)
@@ -214,6 +227,11 @@ def plan(setup: RunSetup) -> tuple[CommPlan | None, str | None]:
         f"activations {act_bytes} B/element, gradients/parameters {comm_bytes} B/element",
         "ring algorithms; scalar collectives (loss, grad norm) left out",
     ]
+    backend: Backend = "gloo" if setup.device == "cpu" else "nccl"
+    if backend == "gloo":
+        assumptions.append(
+            "backend gloo (CPU): reduce-scatter moves all-reduce volume (measured on the wire)"
+        )
     out: list[Collective] = []
     # The busiest rank: the pipeline stage holding the most parameters.
     stage_params = [sum(e for _, e in param_tensors(setup, st)) for st in range(pp)]
@@ -337,6 +355,7 @@ def plan(setup: RunSetup) -> tuple[CommPlan | None, str | None]:
                 "megatron/core/tensor_parallel/cross_entropy.py: max, target logit, sum-exp",
             )
         )  # fmt: skip
+    out = [replace(c, backend=backend) for c in out]
     return CommPlan(tuple(out), tuple(assumptions)), None
 
 

@@ -568,9 +568,10 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
             netbench,
             problems,
         )
-    # A collective benchmark's own directory (netbench.json, no run.json) holds launcher logs
-    # of the benchmark, not of a training run.
+    # A collective benchmark's own directory (netbench.json, no run.json; sessions put them
+    # under <logs>/netbench/) holds launcher logs of the benchmark, not of a training run.
     bench_dirs = {p.parent for p in candidates if p.name == "netbench.json"} - set(run_dirs)
+    bench_dirs |= {p.parent for p in candidates if "netbench" in p.relative_to(root).parts[:-1]}
     bare = [
         p
         for p in candidates
