@@ -152,3 +152,15 @@ def test_measured_busbw_nearest_size():
     assert value == 0.9 and "4,194,304" in why
     assert comm.measured_busbw(None, "all_reduce", 1)[0] is None
     assert comm.measured_busbw(bench, "all_gather", 1)[0] is None
+
+
+def test_gloo_reduce_scatter_moves_allreduce_volume():
+    # Seen on the emulated cluster's interface counters (ZeRO-3 tiny at 100 Mbit/s: 16.5 MB per
+    # iteration on the wire, like ZeRO-2): on CPU (gloo) the gradient reduce-scatter costs an
+    # all-reduce, 2(n-1)/n S per rank instead of (n-1)/n S.
+    nccl, _ = comm.plan(tiny(zero=3))
+    gloo, _ = comm.plan(tiny(zero=3, device="cpu"))
+    assert nccl is not None and gloo is not None
+    assert nccl.bytes_per_iter == 4 * PSI * 4 / 2 + PSI * 4 / 2
+    assert gloo.bytes_per_iter == 4 * PSI * 4 + PSI * 4 / 2 == 15_754_752
+    assert {c.backend for c in gloo.collectives} == {"gloo"}
