@@ -121,7 +121,8 @@ _EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Z]\w*)(?::(?:\s.*)?)?$")
 _EXC_NAME_SUFFIX = ("Error", "Exception", "Interrupt", "Exit", "Failure", "Timeout")
 _RC_RE = re.compile(r"exits with return code = (-?\d+)")
 _OUTCOME_RE = re.compile(
-    r"# run outcome:\s*(completed|failed|incomplete)(?:\s+kind=(\w+))?(?:\s+reason=(.*))?$"
+    r"# run outcome:\s*(completed|failed|incomplete|interrupted)(?:\s+kind=(\w+))?"
+    r"(?:\s+reason=(.*))?$"
 )
 _KILLED_RE = re.compile(r"\bKilled\b|\bSIGKILL\b|Signal 9\b")
 _SLURM_RE = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT")
@@ -732,6 +733,8 @@ class _Core:
             self.run.problems.append(f"line {lineno}: unreadable run outcome marker: {text[:200]}")
             return
         status, kind, reason = m.group(1), m.group(2), (m.group(3) or "").strip()
+        if status == "interrupted":  # the executor's Ctrl-C/SIGTERM: a cancelled run
+            status, kind = "failed", kind or "cancelled"
         if kind is not None and kind not in _FAILURE_KINDS:
             self.run.problems.append(f"line {lineno}: unknown failure kind {kind!r}; using other")
             kind = "other"

@@ -23,13 +23,17 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from analysis.records import ParsedRun
 
 OutcomeStatus = Literal["completed", "failed", "interrupted"]
 
@@ -90,21 +94,49 @@ def utc_now() -> str:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON through a temporary file and ``os.replace``: never a half-written record."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=False, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write JSON through a temporary file and ``os.replace``: never a half-written record.
+
+    The document is serialised before anything touches the disk; a failed write or rename
+    removes the temporary file and leaves the previous record as it was.
+    """
+    text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def update_run_json(run_dir: Path, **fields: Any) -> dict[str, Any]:
-    """Merge top-level fields into run.json atomically; returns the new document."""
+    """Merge top-level fields into run.json atomically; returns the new document.
+
+    A run.json that cannot be read as a JSON object is not overwritten blindly: its bytes are
+    kept next to it as ``run.json.unreadable-<UTC time>`` and the new record says so under
+    ``"record_problems"``.
+    """
     path = run_dir / "run.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
+    data: dict[str, Any] = {}
+    problem = None
+    if path.exists():
+        raw = path.read_bytes()
+        try:
+            loaded = json.loads(raw)
+            if not isinstance(loaded, dict):
+                raise ValueError(f"top level is {type(loaded).__name__}, not an object")
+            data = loaded
+        except ValueError as exc:
+            kept = path.with_name(f"run.json.unreadable-{utc_now().replace(':', '')}")
+            kept.write_bytes(raw)
+            problem = f"run.json was unreadable ({exc}); its bytes are kept in {kept.name}"
     data.update(fields)
+    if problem:
+        data.setdefault("record_problems", []).append(problem)
     write_json_atomic(path, data)
     return data
 
@@ -154,16 +186,32 @@ def _pump(proc: subprocess.Popen[bytes], log: Path, progress: _Progress) -> None
             progress.feed(raw.decode("utf-8", errors="replace"))
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the process group is still there."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _stop(procs: Sequence[subprocess.Popen[bytes]], grace_s: float = KILL_GRACE_S) -> None:
-    """SIGTERM every process group, then SIGKILL what is left after ``grace_s``."""
+    """SIGTERM every process group, then SIGKILL what is left after ``grace_s``.
+
+    Groups are signalled even when their leader has exited: a launcher killed from outside
+    (the OOM killer, a user's ``kill -9``) leaves its children running in its group.
+    """
     for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for p in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
+    while time.monotonic() < deadline and any(_group_alive(p.pid) for p in procs):
+        time.sleep(0.1)
     for p in procs:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
@@ -193,37 +241,251 @@ def node_processes(
     return [NodeProcess("launcher", ["bash", launch], run_dir / "launcher.log")]
 
 
-def _classify(run_dir: Path, logs: list[Path], exit_codes: dict[str, int | None]) -> Outcome:
-    """Decide the outcome from the parsed logs and the exit codes."""
-    from analysis.parse import merge_runs, parse_file
+# --- memory limit -----------------------------------------------------------------------------
 
-    parsed = []
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory"))
+"""Where the memory controller is looked for: cgroup v2 (unified) first, then v1."""
+
+CGROUP_PARENT = "mds-bench"
+"""Our directory under the memory controller's root; one child per run."""
+
+
+class LimitError(RuntimeError):
+    """A resource limit that cannot be applied on this machine; says why and what to do."""
+
+
+def parse_size(text: str) -> int:
+    """``2G``, ``512M``, ``1.5GiB``, ``1073741824`` -> bytes (binary units)."""
+    m = _SIZE_RE.match(text)
+    if m is None:
+        raise ValueError(f"memory size {text!r}: write e.g. 2G, 512M or a number of bytes")
+    size = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    if size < 1 << 20:
+        raise ValueError(f"memory size {text!r} is below 1 MiB: no run starts in that")
+    return size
+
+
+def format_size(size: int) -> str:
+    """Bytes in the largest binary unit that divides them to one decimal, e.g. ``2.0GiB``."""
+    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor:
+            return f"{size / factor:.1f}{unit}"
+    return f"{size}B"
+
+
+@dataclass
+class MemoryCgroup:
+    """A memory cgroup holding every process a run starts on this machine.
+
+    The kernel OOM-kills a process of the group when the group's memory exceeds the limit
+    (swap included where the controller accounts it); the group's ``oom_kill`` counter then
+    says so, which no log line does (the launcher only sees a rank die of SIGKILL).
+    """
+
+    path: Path
+    """The run's cgroup directory."""
+    version: Literal[1, 2]
+    """cgroup v2 (``memory.max``, ``memory.events``) or v1 (``memory.limit_in_bytes``,
+    ``memory.oom_control``)."""
+    limit_bytes: int
+    """The memory limit, bytes."""
+
+    @classmethod
+    def create(cls, limit_bytes: int, name: str) -> MemoryCgroup:
+        """Make ``<root>/mds-bench/<name>`` with the limit set, or raise :class:`LimitError`."""
+        problems = []
+        for root in CGROUP_ROOTS:
+            v2 = (root / "cgroup.controllers").exists()
+            v1 = (root / "memory.limit_in_bytes").exists()
+            if v2 and "memory" not in (root / "cgroup.controllers").read_text().split():
+                problems.append(f"{root}: cgroup v2 without the memory controller")
+                continue
+            if not (v1 or v2):
+                problems.append(f"{root}: no memory controller")
+                continue
+            parent = root / CGROUP_PARENT
+            path = parent / name
+            try:
+                if v2:
+                    _write_control(root / "cgroup.subtree_control", "+memory")
+                    parent.mkdir(exist_ok=True)
+                    _write_control(parent / "cgroup.subtree_control", "+memory")
+                    path.mkdir()
+                    _write_control(path / "memory.max", str(limit_bytes))
+                    if (path / "memory.swap.max").exists():
+                        _write_control(path / "memory.swap.max", "0")
+                    return cls(path, 2, limit_bytes)
+                parent.mkdir(exist_ok=True)
+                path.mkdir()
+                _write_control(path / "memory.limit_in_bytes", str(limit_bytes))
+                if (path / "memory.memsw.limit_in_bytes").exists():
+                    _write_control(path / "memory.memsw.limit_in_bytes", str(limit_bytes))
+                return cls(path, 1, limit_bytes)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+                problems.append(f"{root}: {exc.strerror or exc}")
+        raise LimitError(
+            "--mem-limit needs a writable memory cgroup (root, and cgroup v2 with the memory "
+            "controller or cgroup v1's memory hierarchy): " + "; ".join(problems)
+        )
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """argv that moves itself into the group, then runs ``argv`` (children inherit it)."""
+        procs = str(self.path / "cgroup.procs")
+        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, *argv]
+
+    def oom_kills(self) -> int:
+        """Processes the kernel OOM-killed in this group so far."""
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        with contextlib.suppress(OSError):
+            for line in (self.path / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit():
+                    return int(value)
+        return 0
+
+    def pids(self) -> list[int]:
+        """Processes still in the group."""
+        with contextlib.suppress(OSError):
+            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+        return []
+
+    def remove(self) -> list[int]:
+        """SIGKILL whatever is left in the group, remove it; returns the pids it had to kill."""
+        left = self.pids()
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while True:
+            try:
+                self.path.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+        return left
+
+
+def _write_control(path: Path, value: str) -> None:
+    with path.open("w") as f:
+        f.write(value)
+
+
+# --- classification -------------------------------------------------------------------------
+
+_FURTHER_RE = re.compile(r"line (\d+): further failure \((\w+)\): (.*)$")
+
+SYMPTOM_KINDS = ("nccl", "other")
+"""Kinds that are often the consequence of another rank's failure: a peer that died closes
+its connections, so the survivors report gloo/NCCL errors. A root cause found elsewhere in the
+logs (:data:`ROOT_CAUSE_KINDS`) is preferred over them."""
+
+ROOT_CAUSE_KINDS = ("oom", "killed", "exception")
+"""Kinds that say why a rank died."""
+
+
+@dataclass(frozen=True)
+class LogFailure:
+    """A failure line found in a run's logs."""
+
+    kind: str
+    """Parser failure kind."""
+    message: str
+    """The line."""
+    where: str
+    """``file:line``."""
+
+
+def _prefix_lines(path: Path, size: int) -> Iterator[str]:
+    """The lines of the first ``size`` bytes of ``path`` (what it held when the run was stopped)."""
+    with path.open("rb") as f:
+        data = f.read(size)
+    for raw in data.splitlines():
+        yield raw.decode("utf-8", errors="replace")
+
+
+def read_logs(
+    logs: Sequence[Path], upto: dict[Path, int] | None = None
+) -> tuple[ParsedRun | None, list[LogFailure]]:
+    """The merged parse of a run's logs and every failure line, in file order.
+
+    ``upto`` limits a log to its first bytes: the part written before the executor stopped the
+    run (what the stop itself makes processes print is not a cause).
+    """
+    from analysis.parse import merge_runs, parse_file, parse_lines
+
+    parts = []
+    failures: list[LogFailure] = []
     for log in logs:
-        runs = parse_file(log)
-        if runs:
-            parsed.append(runs[-1])
-    merged = merge_runs(parsed) if parsed else None
-    last = max((it.iteration for it in merged.iterations), default=None) if merged else None
-    total = (
-        next((it.train_iters for it in reversed(merged.iterations) if it.train_iters), None)
-        if merged
-        else None
-    )
-    failed_rc = {k: v for k, v in exit_codes.items() if v not in (0,)}
-    if merged and merged.failure is not None:
-        f = merged.failure
-        where = None
-        src = merged.sources[0] if merged.sources else None
-        if src:
-            where = f"{Path(src).name}:{f.line}"
+        if not log.exists():
+            continue
+        if upto is not None and log in upto:
+            runs = parse_lines(_prefix_lines(log, upto[log]), str(log))
+        else:
+            runs = parse_file(log)
+        if not runs:
+            continue
+        part = runs[-1]
+        parts.append(part)
+        if part.failure is not None:
+            failures.append(
+                LogFailure(
+                    part.failure.kind, part.failure.message, f"{log.name}:{part.failure.line}"
+                )
+            )
+        for problem in part.problems:
+            if m := _FURTHER_RE.search(problem):
+                failures.append(LogFailure(m.group(2), m.group(3), f"{log.name}:{m.group(1)}"))
+    return (merge_runs(parts) if parts else None), failures
+
+
+def root_cause(failures: Sequence[LogFailure]) -> LogFailure | None:
+    """The failure that explains the run: the first one, unless it is a symptom (a connection
+    error) and another line names why a rank died (killed, out of memory, an exception)."""
+    if not failures:
+        return None
+    first = failures[0]
+    if first.kind in SYMPTOM_KINDS:
+        cause = next((f for f in failures if f.kind in ROOT_CAUSE_KINDS), None)
+        if cause is not None:
+            return LogFailure(
+                cause.kind, f"{cause.message} (also seen: {first.kind}: {first.message})",
+                cause.where,
+            )  # fmt: skip
+    return first
+
+
+def _progress_of(merged: ParsedRun | None) -> tuple[int | None, int | None]:
+    if merged is None:
+        return None, None
+    last = max((it.iteration for it in merged.iterations), default=None)
+    total = next((it.train_iters for it in reversed(merged.iterations) if it.train_iters), None)
+    return last, total
+
+
+def _classify(run_dir: Path, logs: list[Path], exit_codes: dict[str, int | None]) -> Outcome:
+    """Decide the outcome of a run that ended by itself from its logs and exit codes."""
+    merged, failures = read_logs(logs)
+    last, total = _progress_of(merged)
+    cause = root_cause(failures)
+    if cause is not None:
         return Outcome(
             "failed",
-            kind=f.kind,
-            reason=f.message,
+            kind=cause.kind,
+            reason=cause.message,
             last_iteration=last,
             train_iters=total,
-            failure_line=where,
+            failure_line=cause.where,
         )
+    failed_rc = {k: v for k, v in exit_codes.items() if v not in (0,)}
     if failed_rc:
         label, rc = next(iter(failed_rc.items()))
         kind = "killed" if rc is not None and rc < 0 and -rc == signal.SIGKILL else "other"
@@ -243,6 +505,32 @@ def _classify(run_dir: Path, logs: list[Path], exit_codes: dict[str, int | None]
         last_iteration=last,
         train_iters=total,
     )
+
+
+def _classify_stopped(
+    logs: list[Path], upto: dict[Path, int], kind: str, reason: str, progress: _Progress
+) -> Outcome:
+    """Outcome of a run the executor stopped (hang, time limit): a cause the logs held before
+    the stop wins (a killed peer leaves the survivors hanging), the stop goes in the reason."""
+    merged, failures = read_logs(logs, upto)
+    last, total = _progress_of(merged)
+    last = last if last is not None else progress.iteration
+    total = total if total is not None else progress.train_iters
+    cause = root_cause(failures)
+    if cause is not None and cause.kind not in ("other", "hang"):
+        return Outcome(
+            "failed",
+            kind=cause.kind,
+            reason=f"{cause.message}; then {reason}",
+            last_iteration=last,
+            train_iters=total,
+            failure_line=cause.where,
+        )
+    return Outcome("failed", kind=kind, reason=reason, last_iteration=last, train_iters=total)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _render_bar(progress: _Progress, title: str):
@@ -265,6 +553,7 @@ def run(
     *,
     stall_s: float | None = DEFAULT_STALL_S,
     timeout_s: float | None = None,
+    mem_limit_bytes: int | None = None,
     wrap: Callable[[int, list[str]], list[str]] | None = None,
     env: dict[str, str] | None = None,
     show_progress: bool = True,
@@ -278,6 +567,11 @@ def run(
     in the lab). ``on_start``/``on_end`` bracket the run (the lab reads its interface counters
     there); ``on_iteration(k)`` is called when iteration line k appears (counters sampled in
     steady state); a dict returned by ``on_end`` is stored as run.json's ``"network"``.
+    ``mem_limit_bytes`` runs every process started here in a memory cgroup of that size (a
+    rank the kernel OOM-kills there makes the run ``failed`` with kind ``oom``).
+
+    Whatever happens (a process that cannot start, a hook that raises), run.json ends with an
+    outcome: the run is never left ``running``.
     """
     run_dir = Path(run_dir)
     doc = json.loads((run_dir / "run.json").read_text())
@@ -288,9 +582,22 @@ def run(
             "reused: generate a new one"
         )
     procs_spec = node_processes(run_dir, doc, wrap)
+    cgroup = None
+    if mem_limit_bytes is not None:
+        cgroup = MemoryCgroup.create(mem_limit_bytes, f"{doc.get('name', 'run')}-{os.getpid()}")
+        procs_spec = [replace(n, argv=cgroup.wrap(n.argv)) for n in procs_spec]
     progress = _Progress()
     start_iso = utc_now()
-    update_run_json(run_dir, outcome={"status": "running", "start": start_iso})
+    running: dict[str, Any] = {"status": "running", "start": start_iso}
+    fields: dict[str, Any] = {"outcome": running}
+    if cgroup is not None:
+        fields["limits"] = {
+            "memory_bytes": cgroup.limit_bytes,
+            "memory": format_size(cgroup.limit_bytes),
+            "cgroup": str(cgroup.path),
+            "cgroup_version": cgroup.version,
+        }
+    update_run_json(run_dir, **fields)
 
     interrupted: list[int] = []
 
@@ -302,7 +609,12 @@ def run(
     pumps: list[threading.Thread] = []
     t0 = time.monotonic()
     hit: tuple[str, str] | None = None  # (kind, reason) for hang / time_limit / interrupted
+    error: BaseException | None = None
+    upto: dict[Path, int] = {}  # log sizes when the executor stopped the run
+    leftovers: list[int] = []
+    oom_kills = 0
     bar = None
+    network = None
     try:
         if on_start:
             on_start()
@@ -362,8 +674,11 @@ def run(
                 while time.monotonic() < grace_end and any(p.poll() is None for p in procs):
                     time.sleep(0.5)
                 break
+    except BaseException as exc:  # recorded below, then raised again
+        error = exc
     finally:
-        if any(p.poll() is None for p in procs):
+        if any(p.poll() is None or _group_alive(p.pid) for p in procs):
+            upto = {n.log: n.log.stat().st_size for n in procs_spec if n.log.exists()}
             _stop(procs)
         for t in pumps:
             t.join(timeout=10)
@@ -371,36 +686,69 @@ def run(
             bar.stop()
         for s, h in old_handlers.items():
             signal.signal(s, h)
-        network = None
+        if cgroup is not None:
+            oom_kills = cgroup.oom_kills()  # read before the group goes away
+            leftovers = cgroup.remove()
         if on_end:
             try:
                 network = on_end()
             except Exception as e:  # counters are a bonus; never lose the outcome over them
                 network = {"error": f"could not read network counters: {e}"}
     exit_codes = {np_.label: p.returncode for np_, p in zip(procs_spec, procs, strict=False)}
-    if hit is not None:
-        kind, reason = hit
-        status: OutcomeStatus = "interrupted" if kind == "cancelled" else "failed"
+    logs = [n.log for n in procs_spec]
+    if error is not None and not isinstance(error, KeyboardInterrupt):
         outcome = Outcome(
-            status,
-            kind=kind,
+            "failed",
+            kind="other",
+            reason=_one_line(f"the executor could not run it: {type(error).__name__}: {error}"),
+            last_iteration=progress.iteration,
+            train_iters=progress.train_iters,
+        )
+    elif (hit is not None and hit[0] == "cancelled") or isinstance(error, KeyboardInterrupt):
+        reason = hit[1] if hit is not None else "interrupted (KeyboardInterrupt)"
+        outcome = Outcome(
+            "interrupted",
+            kind="cancelled",
             reason=reason,
             last_iteration=progress.iteration,
             train_iters=progress.train_iters,
         )
-        for np_ in procs_spec:
-            with np_.log.open("a", encoding="utf-8") as f:
-                f.write(f"# run outcome: {status} kind={kind} reason={reason}\n")
+    elif hit is not None:
+        outcome = _classify_stopped(logs, upto, hit[0], hit[1], progress)
     else:
-        outcome = _classify(run_dir, [n.log for n in procs_spec], exit_codes)
+        outcome = _classify(run_dir, logs, exit_codes)
+    if cgroup is not None and oom_kills > 0:
+        seen = f"{outcome.kind}: {outcome.reason}" if outcome.kind else "no failure in the log"
+        outcome = replace(
+            outcome,
+            status="failed",
+            kind="oom",
+            reason=_one_line(
+                f"{oom_kills} process(es) killed by the kernel OOM killer at the memory limit "
+                f"{format_size(cgroup.limit_bytes)} (cgroup {cgroup.path.name} oom_kill "
+                f"counter); the log says: {seen}"
+            ),
+        )
     outcome.exit_codes = exit_codes
     outcome.start = start_iso
     outcome.end = utc_now()
     outcome.wall_s = round(time.monotonic() - t0, 3)
-    fields: dict[str, Any] = {"outcome": asdict(outcome)}
+    if outcome.status != "completed":
+        marker = (
+            f"# run outcome: {outcome.status} kind={outcome.kind} "
+            f"reason={_one_line(outcome.reason or '')}\n"
+        )
+        for log in logs:
+            with contextlib.suppress(OSError), log.open("a", encoding="utf-8") as f:
+                f.write(marker)
+    fields = {"outcome": asdict(outcome)}
     if network is not None:
         fields["network"] = network
+    if leftovers:
+        fields["stopped_leftovers"] = leftovers
     update_run_json(run_dir, **fields)
+    if error is not None:
+        raise error
     if interrupted:
         # Re-deliver the interruption to the caller (a matrix stops; Ctrl-C reaches the shell).
         raise KeyboardInterrupt

@@ -21,8 +21,11 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -91,6 +94,29 @@ def completed_twin(spec: RunSpec, logs: Path) -> Path | None:
 
 
 # --- the emulated cluster -------------------------------------------------------------------
+
+
+def namespace_pids(namespace: str) -> list[int]:
+    """Processes inside a network namespace (``ip netns pids``)."""
+    out = subprocess.run(
+        ["ip", "netns", "pids", namespace], capture_output=True, text=True, check=False
+    ).stdout
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:300]
+    return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def lab_available(ssh: bool = True) -> tuple[bool, str]:
@@ -174,7 +200,11 @@ class LabSession:
                 self.samples.append((k, self.lab.counters()))
 
         def on_end() -> dict[str, Any]:
-            return self.ground_truth(self.lab.counters())
+            leftovers = self.sweep()
+            doc = self.ground_truth(self.lab.counters())
+            if leftovers:
+                doc["stopped_leftovers"] = leftovers
+            return doc
 
         hooks: dict[str, Any] = {"on_start": on_start, "on_iteration": on_iteration,
                                  "on_end": on_end}  # fmt: skip
@@ -183,6 +213,33 @@ class LabSession:
         else:
             hooks["wrap"] = lambda i, argv: self.lab.wrap(i, argv, remote_environment(spec))
         return hooks
+
+    def sweep(self, grace_s: float = 5.0) -> list[dict[str, Any]]:
+        """Stop every process a run left inside the nodes (all but the lab's own sshd).
+
+        The executor stops the launcher's process group, and DeepSpeed's pdsh runner forwards
+        the stop to the nodes over ssh; a node whose link is down never gets it, so its ranks
+        would outlive the run. Returns what had to be stopped (node, pid, command).
+        """
+        keep = {p.pid for p in getattr(self.lab, "_sshd", [])}
+        found: list[dict[str, Any]] = []
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            alive = []
+            for node in self.lab.nodes:
+                for pid in namespace_pids(node.namespace):
+                    if pid in keep:
+                        continue
+                    alive.append(pid)
+                    if sig == signal.SIGTERM:
+                        found.append({"node": node.name, "pid": pid, "command": _cmdline(pid)})
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
+            if not alive:
+                break
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and any(_alive(pid) for pid in alive):
+                time.sleep(0.1)
+        return found
 
     def ground_truth(self, end: dict[str, dict[str, int]]) -> dict[str, Any]:
         """run.json's ``"network"``: the lab, bytes per node during the run and per iteration.
@@ -251,8 +308,12 @@ def run_specs(
     timeout_s: float | None = None,
     session: LabSession | None = None,
     render: Callable[[RunSpec, Path], Path] | None = None,
+    mem_limit_bytes: int | None = None,
 ) -> list[MatrixRow]:
-    """Run every spec in turn; never stop at a failed run; stop at Ctrl-C/SIGTERM."""
+    """Run every spec in turn; never stop at a failed run; stop at Ctrl-C/SIGTERM.
+
+    ``mem_limit_bytes`` runs each run's local processes in a memory cgroup of that size.
+    """
     from launchers.execute import DEFAULT_STALL_S, run
     from launchers.render import render_run_dir
 
@@ -278,12 +339,18 @@ def run_specs(
                     run_dir,
                     stall_s=stall_s if stall_s is not None else DEFAULT_STALL_S,
                     timeout_s=timeout_s,
+                    mem_limit_bytes=mem_limit_bytes,
                     **hooks,
                 )
             except KeyboardInterrupt:
                 rows.append(MatrixRow(spec.name, "interrupted", "stopped by the user",
                                       steady_iter_ms(run_dir), run_dir))  # fmt: skip
                 raise
+            except Exception as exc:  # recorded in run.json by the executor; the matrix goes on
+                reason = f"other: the executor could not run it: {type(exc).__name__}: {exc}"
+                print(f"{run_dir}: failed ({reason})", file=sys.stderr, flush=True)
+                rows.append(MatrixRow(spec.name, "failed", reason, None, run_dir))
+                continue
             reason = "" if outcome.status == "completed" else f"{outcome.kind}: {outcome.reason}"
             print(f"{run_dir}: {outcome.status}" + (f" ({reason})" if reason else ""), flush=True)
             rows.append(MatrixRow(spec.name, outcome.status, reason,
