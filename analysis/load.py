@@ -179,11 +179,14 @@ class LoadedRun:
 
 def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
-        problems.append(f"{path.name}: unreadable JSON ({exc.__class__.__name__})")
+        problems.append(f"{path.name}: unreadable JSON ({exc.__class__.__name__}: {exc})")
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        problems.append(f"{path.name}: not a JSON object (top level is {type(data).__name__})")
+        return None
+    return data
 
 
 def _cmd_flags(cmd: str) -> dict[str, str | bool]:

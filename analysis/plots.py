@@ -25,11 +25,18 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text).strip("-").lower()
 
 
+def _shown(value: object) -> object:
+    """A cell for a title: ``?`` for a missing value (None, NaN or ``pd.NA``, whose truth
+    value raises)."""
+    return "?" if value is None or pd.isna(value) else value  # type: ignore[arg-type]
+
+
 def _title(group: str, frame: pd.DataFrame) -> str:
     first = frame.iloc[0]
     return (
-        f"{group}\nGBS {first['global_batch_size']}, micro {first['micro_batch_size']}, "
-        f"seq {first['seq_length']}, {first['precision'] or '?'}, {first['device'] or '?'}"
+        f"{group}\nGBS {_shown(first['global_batch_size'])}, "
+        f"micro {_shown(first['micro_batch_size'])}, seq {_shown(first['seq_length'])}, "
+        f"{_shown(first['precision'])}, {_shown(first['device'])}"
     )
 
 

@@ -173,6 +173,18 @@ def findings(group: list[RunMetrics]) -> list[str]:
     return out
 
 
+READ_PROBLEMS = (
+    "unreadable JSON",  # analysis.load: run.json / ds_config.json / netbench.json
+    "not a JSON object",  # analysis.load: a record whose top level is not an object
+    "no *.log file",  # analysis.load: a run directory without logs
+    "no training output recognised",  # analysis.parse: empty, binary or foreign log
+    "were truncated",  # analysis.parse: lines over its length limit
+    "cut short",  # analysis.parse: a log that ends inside a block
+)
+"""Problems that mean a run's files could not be read as written; such runs get their own list
+in the report, so a figure that is missing because a file was unreadable is never silent."""
+
+
 def render(
     rows: list[RunMetrics],
     logdir_label: str,
@@ -202,6 +214,13 @@ def render(
         else:
             md.append(f"- **{key}**: no timed run; {len(failed)} not completed.")
     md.append("")
+
+    unread = [(r, [p for p in r.problems if any(m in p for m in READ_PROBLEMS)]) for r in rows]
+    unread = [(r, found) for r, found in unread if found]
+    if unread:
+        md += ["## Runs that could not be read fully", ""]
+        md += [f"- {r.name} (`{r.path}`, {r.status}): {'; '.join(found)}." for r, found in unread]
+        md.append("")
 
     md += ["## Results per model and setup", ""]
     for key, group in groups.items():
