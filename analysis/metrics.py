@@ -838,7 +838,7 @@ def inferred_bandwidth(row: RunMetrics, group: list[RunMetrics]) -> tuple[float 
         and r.comm_bytes_per_iter < row.comm_bytes_per_iter
     ]
     if not peers:
-        return None, ("no compute-identical reference (same tp/pp/dp, fewer bytes) in this group")
+        return _intercept_bandwidth(row, group)
     ref = min(peers, key=lambda r: r.comm_bytes_per_iter or 0.0)
     assert ref.comm_bytes_per_iter is not None
     extra_bytes = row.comm_bytes_per_iter - ref.comm_bytes_per_iter
@@ -854,6 +854,42 @@ def inferred_bandwidth(row: RunMetrics, group: list[RunMetrics]) -> tuple[float 
     if lo <= 0:
         return None, text + ": the interval includes 0, communication time is within the noise"
     return comm.gbps(extra_bytes, diff), text
+
+
+def _intercept_bandwidth(row: RunMetrics, group: list[RunMetrics]) -> tuple[float | None, str]:
+    """For the compute family's run with the fewest bytes (e.g. DP beside ZeRO-1/2): the
+    compute-only reference is the zero-byte intercept C of T = C + B / busbw drawn through this
+    run and the family's run with the most bytes; busbw = B / (T - C). With two runs this is the
+    same bandwidth as the pair's, which is all that two timings can tell."""
+    assert row.iter_ms_mean is not None and row.comm_bytes_per_iter is not None
+    others = [
+        r
+        for r in group
+        if r.name != row.name
+        and (r.tp, r.pp, r.dp) == (row.tp, row.pp, row.dp)
+        and r.zero_stage != 3
+        and r.comm_bytes_per_iter is not None
+        and r.comm_bytes_per_iter > row.comm_bytes_per_iter
+    ]
+    if not others:
+        return None, "no compute-identical run (same tp/pp/dp) with other bytes in this group"
+    hi = max(others, key=lambda r: r.comm_bytes_per_iter or 0.0)
+    assert hi.comm_bytes_per_iter is not None and hi.iter_ms_mean is not None
+    welch = _welch(row, hi)
+    if welch is None:
+        return None, f"reference {hi.name}: not enough windows for an interval"
+    diff, se, df = welch
+    lo = diff - t95(max(1.0, df)) * se
+    extra = hi.comm_bytes_per_iter - row.comm_bytes_per_iter
+    ms_per_byte = diff / extra
+    intercept = row.iter_ms_mean - row.comm_bytes_per_iter * ms_per_byte
+    text = (
+        f"compute-only reference: zero-byte intercept {intercept:.1f} ms of T = C + B/busbw "
+        f"through {row.name} and {hi.name} (+{extra / 1e6:.2f} MB in {diff:+.1f} ms)"
+    )
+    if lo <= 0 or intercept <= 0:
+        return None, text + ": not separable from the noise"
+    return comm.gbps(row.comm_bytes_per_iter, row.iter_ms_mean - intercept), text
 
 
 def to_frame(rows: list[RunMetrics]) -> pd.DataFrame:
