@@ -366,6 +366,7 @@ def run_specs(
 def print_summary(rows: Sequence[MatrixRow]) -> None:
     """The end-of-matrix table."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="matrix summary")
@@ -373,12 +374,12 @@ def print_summary(rows: Sequence[MatrixRow]) -> None:
         table.add_column(col, overflow="fold")
     for r in rows:
         style = {"completed": "green", "skipped": "cyan"}.get(r.status, "red")
-        table.add_row(
-            r.name,
-            f"[{style}]{r.status}[/]",
+        table.add_row(  # reasons quote logs: '[...]' there is text, not rich markup
+            escape(r.name),
+            f"[{style}]{escape(r.status)}[/]",
             f"{r.iter_ms:.1f}" if r.iter_ms is not None else "n/a",
-            r.reason,
-            str(r.run_dir or ""),
+            escape(r.reason),
+            escape(str(r.run_dir or "")),
         )
     Console(width=160).print(table)
 
