@@ -384,7 +384,8 @@ def render(
                 f"{r.link_mbit / 1000:g}" if r.link_mbit else "n/a",
                 cell(r, "busbw_gbps_timers", notes, 3),
                 _num(r.busbw_gbps_timers_allgather, 3) or "n/a",
-                cell(r, "busbw_gbps_inferred", notes, 3),
+                cell(r, "busbw_gbps_inferred", notes, 3)
+                + (" (!)" if r.busbw_inferred_warning else ""),
                 cell(r, "busbw_gbps_measured", notes, 3),
             ]
         )
@@ -404,7 +405,8 @@ def render(
         "Gbit/s, nccl-tests bus-bandwidth convention (busbw = algbw x 2(n-1)/n for all-reduce). "
         "Timers: gradient bytes / DeepSpeed bwd_allreduce; inferred: extra bytes / extra "
         "iteration time over the compute-identical run of the group that sends the fewest bytes "
-        "(null when the time difference is within its 95% interval of 0); measured: "
+        "(null when the time difference is within its 95% interval of 0; (!) when it is more "
+        "than 25% off the measured or link bandwidth, i.e. not bandwidth-bound); measured: "
         "netbench.json at the nearest message size.",
         "",
     ]
@@ -412,6 +414,10 @@ def render(
         for col in ("busbw_gbps_timers", "busbw_gbps_inferred"):
             if getattr(r, col) is not None and col in r.na_reasons:
                 md.append(f"- {r.name} {col}: {r.na_reasons[col]}")
+    for r in rows:
+        if r.busbw_inferred_warning:
+            md.append(f"- **{r.name}: inferred figure is not the link's bandwidth**: "
+                      f"{r.busbw_inferred_warning}")  # fmt: skip
     md.append("")
 
     md += ["## Scaling predictions", ""]

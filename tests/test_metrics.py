@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -186,3 +187,16 @@ def test_frame_schema_has_units_and_design_keys():
     assert str(frame["iter_ms_n"].dtype) == "Int64"
     for key in ("predicted_iter_ms", "prediction_error"):
         assert frame[key].isna().all()
+
+
+def test_inferred_figure_far_from_the_link_is_flagged():
+    # 2 nodes at 1 Gbit/s (emulated): DP 313.8 ms and ZeRO-2 623.1 ms per iteration gave
+    # 12.25 MB in 309 ms = 0.317 Gbit/s, a third of what the link carries: the extra time is
+    # host-side cost, and the report must say so rather than present it as the bandwidth.
+    row = replace(metrics.compute(loaded()), link_mbit=1000.0, busbw_gbps_measured=None)
+    warning = metrics.inferred_warning(row, 0.317)
+    assert warning is not None and "-66% off the link rate x 0.94 (0.940)" in warning
+    assert metrics.inferred_warning(row, 0.90) is None  # within 25% of 0.94
+    measured = replace(row, busbw_gbps_measured=0.094)
+    assert metrics.inferred_warning(measured, 0.086) is None  # 100 Mbit/s: -8.5%
+    assert metrics.inferred_warning(replace(row, link_mbit=None), 0.317) is None  # no reference
