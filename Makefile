@@ -26,6 +26,9 @@ FORCE       ?=
 STALL       ?=
 # Seconds: hard limit on a whole run.
 TIMEOUT     ?=
+# Memory cgroup for each run's local processes (local and no_ssh launchers), e.g. 8G: a kernel
+# OOM kill inside it is recorded as kind oom.
+MEM_LIMIT   ?=
 # Tests: extra pytest arguments (e.g. PYTEST_ARGS="-m 'not slow'").
 PYTEST_ARGS ?=
 
@@ -39,7 +42,8 @@ RUN_FLAGS = --hosts $(HOSTS) --logs $(LOGS) \
 	$(if $(NET),--net $(NET) --lab-nodes $(LAB_NODES)) \
 	$(if $(DELAY_MS),--delay-ms $(DELAY_MS)) $(if $(LOSS_PCT),--loss-pct $(LOSS_PCT)) \
 	$(foreach kv,$(SET),--set $(kv)) $(if $(FORCE),--force) \
-	$(if $(STALL),--stall $(STALL)) $(if $(TIMEOUT),--timeout $(TIMEOUT))
+	$(if $(STALL),--stall $(STALL)) $(if $(TIMEOUT),--timeout $(TIMEOUT)) \
+	$(if $(MEM_LIMIT),--mem-limit $(MEM_LIMIT))
 
 RUN_TARGETS := $(foreach m,$(MODELS),$(foreach s,$(STRATEGIES),$(m)-$(s)))
 ALL_TARGETS := $(foreach m,$(MODELS),all-$(m))
