@@ -71,6 +71,7 @@ _KEYWORDS: tuple[str, ...] = (
     "Kill",  # `Killed`
     "KILL",  # SIGKILL
     "exits",  # deepspeed launcher: `exits successfully` / `exits with return code = N`
+    "ssh exited",  # pdsh: `pdsh@h: node1: ssh exited with exit code 255` (node lost)
     "# run outcome",
     "MemAlloc",  # DeepSpeed ThroughputTimer memory
     "Max_MA",  # DeepSpeed see_memory_usage
@@ -84,6 +85,7 @@ _ANCHORS: tuple[tuple[bytes, tuple[tuple[bytes, int], ...]], ...] = (
     ),
     (b"iteration", ()),
     (b"exits", ()),
+    (b"ssh exited", ()),
 )
 
 _CHUNK_BYTES = 1 << 20
@@ -120,6 +122,7 @@ _GIT_RE = re.compile(r"git_hash=(\S+)(?: git_branch=(\S+))?")
 _EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Z]\w*)(?::(?:\s.*)?)?$")
 _EXC_NAME_SUFFIX = ("Error", "Exception", "Interrupt", "Exit", "Failure", "Timeout")
 _RC_RE = re.compile(r"exits with return code = (-?\d+)")
+_SSH_RC_RE = re.compile(r"([\w.\-]+): ssh exited with exit code (\d+)")
 _OUTCOME_RE = re.compile(
     r"# run outcome:\s*(completed|failed|incomplete|interrupted)(?:\s+kind=(\w+))?"
     r"(?:\s+reason=(.*))?$"
@@ -394,6 +397,9 @@ class _Core:
             return
         if "exits" in text:
             self._launcher_exit(text, lineno)
+            return
+        if "ssh exited" in text:
+            self._ssh_exit(text, lineno)
             return
         if run.training and not run.ended:
             return  # training phase: nothing else can matter (keeps fast and slow paths equal)
@@ -756,6 +762,21 @@ class _Core:
             kind: FailureKind = "killed" if code in (-9, 137) else "other"
             self._fail(kind, f"exits with return code = {code}", lineno, None)
         run.ended = True
+
+    def _ssh_exit(self, text: str, lineno: int) -> None:
+        """pdsh's word on a remote node: 255 is ssh's own failure (the node or its connection
+        was lost, e.g. the node's launcher was killed); 137 a remote SIGKILL."""
+        m = _SSH_RC_RE.search(text)
+        if m is None:
+            return
+        code = int(m.group(2))
+        self.run.exit_codes.append(code)
+        if code != 0:
+            kind: FailureKind = "killed" if code in (255, 137) else "other"
+            what = "connection to the node lost" if code == 255 else "remote command failed"
+            self._fail(kind, f"{m.group(1)}: ssh exited with exit code {code} ({what})",
+                       lineno, None)  # fmt: skip
+        self.run.ended = True
 
     # -- configuration ----------------------------------------------------------------------
 

@@ -742,3 +742,25 @@ def test_cli_json_contract(tmp_path):
         check=True,
     )
     assert "failed" in human.stdout and "exception at line 475" in human.stdout
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [(255, "killed"), (137, "killed"), (2, "other")],
+    ids=["lost", "sigkill", "rc2"],
+)
+def test_pdsh_ssh_exit_names_the_lost_node(tmp_path, code, kind):
+    # pdsh's own line when a node's launcher dies (seen in lab runs with a killed node).
+    text = (
+        " iteration        2/      10 | consumed samples:           16 | elapsed time per "
+        "iteration (ms): 201.6 | lm loss: 5.866232E+00 |\n"
+        + "training noise line\n" * 50
+        + f"pdsh@vm: 10.200.49.2: ssh exited with exit code {code}\n"
+    )
+    path = tmp_path / "launcher.log"
+    path.write_text(text)
+    for run in (parse_text(text)[0], parse_file(path)[0]):
+        assert run.status == "failed"
+        assert run.failure is not None and run.failure.kind == kind
+        assert run.failure.message.startswith(f"10.200.49.2: ssh exited with exit code {code}")
+        assert run.failure.line == 52
