@@ -52,7 +52,7 @@ def check_completed_run(run_dir: Path, *, logs: tuple[str, ...]) -> dict:
     outcome = doc["outcome"]
     assert outcome["status"] == "completed", outcome
     assert outcome["last_iteration"] == outcome["train_iters"] == 8
-    assert doc["provenance"]["upstream_commit"] == UPSTREAM.commit
+    assert doc["provenance"]["upstream"] == {"commit": UPSTREAM.commit, "patch": None}
     from analysis.parse import merge_runs, parse_file
 
     parsed = merge_runs([parse_file(run_dir / name)[-1] for name in logs])
