@@ -12,6 +12,9 @@ How a file is read
   file reader looks for those with ``bytes.find`` over whole chunks: that is what makes a
   1 GB log of NCCL chatter cheap.  A new run that starts in the middle of training output
   without any of those lines is still split off when the iteration counter goes back.
+  ``iteration`` is a keyword of its own (``iteration=N`` lines have no ``|``) only until the
+  run's first iteration line: once that line holds ``|``, the run's iteration lines are found
+  by ``|`` and the costly multi-byte search for ``iteration`` stops.
 
 Attribution of DeepSpeed ``wall_clock_breakdown`` lines to iterations
   The plain engine prints one line per optimizer step and per timer group, before Megatron's
@@ -61,8 +64,8 @@ __all__ = ["merge_runs", "parse_file", "parse_lines", "parse_text", "strip_prefi
 # doc).  Lines of the start-up phase need none of them: they are all parsed.
 _KEYWORDS: tuple[str, ...] = (
     "|",  # iteration lines of every era, `time (ms) |` lines, `memory (MB) |`
-    "s)",  # `time across ranks (ms):` headers, PipelineEngine `iter time (s)`, NCCL watchdog
-    # `Timeout(ms)=`
+    "(ms)",  # `time across ranks (ms):` headers, NCCL watchdog `Timeout(ms)=`
+    "(s)",  # PipelineEngine `iter time (s)` (not a bare "s)": `**kwargs)` is everywhere)
     "iteration",  # key=value iteration lines
     "Error",  # XxxError lines: exceptions, OOM, NCCL and gloo errors
     "*** JOB",  # slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT ... [DUE TO TIME LIMIT]
@@ -84,10 +87,11 @@ _ANCHORS: tuple[tuple[bytes, tuple[tuple[bytes, int], ...]], ...] = (
         for a in ("|", ")", "E", "*", "T", "K", "#", "M")
     ),
     (b"iteration", ()),
-    (b"exits", ()),
-    (b"ssh exited", ()),
+    # One multi-byte search for both launcher exit keywords (each such pass costs ~1 ms/MB).
+    (b"xit", tuple((k.encode(), k.index("xit")) for k in ("exits", "ssh exited"))),
 )
 
+_ITERATION_ANCHOR = next(i for i, (a, _) in enumerate(_ANCHORS) if a == b"iteration")
 _CHUNK_BYTES = 1 << 20
 _TRACEBACK_MAX_LINES = 2000
 _JSON_MAX_LINES = 5000
@@ -253,6 +257,7 @@ class _Run:
     max_iter: int = -1
     train_iters: int | None = None
     reached_final: bool = False
+    pipe_iterations: bool = False
     training: bool = False
     ended: bool = False
     spawned: int = 0
@@ -345,6 +350,8 @@ class _Core:
             self._outcome(text, lineno)
             return
         if "iteration" in text and self._iteration_line(key, text, lineno):
+            if "|" in text:
+                run.pipe_iterations = True
             return
         if "steps:" in text and "iter time" in text:
             self._steps(text, lineno)
@@ -1112,7 +1119,9 @@ def _finish(run: _Run) -> ParsedRun:
 # -- entry points -----------------------------------------------------------------------------
 
 
-def _has_keyword(line: str) -> bool:
+def _has_keyword(line: str, pipe_iterations: bool) -> bool:
+    if pipe_iterations:  # the same keywords as the file reader's anchors (module doc)
+        return any(k in line for k in _KEYWORDS if k != "iteration")
     return any(k in line for k in _KEYWORDS)
 
 
@@ -1124,7 +1133,7 @@ def parse_lines(lines: Iterable[str], source: str) -> list[ParsedRun]:
     core = _Core(source)
     try:
         for lineno, line in enumerate(lines, start=1):
-            if core.active or _has_keyword(line):
+            if core.active or _has_keyword(line, core.run.pipe_iterations):
                 core.feed(lineno, line)
     except (OSError, UnicodeError) as exc:
         core.run.problems.append(f"reading stopped: {exc}")
@@ -1168,7 +1177,10 @@ def _drive_block(core: _Core, block: bytes, lineno: int) -> int:
             pos = e + 1
             continue
         best = -1
+        run = core.run
         for i, (anchor, checks) in enumerate(_ANCHORS):
+            if i == _ITERATION_ANCHOR and run.pipe_iterations:
+                continue
             p = nxt[i]
             if p < pos and p != -1:
                 p = nxt[i] = _next_hit(block, anchor, checks, pos)

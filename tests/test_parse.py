@@ -687,6 +687,28 @@ def test_parse_file_equals_parse_text(tmp_path):
     assert parse_file(p)[0].failure.line == 102
 
 
+def test_key_value_iteration_lines_in_both_readers(tmp_path):
+    """``iteration=N`` lines (no ``|``) are read by the file reader's fast path too; once a
+    run's iteration lines carry ``|``, a stray ``iteration`` word is not a record (module doc),
+    in the file reader and in parse_text alike; ``**kwargs)`` noise is not a keyword."""
+    noise = "node0:   return func(*args, **kwargs)"
+    kv = [f"iteration={i} loss=2.5 elapsed_ms={100 + i}.0" for i in range(1, 6)]
+    pipe = [f" iteration {i:4d}/  10 | elapsed time per iteration (ms): 200.0 |" for i in (1, 2)]
+    cases = {
+        "kv.log": ["training ...", *[x for line in kv for x in (noise, line)]],
+        "pipe.log": ["training ...", pipe[0], "iteration=7 loss=1.0 elapsed_ms=9.0", pipe[1]],
+    }
+    for name, lines in cases.items():
+        path = tmp_path / name
+        path.write_text("\n".join(lines) + "\n")
+        from_file, from_text = parse_file(path)[0], parse_text(path.read_text(), str(path))[0]
+        assert from_file.to_dict() == from_text.to_dict(), name
+    kv_run = parse_file(tmp_path / "kv.log")[0]
+    got = [(i.iteration, i.elapsed_ms) for i in kv_run.iterations]
+    assert got == [(i, 100.0 + i) for i in range(1, 6)]
+    assert [i.iteration for i in parse_file(tmp_path / "pipe.log")[0].iterations] == [1, 2]
+
+
 def test_missing_file_is_a_problem_not_an_exception(tmp_path):
     runs = parse_file(tmp_path / "nope.log")
     assert runs[0].status == "incomplete" and "cannot read" in runs[0].problems[0]
