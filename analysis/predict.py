@@ -23,7 +23,8 @@ compute (gloo on CPU blocks; the timers show the all-reduce after backward, not 
   are full duplex) costs ``count x (alpha + wire MB x (host + 8000 / (e x R)))`` ms, ``R`` the
   link in Mbit/s (8000 / R = ms per MB at line rate), ``e`` the wire efficiency, ``host`` the
   per-MB cost that does not depend on the link (copies and reductions in gloo/DeepSpeed). Sources,
-  in order: netbench.json (busbw by op, interpolated in log size; e = best busbw / link), the
+  in order: netbench.json (busbw by op, interpolated in log size; e of each op = its busbw at
+  the largest message / link rate), the
   runs' ``bwd_allreduce + optimizer_allgather`` timers against the plan's bytes (pooled ms / MB;
   with runs at two or more rates, host and e from a line in 1/R), else the link rate with the
   assumed efficiency ``ASSUMED_WIRE_EFFICIENCY``.
@@ -320,6 +321,8 @@ class LinkFit:
     """Where the figures come from, with the numbers."""
     netbench: tuple[tuple[str, int, float], ...] = ()
     """(op, bytes, busbw Gbit/s) measured at ``rate_mbit``, when netbench.json exists."""
+    op_efficiency: tuple[tuple[str, float], ...] = ()
+    """(netbench op, e) from its large-message busbw (netbench only; see ``_op_efficiency``)."""
 
     def ms_per_mb(self, rate_mbit: float | None) -> float:
         """host + 8000 / (e x R) ms per wire MB (host only on one machine)."""
@@ -327,16 +330,27 @@ class LinkFit:
             return self.host_ms_per_mb
         return self.host_ms_per_mb + MS_PER_MB_AT_1MBIT / (self.efficiency * rate_mbit)
 
+    def efficiency_of(self, op: str) -> float | None:
+        """Wire efficiency of one collective (its own large-message figure, else the link's)."""
+        name = _NETBENCH_OPS.get(op, op)
+        return dict(self.op_efficiency).get(name, self.efficiency)
+
     def time_ms(self, c: comm.Collective, rate_mbit: float | None) -> float:
         """ms per iteration of a collective at ``rate_mbit`` (count x per-call time)."""
         per_call_mb = c.wire_bytes_per_rank / max(c.count_per_iter, 1) / 1e6
         busbw = _netbench_busbw(self.netbench, c.op, c.size_bytes)
         if busbw is not None:
-            # busbw = wire bytes / t (nccl-tests): t at the measured rate, then its wire part
-            # (line rate x e) re-evaluated at the target rate.
-            t1 = per_call_mb * 8 / busbw
-            if self.link == "inter-node" and rate_mbit and self.rate_mbit and self.efficiency:
-                wire1 = per_call_mb * MS_PER_MB_AT_1MBIT / (self.efficiency * self.rate_mbit)
+            # busbw = wire bytes / t (nccl-tests): t at the measured rate splits into the wire
+            # part (line rate x e of this collective) and the rest (per-call latency, host
+            # copies: >= 0); the wire part is re-evaluated at the target rate, the rest kept.
+            # Bytes in netbench's own convention (nccl-tests ring factor of the op as named),
+            # which is how its busbw was computed; gloo's heavier reduce-scatter shows in its
+            # lower busbw there, so the wire bytes of the plan are not used here.
+            bus_mb = comm.ring_factor(c.op, c.group_size) * c.size_bytes / 1e6
+            t1 = bus_mb * 8 / busbw
+            eff = self.efficiency_of(c.op)
+            if self.link == "inter-node" and rate_mbit and self.rate_mbit and eff:
+                wire1 = min(t1, bus_mb * MS_PER_MB_AT_1MBIT / (eff * self.rate_mbit))
                 t1 = t1 - wire1 + wire1 * self.rate_mbit / rate_mbit
             return c.count_per_iter * t1
         return c.count_per_iter * (self.alpha_ms + per_call_mb * self.ms_per_mb(rate_mbit))
@@ -396,6 +410,30 @@ def _dp_timer_points(obs: Sequence[Observation]) -> list[tuple[Observation, floa
     return out
 
 
+LARGE_MESSAGE_BYTES = 1 << 20
+"""Messages from this size on measure the wire efficiency of a collective (``_op_efficiency``)."""
+
+
+def _op_efficiency(
+    table: tuple[tuple[str, int, float], ...], rate_mbit: float
+) -> tuple[tuple[str, float], ...]:
+    """Per collective, e = busbw / link rate at its largest measured message (>= 1 MiB).
+
+    Large messages, not the best of all sizes: below a token-bucket shaper's burst a small
+    message leaves at the host's speed and its busbw can exceed the link rate, which says
+    nothing of the rate a transfer sustains. Each collective keeps its own figure: gloo's
+    all-gather sustains less of the link than its all-reduce at every rate (the training
+    timers agree), and that shortfall scales with 1/R, so it belongs to the wire part.
+    """
+    out = []
+    for op in sorted({o for o, _, _ in table}):
+        points = sorted((b, bw) for o, b, bw in table if o == op and bw > 0)
+        large = [bw for b, bw in points if b >= LARGE_MESSAGE_BYTES]
+        if large:
+            out.append((op, min(1.0, large[-1] * 1000 / rate_mbit)))
+    return tuple(out)
+
+
 def _netbench_table(nb: dict[str, Any]) -> tuple[tuple[str, int, float], ...]:
     rows = []
     for r in nb.get("results") or []:
@@ -440,17 +478,19 @@ def fit_links(obs: Sequence[Observation]) -> tuple[LinkFit | None, LinkFit | Non
         rate = o.setup.link_mbit
         table = _netbench_table(o.netbench) if o.netbench else ()
         if table and (o.setup.nodes or 1) > 1 and rate:
-            best = max(bw for _, _, bw in table)
-            eff = min(1.0, best * 1000 / rate)
+            op_eff = _op_efficiency(table, rate)
+            eff = dict(op_eff).get("all_reduce") or statistics.fmean(e for _, e in op_eff)
+            per_op = ", ".join(f"{op} {e:.2f}" for op, e in op_eff)
             inter = LinkFit(
                 "inter-node",
                 rate,
                 0.0,
                 0.0,
                 eff,
-                f"netbench.json of {o.name} at {rate:g} Mbit/s: best busbw "
-                f"{best:.3f} Gbit/s, e = {eff:.2f}",
+                f"netbench.json of {o.name} at {rate:g} Mbit/s: e = large-message busbw / link "
+                f"rate: {per_op}",
                 table,
+                op_eff,
             )
             break
     inter_pts = [(o, mb) for o, mb, _, link in points if link == "inter-node" and o.setup.link_mbit]
