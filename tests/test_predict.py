@@ -122,6 +122,48 @@ def test_netbench_busbw_interpolated_in_log_size() -> None:
     assert fit.time_ms(c, 100.0) == pytest.approx(16.0)
 
 
+def test_op_efficiency_from_the_largest_message_not_the_best() -> None:
+    # A shaper's burst lets a 16 KB all-gather leave faster than the link (0.128 at 100
+    # Mbit/s): the efficiency is the largest message's busbw / rate, per collective.
+    table = (
+        ("all_gather", 16_384, 0.128),
+        ("all_gather", 4_194_304, 0.0654),
+        ("all_gather", 16_777_216, 0.0611),
+        ("all_reduce", 65_536, 0.0994),
+        ("all_reduce", 16_777_216, 0.0911),
+        ("sendrecv", 1_024, 0.0025),  # no message >= 1 MiB: no figure of its own
+    )
+    eff = dict(predict._op_efficiency(table, 100.0))
+    assert eff == pytest.approx({"all_gather": 0.611, "all_reduce": 0.911})
+    assert dict(predict._op_efficiency((("all_reduce", 1 << 24, 1.2),), 1000.0)) == {
+        "all_reduce": 1.0
+    }
+    fit = predict.LinkFit("inter-node", 100.0, 0.0, 0.0, 0.911, "nb", table, tuple(eff.items()))
+    assert fit.efficiency_of("all_gather") == pytest.approx(0.611)
+    assert fit.efficiency_of("send_recv") == pytest.approx(0.911)  # the link's figure
+    # 4 MiB all-gather over 2 ranks: 2 MiB in netbench's convention at 0.0654 Gbit/s is
+    # 256.5 ms at 100 Mbit/s; all of it is wire time at e = 0.611 (the rest clamps at 0),
+    # so at 1000 Mbit/s it is a tenth.
+    c = comm.Collective("all_gather", "parameters", 4_194_304, 1, "dp", 2, "inter-node", "t")
+    assert fit.time_ms(c, 100.0) == pytest.approx(2.097152 * 8 / 0.0654)
+    assert fit.time_ms(c, 1000.0) == pytest.approx(2.097152 * 8 / 0.0654 / 10)
+
+
+def test_gloo_reduce_scatter_time_uses_netbench_convention() -> None:
+    # gloo's reduce-scatter moves all-reduce volume (the plan's wire bytes), but netbench's
+    # busbw counts (n-1)/n S like nccl-tests: the time at the measured rate is that
+    # convention's bytes / busbw, exactly what netbench timed.
+    table = (("reduce_scatter", 16_777_216, 0.046),)
+    fit = predict.LinkFit(
+        "inter-node", 100.0, 0.0, 0.0, 0.9, "nb", table, predict._op_efficiency(table, 100.0)
+    )
+    c = comm.Collective(
+        "reduce_scatter", "gradients", 3_501_056, 4, "dp", 2, "inter-node", "t", backend="gloo"
+    )
+    assert c.wire_bytes_per_rank == pytest.approx(4 * 3_501_056)
+    assert fit.time_ms(c, 100.0) == pytest.approx(4 * 1.750528 * 8 / 0.046)
+
+
 @pytest.fixture(scope="module")
 def lab():
     pytest.importorskip("analysis.parse")
