@@ -1550,8 +1550,10 @@ def report_sections(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics]) -> Re
         "per compute kind from DeepSpeed's fwd/bwd_inner timers) + pipeline bubble (p-1)/(m+p-1) "
         "+ optimizer (ms per million parameters updated) + untimed constant + exposed "
         "communication (every collective of the communication plan: wire MB x (host + 8000 / "
-        "(e x R)) ms, R in Mbit/s). A run of the same layout measured elsewhere anchors the "
-        "prediction (its time minus its modelled communication plus the target's).",
+        "(e x R)) ms, R in Mbit/s; with a collective benchmark, each call's measured time at "
+        "its size, whose wire part (e of that collective from its largest messages) scales "
+        "with 1/R and whose rest is kept). A run of the same layout measured elsewhere anchors "
+        "the prediction (its time minus its modelled communication plus the target's).",
         "",
         *_calibration_lines(cal),
         "Leave-one-out: each run predicted from the other runs of the same model and batch.",
@@ -1680,10 +1682,26 @@ def _recommendations(
                 "only for memory."
             )
         elif c.verdict == "unknown":
-            out.append(
-                f"- {c.strategy} vs the baseline: not decidable from these runs (within "
-                "the measurement noise); longer runs of both would decide."
-            )
+            if c.per_rate_diff is not None and c.fixed_ms_diff is not None and c.extra_mb:
+                trend = "gains" if c.per_rate_diff < 0 else "loses"
+                question = (
+                    "whether it stays faster on a fast link"
+                    if c.per_rate_diff < 0
+                    else "whether it is ever faster"
+                )
+                out.append(
+                    f"- {c.strategy} vs the baseline across link rates: it moves "
+                    f"{c.extra_mb:+.2f} MB/iteration, so it {trend} ground as the link slows; "
+                    f"at infinite bandwidth the model puts it at {c.fixed_ms_diff:+.0f} ms, "
+                    f"within the measurement noise, so {question} is not decidable from these "
+                    "runs; longer runs of both would decide."
+                )
+            else:
+                out.append(
+                    f"- {c.strategy} vs the baseline across link rates: not decidable from "
+                    "these runs (within the measurement noise); longer runs of both would "
+                    "decide."
+                )
     for m in mems:
         if m.dp_first_misfit is not None:
             out.append(
