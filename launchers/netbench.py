@@ -374,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     what.add_argument("--max-bytes", default="64M", type=parse_size, help="largest size (64M)")
     what.add_argument("--factor", type=int, default=4, help="size step (4)")
     what.add_argument("--budget-s", type=float, default=1.0, help="timed seconds per size (1)")
-    what.add_argument("--min-iters", type=int, default=2, help="fewest timed iterations (2)")
+    what.add_argument("--min-iters", type=int, default=3, help="fewest timed iterations (3)")
     what.add_argument("--max-iters", type=int, default=50, help="most timed iterations (50)")
     what.add_argument("--timeout-s", type=float, default=1800, help="whole-run time limit")
     args = parser.parse_args(argv)
