@@ -79,6 +79,11 @@ def write_figures(frame: pd.DataFrame, out: Path) -> list[Path]:
                 values = rows[col].fillna(0.0).clip(lower=0.0)
                 ax.bar(x, values, bottom=bottom, label=BREAKDOWN_PARTS[col])
                 bottom = bottom + values
+            untimed = rows[parts].isna().all(axis=1)
+            if untimed.any():  # the iteration is known, its parts are not: say so, not a gap
+                xs = [i for i, u in zip(x, untimed, strict=True) if u]
+                ax.bar(xs, rows.loc[untimed, "iter_ms_mean"], fill=False, hatch="//",
+                       edgecolor="0.5", label="iteration, no step timers (n/a)")  # fmt: skip
             ax.set_xticks(list(x), labels, rotation=30, ha="right")
             ax.set_ylabel("ms per iteration (steady state)")
             ax.set_title(_title(str(group), rows), fontsize=9)
@@ -98,6 +103,13 @@ def write_figures(frame: pd.DataFrame, out: Path) -> list[Path]:
             for k, (col, label) in enumerate(bw_cols.items()):
                 xs = [i + (k - 1) * width for i in range(len(sub))]
                 ax.bar(xs, sub[col].fillna(0.0), width, label=label)
+            if "busbw_inferred_warning" in sub:
+                # An inferred figure the report flags (!) is host cost and noise, not the link.
+                for i, (value, warn) in enumerate(
+                    zip(sub["busbw_gbps_inferred"], sub["busbw_inferred_warning"], strict=True)
+                ):
+                    if pd.notna(value) and isinstance(warn, str) and warn:
+                        ax.annotate("(!)", (i, value), ha="center", va="bottom", fontsize=8)
             link = sub["link_mbit"].iloc[0]
             if pd.notna(link):
                 ax.axhline(link / 1000.0, color="k", ls="--", lw=1, label="link rate")
