@@ -1119,10 +1119,12 @@ def _finish(run: _Run) -> ParsedRun:
 # -- entry points -----------------------------------------------------------------------------
 
 
+_KEYWORDS_PIPE = tuple(k for k in _KEYWORDS if k != "iteration")
+"""The keywords once a run's iteration lines are known to hold ``|`` (module doc)."""
+
+
 def _has_keyword(line: str, pipe_iterations: bool) -> bool:
-    if pipe_iterations:  # the same keywords as the file reader's anchors (module doc)
-        return any(k in line for k in _KEYWORDS if k != "iteration")
-    return any(k in line for k in _KEYWORDS)
+    return any(k in line for k in (_KEYWORDS_PIPE if pipe_iterations else _KEYWORDS))
 
 
 def parse_lines(lines: Iterable[str], source: str) -> list[ParsedRun]:

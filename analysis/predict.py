@@ -479,8 +479,12 @@ def fit_links(obs: Sequence[Observation]) -> tuple[LinkFit | None, LinkFit | Non
         table = _netbench_table(o.netbench) if o.netbench else ()
         if table and (o.setup.nodes or 1) > 1 and rate:
             op_eff = _op_efficiency(table, rate)
-            eff = dict(op_eff).get("all_reduce") or statistics.fmean(e for _, e in op_eff)
-            per_op = ", ".join(f"{op} {e:.2f}" for op, e in op_eff)
+            if op_eff:
+                eff = dict(op_eff).get("all_reduce") or statistics.fmean(e for _, e in op_eff)
+                per_op = ", ".join(f"{op} {e:.2f}" for op, e in op_eff)
+            else:  # no message of 1 MiB or more: nothing measured the sustained rate
+                eff = ASSUMED_WIRE_EFFICIENCY
+                per_op = f"no message >= 1 MiB measured, assumed e = {eff}"
             inter = LinkFit(
                 "inter-node",
                 rate,

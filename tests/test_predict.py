@@ -149,6 +149,16 @@ def test_op_efficiency_from_the_largest_message_not_the_best() -> None:
     assert fit.time_ms(c, 1000.0) == pytest.approx(2.097152 * 8 / 0.0654 / 10)
 
 
+def test_netbench_without_large_messages_assumes_the_efficiency() -> None:
+    # netbench capped below 1 MiB (--max-bytes 256K): nothing measured the sustained rate.
+    nb = {"results": [{"op": "all_reduce", "bytes": 262_144, "busbw_gbps": 0.095}]}
+    obs = predict.Observation("small-nb", replace(TINY_2N, link_mbit=100.0), 500.0, netbench=nb)
+    _, inter, _ = predict.fit_links([obs])
+    assert inter is not None and inter.op_efficiency == ()
+    assert inter.efficiency == predict.ASSUMED_WIRE_EFFICIENCY
+    assert "no message >= 1 MiB measured" in inter.source
+
+
 def test_gloo_reduce_scatter_time_uses_netbench_convention() -> None:
     # gloo's reduce-scatter moves all-reduce volume (the plan's wire bytes), but netbench's
     # busbw counts (n-1)/n S like nccl-tests: the time at the measured rate is that
