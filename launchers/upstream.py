@@ -166,41 +166,56 @@ def ensure_upstream(log=print) -> UpstreamStatus:
     if status.ok:
         log(f"upstream: reusing {path} at {PINNED_COMMIT[:12]}")
         return status
+    checkout_pinned(
+        upstream_repo(),
+        path,
+        PINNED_COMMIT,
+        what="upstream",
+        hint="Set MEGATRON_DEEPSPEED_REPO to a reachable URL or a local clone of "
+        "microsoft/Megatron-DeepSpeed and rerun `make setup`",
+        dir_variable="MEGATRON_DEEPSPEED_DIR",
+        log=log,
+    )
+    status = check_upstream(path)
+    log(f"upstream: checked out {PINNED_COMMIT[:12]} in {path}")
+    return status
+
+
+def checkout_pinned(
+    repo: str, path: Path, commit: str, *, what: str, hint: str, dir_variable: str, log=print
+) -> None:
+    """Clone ``repo`` into ``path`` (unless it is a clone already) and check out ``commit``.
+
+    Raises ``UpstreamError`` with ``hint`` (where to clone from) and ``dir_variable`` (where to
+    put it) in the message; a failed clone leaves no directory behind.
+    """
     if not path.exists():
-        repo = upstream_repo()
-        log(f"upstream: cloning {repo} into {path}")
+        log(f"{what}: cloning {repo} into {path}")
         path.parent.mkdir(parents=True, exist_ok=True)
         res = _git(["clone", "--quiet", "--no-checkout", repo, str(path)])
         if res.returncode != 0:
             shutil.rmtree(path, ignore_errors=True)
-            raise UpstreamError(
-                f"git clone of {repo} failed: {res.stderr.strip()}. Set MEGATRON_DEEPSPEED_REPO "
-                "to a reachable URL or a local clone of microsoft/Megatron-DeepSpeed and rerun "
-                "`make setup`"
-            )
+            raise UpstreamError(f"git clone of {repo} failed: {res.stderr.strip()}. {hint}")
     elif not (path / ".git").exists():
         raise UpstreamError(
-            f"{path} exists but is not a git checkout: remove it or set MEGATRON_DEEPSPEED_DIR "
-            "to another directory, then rerun `make setup`"
+            f"{path} exists but is not a git checkout: remove it or set {dir_variable} to "
+            "another directory, then rerun `make setup`"
         )
-    if _git(["cat-file", "-e", f"{PINNED_COMMIT}^{{commit}}"], cwd=path).returncode != 0:
-        log(f"upstream: fetching the pinned commit from {upstream_repo()}")
-        res = _git(["fetch", "--quiet", upstream_repo(), PINNED_COMMIT], cwd=path)
+    if _git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=path).returncode != 0:
+        log(f"{what}: fetching the pinned commit from {repo}")
+        res = _git(["fetch", "--quiet", repo, commit], cwd=path)
         if res.returncode != 0:
             raise UpstreamError(
-                f"the pinned commit {PINNED_COMMIT} is not in {path} and fetching it failed: "
-                f"{res.stderr.strip()}. Point MEGATRON_DEEPSPEED_REPO at a clone that has it"
+                f"the pinned commit {commit} is not in {path} and fetching it failed: "
+                f"{res.stderr.strip()}. {hint}"
             )
-    res = _git(["checkout", "--quiet", "--detach", PINNED_COMMIT], cwd=path)
+    res = _git(["checkout", "--quiet", "--detach", commit], cwd=path)
     if res.returncode != 0:
         raise UpstreamError(
-            f"git checkout {PINNED_COMMIT[:12]} in {path} failed: {res.stderr.strip()}. "
+            f"git checkout {commit[:12]} in {path} failed: {res.stderr.strip()}. "
             "Local changes there? Commit or discard them, or remove the directory and rerun "
             "`make setup`"
         )
-    status = check_upstream(path)
-    log(f"upstream: checked out {PINNED_COMMIT[:12]} in {path}")
-    return status
 
 
 # --- the offline dataset -------------------------------------------------------------------
