@@ -29,6 +29,8 @@ TIMEOUT     ?=
 # Memory cgroup for each run's local processes (local and no_ssh launchers), e.g. 8G: a kernel
 # OOM kill inside it is recorded as kind oom.
 MEM_LIMIT   ?=
+# Non-empty: start multi-node runs and matrices without the doctor's check of every node.
+SKIP_DOCTOR ?=
 # Tests: extra pytest arguments (e.g. PYTEST_ARGS="-m 'not slow'").
 PYTEST_ARGS ?=
 
@@ -43,15 +45,17 @@ RUN_FLAGS = --hosts $(HOSTS) --logs $(LOGS) \
 	$(if $(DELAY_MS),--delay-ms $(DELAY_MS)) $(if $(LOSS_PCT),--loss-pct $(LOSS_PCT)) \
 	$(foreach kv,$(SET),--set $(kv)) $(if $(FORCE),--force) \
 	$(if $(STALL),--stall $(STALL)) $(if $(TIMEOUT),--timeout $(TIMEOUT)) \
-	$(if $(MEM_LIMIT),--mem-limit $(MEM_LIMIT))
+	$(if $(MEM_LIMIT),--mem-limit $(MEM_LIMIT)) $(if $(SKIP_DOCTOR),--skip-doctor)
 
 RUN_TARGETS := $(foreach m,$(MODELS),$(foreach s,$(STRATEGIES),$(m)-$(s)))
 ALL_TARGETS := $(foreach m,$(MODELS),all-$(m))
 
-.PHONY: help setup test lint fmt demo report predict bench netbench list clean-lab $(RUN_TARGETS) $(ALL_TARGETS)
+.PHONY: help setup setup-gpu doctor test lint fmt demo report predict bench netbench list clean-lab $(RUN_TARGETS) $(ALL_TARGETS)
 
 help:
 	@echo "make setup            create .venv, install pinned deps, fetch upstream, build data"
+	@echo "make setup DEVICE=cuda   also build NVIDIA apex (or say which CUDA toolkit is missing)"
+	@echo "make doctor HOSTS=..  check every node of a hostfile before a run"
 	@echo "make test             run the test suite"
 	@echo "make demo             tiny model, every core strategy, emulated 2-node lab, report"
 	@echo "make <model>-<strategy> [HOSTS=..] [NET=100mbit] [DRY_RUN=1]   one run"
@@ -69,6 +73,18 @@ $(VENV)/.requirements.stamp: requirements.txt
 setup: $(VENV)/.requirements.stamp
 	@echo "setup: $(VENV) is up to date with requirements.txt"
 	$(PYTHON) -m launchers.upstream setup $(if $(ALLOW_NO_UPSTREAM),|| echo "setup: continuing without upstream (ALLOW_NO_UPSTREAM set): upstream tests will be skipped")
+	$(if $(filter cuda,$(DEVICE)),$(PYTHON) -m launchers.gpu setup)
+
+# GPU prerequisites only: NVIDIA apex with its C++/CUDA extensions from APEX_REPO (a URL, local
+# path or mirror) at the pinned commit, when a CUDA toolkit of torch's CUDA version is present.
+setup-gpu: $(VENV)/.requirements.stamp
+	$(PYTHON) -m launchers.gpu setup
+
+# Every node of HOSTS, through the path the run will use (pdsh/ssh, or the lab's namespaces).
+doctor:
+	$(PYTHON) -m launchers doctor --hosts $(HOSTS) --logs $(LOGS) \
+		$(if $(DEVICE),--device $(DEVICE)) $(if $(LAUNCHER),--launcher $(LAUNCHER)) \
+		$(if $(NET),--net $(NET) --lab-nodes $(LAB_NODES)) $(foreach kv,$(SET),--set $(kv))
 
 # pytest exits 5 when no test was collected: not a failure of the suite.
 test:

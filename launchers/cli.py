@@ -1,4 +1,4 @@
-"""``python -m launchers list|generate|run|matrix|demo``.
+"""``python -m launchers list|generate|run|matrix|doctor|demo``.
 
 Every request is resolved and validated before anything starts; a SpecError, HostfileError or
 PresetError (or a missing upstream checkout or dataset) prints one message and exits with 2.
@@ -309,11 +309,15 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
     for warning in preflight(specs[0], args.allow_other_upstream):
         print(f"warning: {warning}", file=sys.stderr)
     mem_limit = _mem_limit(args, specs)
+    doctor = _doctor_gate(args, strategies)
+    if not args.net:
+        doctor(specs, req.logs, None)
     with _lab_session(args) as session:
         if session is not None:
             cluster = session.cluster()
             req = replace(req, cluster=cluster)
             specs = [_resolve(req, args.model, s) for s in strategies]
+            doctor([session.adapt(s) for s in specs], req.logs, session)
             if not args.no_netbench:
                 session.measure_bandwidth(req.logs)
         try:
@@ -327,6 +331,18 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
         print(f"not completed: {', '.join(r.name for r in bad)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _doctor_gate(args: argparse.Namespace, strategies: Sequence[str]) -> Callable[..., Any]:
+    """``launchers.doctor.check_before_run`` for a multi-node run or a matrix, unless skipped."""
+    from launchers.doctor import check_before_run, needs_doctor
+
+    def gate(specs: Sequence[RunSpec], logs: Path, session: LabSession | None) -> None:
+        matrix = args.command in ("matrix", "demo") or len(strategies) > 1
+        if not args.skip_doctor and (session is not None or needs_doctor(specs, matrix)):
+            check_before_run(specs, logs, session)
+
+    return gate
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -428,6 +444,11 @@ def _options(p: argparse.ArgumentParser, execute: bool) -> None:
         p.add_argument(
             "--no-netbench", action="store_true", help="lab: skip the collective benchmark"
         )
+        p.add_argument(
+            "--skip-doctor",
+            action="store_true",
+            help="start without checking every node first (python -m launchers doctor)",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -458,6 +479,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     matrix.set_defaults(func=cmd_matrix)
 
+    from launchers.doctor import add_parser as add_doctor
+
+    add_doctor(sub)
+
     demo = sub.add_parser("demo", help="tiny model, core strategies, this machine, then report")
     demo.add_argument(
         "--hosts", default=str(HOSTFILE_DIR / "localhost"), help="hostfile (default: localhost)"
@@ -470,11 +495,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = build_parser().parse_args(argv)
+    from launchers.doctor import DoctorError
     from launchers.execute import LimitError
     from launchers.lab import LabError
 
     try:
         return args.func(args)
-    except (SpecError, HostfileError, PresetError, PreflightError, LabError, LimitError) as exc:
+    except (
+        SpecError,
+        HostfileError,
+        PresetError,
+        PreflightError,
+        LabError,
+        LimitError,
+        DoctorError,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

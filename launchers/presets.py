@@ -387,6 +387,10 @@ def resolve_spec(
         if key in path_values:
             path_values[key] = os.path.abspath(path_values[key])  # ranks cd to upstream_dir
     paths = replace(paths, **path_values)
+    if device == "cuda":  # apex's extensions, as this machine's interpreter finds them
+        from launchers.gpu import cuda_adjustments
+
+        adjustments += cuda_adjustments(paths.python)
 
     master_addr = overrides.get("master_addr", cluster.hosts[0].name)
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any, Literal
 
+from launchers.gpu import gradient_accumulation_fusion
 from launchers.spec import RunSpec
 
 NODE_RANK = "${NODE_RANK}"
@@ -100,8 +101,9 @@ def megatron_args(spec: RunSpec, run_dir: str) -> list[str]:
         ("deepspeed_activation_checkpointing", t.activation_checkpointing),
         # ZeRO-Offload needs DeepSpeedCPUAdam (DeepSpeed refuses a client GPU optimizer).
         ("cpu_optimizer", s.offload != "none"),
-        # CPU: the fused kernel is CUDA-only ("fused_weight_gradient_mlp_cuda module is not found").
-        ("no_gradient_accumulation_fusion", cpu),
+        # CPU: the fused kernel is CUDA-only ("fused_weight_gradient_mlp_cuda module is not found");
+        # on CUDA it is apex's extension: off when the resolver found it missing (an adjustment).
+        ("no_gradient_accumulation_fusion", not gradient_accumulation_fusion(spec)),
         # CPU with PP: torch LayerNorm rejects sequence_parallel=; RMSNorm works.
         ("normalization", "rmsnorm" if cpu and s.pp > 1 else None),
     ]
