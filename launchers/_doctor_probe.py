@@ -14,6 +14,7 @@ another torch fails only when imported.
 from __future__ import annotations
 
 import ast
+import glob
 import importlib
 import importlib.util
 import json
@@ -39,6 +40,31 @@ APEX_MODULES = (
     "fused_weight_gradient_mlp_cuda",
 )
 """apex modules upstream imports on CUDA (``launchers.gpu.UPSTREAM_NEEDS`` says where)."""
+
+CUDA_HEADERS = ("cuda_runtime_api.h", "cusparse.h", "cublas_v2.h", "cublasLt.h", "cusolverDn.h")
+"""Headers torch's ``ATen/cuda/CUDAContextLight.h`` includes: every extension that includes
+``ATen/cuda/CUDAContext.h`` (upstream's fused softmax kernels, apex's) compiles only with them."""
+
+
+def _headers(cuda_home):
+    """Which of :data:`CUDA_HEADERS` no include directory of the compilers holds.
+
+    torch's extensions pass ``-I<CUDA_HOME>/include``; gcc (and nvcc through it) also search
+    ``CPATH`` and ``CPLUS_INCLUDE_PATH``. Also where the torch wheel's own NVIDIA packages keep
+    them (``site-packages/nvidia/*/include``), to say so in the fix.
+    """
+    dirs = [os.path.join(cuda_home, "include")]
+    for variable in ("CPATH", "CPLUS_INCLUDE_PATH"):
+        dirs += [d for d in os.environ.get(variable, "").split(os.pathsep) if d]
+    missing = [h for h in CUDA_HEADERS if not any(os.path.isfile(os.path.join(d, h)) for d in dirs)]
+    wheel = []
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        for name in sorted(os.listdir(root)):
+            include = os.path.join(root, name, "include")
+            if os.path.isfile(os.path.join(include, "cusparse.h")):
+                wheel.append(include)
+    return {"missing": missing, "searched": dirs, "wheel_include": wheel}
 
 
 def _version(name):
@@ -165,6 +191,11 @@ def _cuda():
             out["nvcc_rc"] = proc.returncode
         except (OSError, subprocess.TimeoutExpired) as exc:
             out["nvcc_output"], out["nvcc_rc"] = str(exc), None
+        out["headers"] = _headers(CUDA_HOME)
+    out["other_homes"] = {}  # toolkits elsewhere, for the fix when CUDA_HOME lacks something
+    for home in sorted(glob.glob("/usr/local/cuda*") + glob.glob("/opt/cuda*")):
+        if os.path.isfile(os.path.join(home, "bin", "nvcc")) and home != CUDA_HOME:
+            out["other_homes"][home] = _headers(home)["missing"]
     apex = {}
     for name in APEX_MODULES:
         apex[name] = _import(name)

@@ -159,21 +159,44 @@ class Toolkit:
     nvcc: tuple[int, int] | None
     """Release of ``<CUDA_HOME>/bin/nvcc`` (None: absent or failing)."""
     detail: str
-    """What running nvcc said (its last line, or the error)."""
+    """What running nvcc said (its release line, or the error)."""
+    headers_missing: tuple[str, ...] = ()
+    """CUDA library headers torch's ``ATen/cuda/CUDAContextLight.h`` includes, not found."""
+    wheel_include: tuple[str, ...] = ()
+    """Include directories of the torch wheel's NVIDIA packages that hold those headers."""
+    better_home: str | None = None
+    """Another toolkit directory (``/usr/local/cuda*``) that lacks fewer of those headers."""
 
     @classmethod
     def from_facts(cls, cuda: Mapping[str, Any], torch_cuda: str | None) -> Toolkit:
         """From a probe's ``cuda`` section and ``torch_cuda_build``."""
         output = str(cuda.get("nvcc_output") or "")
         release = parse_nvcc_release(output) if cuda.get("nvcc_rc") == 0 else None
-        last = output.strip().splitlines()[-1:] or ["no CUDA_HOME"]
+        lines = output.strip().splitlines()
+        said = next((ln for ln in lines if "release" in ln), lines[-1] if lines else "not run")
+        headers = cuda.get("headers") or {}
+        missing = list(headers.get("missing") or ())
+        others = sorted((len(m), h) for h, m in (cuda.get("other_homes") or {}).items())
+        better = others[0][1] if others and others[0][0] < len(missing) else None
         return cls(
             torch_version=str(cuda.get("torch_version") or "?"),
             torch_cuda=parse_cuda_version(torch_cuda),
             cuda_home=cuda.get("cuda_home"),
             nvcc=release,
-            detail=f"{cuda.get('nvcc') or 'nvcc'}: {last[0]}",
+            detail=f"{cuda.get('nvcc') or 'nvcc'}: {said}",
+            headers_missing=tuple(missing),
+            wheel_include=tuple(headers.get("wheel_include") or ()),
+            better_home=better,
         )
+
+    def summary(self) -> str:
+        """A table cell: ``nvcc 13.0``, ``nvcc 12.4 != torch 13.0``, ``no nvcc``, ..."""
+        if self.nvcc is None:
+            return "no nvcc"
+        found = f"nvcc {self.nvcc[0]}.{self.nvcc[1]}"
+        if self.torch_cuda and self.nvcc[0] != self.torch_cuda[0]:
+            return f"{found} != torch {self.torch_cuda[0]}.{self.torch_cuda[1]}"
+        return f"{found}, headers missing" if self.headers_missing else found
 
     @property
     def problem(self) -> str:
@@ -202,6 +225,26 @@ class Toolkit:
                 f"{self.torch_version} was built with CUDA {want}: torch builds no extension "
                 "across major versions (cpp_extension._check_cuda_version); "
                 + toolkit_hint(self.torch_cuda)
+            )
+        if self.headers_missing and self.better_home:
+            return (
+                f"CUDA_HOME={self.cuda_home} (torch's guess from nvcc on PATH) lacks "
+                f"{', '.join(self.headers_missing)}, which torch's ATen/cuda/CUDAContextLight.h "
+                f"includes in every CUDA extension; {self.better_home} is a fuller toolkit: "
+                f"`export CUDA_HOME={self.better_home}` and rerun"
+            )
+        if self.headers_missing:
+            where = (
+                f"; the torch wheel's NVIDIA packages hold them in {self.wheel_include[0]}: "
+                f"`export CPATH={self.wheel_include[0]}` (on every node, for upstream's kernels "
+                "too), or install the full toolkit"
+                if self.wheel_include
+                else ": install the full toolkit (not only nvcc)"
+            )
+            return (
+                f"CUDA_HOME={self.cuda_home} has nvcc {found} but not "
+                f"{', '.join(self.headers_missing)}, which torch's ATen/cuda/CUDAContextLight.h "
+                f"includes in every CUDA extension (upstream's fused kernels, apex's){where}"
             )
         return ""
 
