@@ -233,13 +233,14 @@ def probe_pdsh(
     ]
     proc = _run(argv, {"PDSH_RCMD_TYPE": "ssh", **env})
     lines: dict[str, list[str]] = {h: [] for h in hosts}
+    labels = pdsh_labels(hosts)
     for line in (proc.stdout + "\n" + proc.stderr).splitlines():
         text = (
             line.removeprefix(line.split(": ", 1)[0] + ": ") if line.startswith("pdsh@") else line
         )
-        host, sep, rest = text.partition(": ")
-        if sep and host in lines:
-            lines[host].append(rest)
+        label, sep, rest = text.partition(": ")
+        if sep and label in labels:
+            lines[labels[label]].append(rest)
     replies = {}
     for host in hosts:
         text = "\n".join(lines[host])
@@ -248,6 +249,18 @@ def probe_pdsh(
             lost=lambda said: _doctor_probe.MARKER not in said and _ssh_lost(said),
         )
     return replies
+
+
+def pdsh_labels(hosts: Sequence[str]) -> dict[str, str]:
+    """Output label -> host: pdsh labels a host name by its first component (``node1`` for
+    ``node1.cluster.org``) but an address in full; a short name two hosts share stays ambiguous
+    and is not used."""
+    labels = {h: h for h in hosts}
+    short = [h.split(".", 1)[0] for h in hosts]
+    for host, name in zip(hosts, short, strict=True):
+        if short.count(name) == 1 and name not in labels:
+            labels[name] = host
+    return labels
 
 
 def _parallel(hosts: Sequence[str], one: Callable[[str], Reply]) -> dict[str, Reply]:
@@ -484,7 +497,7 @@ def _accelerator(facts: dict[str, Any], slots: int, exp: Expectation) -> Finding
         "accelerator",
         "fail",
         f"{count} GPU{'s' * (count != 1)} < slots {slots}",
-        f"{why} for slots={slots} in {exp.hostfile}: run on a node with {slots} GPUs (check "
+        f"{why} for slots={slots} in {exp.hostfile}: run on a node with {slots} GPU(s) (check "
         "`nvidia-smi` and the driver there), lower its slots, or use --device cpu",
     )
 
@@ -509,17 +522,12 @@ def _cuda(facts: dict[str, Any], exp: Expectation) -> Finding:
         )
     else:
         cells.append("apex ok")
+    cells.append(toolkit.summary())
     if toolkit.problem:
-        cells.append(
-            "nvcc: no" if toolkit.nvcc is None else f"nvcc {toolkit.nvcc[0]}.{toolkit.nvcc[1]} !="
-        )
         problems.append(
             f"upstream compiles its fused kernels with nvcc under CUDA_HOME on every "
             f"CUDA run: {toolkit.problem}"
         )
-    else:
-        assert toolkit.nvcc is not None
-        cells.append(f"nvcc {toolkit.nvcc[0]}.{toolkit.nvcc[1]}")
     status: Status = "fail" if problems else "ok"
     return Finding("cuda", status, ", ".join(cells), "; ".join(problems))
 
