@@ -420,6 +420,19 @@ def test_upstream_needs_cite_lines_that_exist() -> None:
     assert "--no-gradient-accumulation-fusion" in args[986 - 1]
 
 
+def test_probe_finds_headers_under_cuda_home_or_cpath(monkeypatch, tmp_path: Path) -> None:
+    home, extra = tmp_path / "cuda", tmp_path / "extra"
+    (home / "include").mkdir(parents=True)
+    extra.mkdir()
+    (home / "include" / "cuda_runtime_api.h").write_text("")
+    (extra / "cusparse.h").write_text("")
+    monkeypatch.delenv("CPLUS_INCLUDE_PATH", raising=False)
+    monkeypatch.delenv("CPATH", raising=False)
+    assert _doctor_probe._headers(str(home))["missing"] == list(_doctor_probe.CUDA_HEADERS[1:])
+    monkeypatch.setenv("CPATH", str(extra))
+    assert _doctor_probe._headers(str(home))["missing"] == list(_doctor_probe.CUDA_HEADERS[2:])
+
+
 # --------------------------------------------------------------------------- the lab, for real
 
 
