@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers.hostfile import HostfileError, load_hostfile, parse_hostfile_text
+from launchers.lab import lab_launcher
 from launchers.presets import (
     CORE_STRATEGIES,
     PresetError,
@@ -34,6 +35,7 @@ from launchers.render import (
     render_files,
     render_run_dir,
 )
+from launchers.sbatch import SBATCH_NAME, render_sbatch
 from launchers.session import LabSession, failed, lab_available, lab_session, run_specs
 from launchers.spec import DEVICES, LAUNCHER_MODES, Cluster, RunSpec, SpecError, spec_hash
 
@@ -192,15 +194,23 @@ def _resolve(req: Request, model: str, strategy: str) -> RunSpec:
     )
 
 
-def print_dry_run(spec: RunSpec, logs: Path, out: Callable[[str], None] = print) -> None:
-    """The exact files a run would get; writes nothing."""
+def print_dry_run(
+    spec: RunSpec,
+    logs: Path,
+    out: Callable[[str], None] = print,
+    time_limit_s: float | None = None,
+) -> None:
+    """The exact files a run would get (and its ``sbatch.sh`` with Slurm); writes nothing."""
     run_dir = str(planned_run_dir(spec, logs, datetime.now(timezone.utc)))
     files = render_files(spec, run_dir)
+    if spec.launcher == "slurm":
+        files[SBATCH_NAME] = render_sbatch(spec, run_dir, time_limit_s=time_limit_s)
     out(f"# dry run: {spec.name} (spec {spec_hash(spec)}); nothing written, nothing started")
     out(f"# run directory would be {run_dir}")
-    for name in (LAUNCH_NAME, DS_CONFIG_NAME):
-        out(f"# ==> {name} <==")
-        out(files[name].rstrip("\n"))
+    for name in (LAUNCH_NAME, DS_CONFIG_NAME, SBATCH_NAME):
+        if name in files:
+            out(f"# ==> {name} <==")
+            out(files[name].rstrip("\n"))
     if spec.launcher == "no_ssh":
         out("# ==> per-node commands <==")
         for host, line in node_commands(spec, run_dir):
@@ -218,9 +228,20 @@ def _lab_session(args: argparse.Namespace) -> Iterator[LabSession | None]:
         args.net,
         args.delay_ms or 0.0,
         args.loss_pct or 0.0,
-        ssh=args.launcher != "no_ssh",
+        launcher=lab_launcher(args.launcher),
+        time_limit_s=args.timeout,
     ) as session:
         yield session
+
+
+def _executor_timeout(args: argparse.Namespace) -> float | None:
+    """The executor's bound of a run: TIMEOUT, and later than Slurm's own when Slurm enforces
+    it (the lab's jobs get TIMEOUT as their time limit; the executor stays a backstop)."""
+    if args.timeout is None or not (args.net and args.launcher == "slurm"):
+        return args.timeout
+    from launchers.lab_slurm import KILL_WAIT_S
+
+    return args.timeout + 60 + 2 * KILL_WAIT_S  # Slurm's minute rounding and its kill wait
 
 
 def _dry_run_cluster(args: argparse.Namespace) -> Cluster:
@@ -245,8 +266,7 @@ def _mem_limit(args: argparse.Namespace, specs: Sequence[RunSpec]) -> int | None
         size = parse_size(args.mem_limit)
     except ValueError as exc:
         raise PreflightError(f"--mem-limit: {exc}") from None
-    launchers = {("no_ssh" if args.net and args.launcher == "no_ssh" else
-                  "pdsh" if args.net else s.launcher) for s in specs}  # fmt: skip
+    launchers = {lab_launcher(args.launcher) if args.net else s.launcher for s in specs}
     remote = sorted(launchers - {"local", "no_ssh"})
     if remote:
         raise PreflightError(
@@ -294,8 +314,10 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
     """Resolve every run first (all errors before anything starts), then run them in turn."""
     _apply_lab_hostfile(args)
     req = _request(args)
+    if args.net:  # the launcher asked for, or a refusal that says why: never another one
+        lab_launcher(args.launcher)
     if args.net and args.dry_run:
-        launcher = "no_ssh" if args.launcher == "no_ssh" else "pdsh"
+        launcher = lab_launcher(args.launcher)
         req = replace(req, cluster=_dry_run_cluster(args), launcher=launcher)
         specs = [replace(_resolve(req, args.model, s), ssh_check=launcher == "no_ssh",
                          network=f"emulated {args.lab_nodes} nodes x {args.net}")
@@ -304,7 +326,7 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
         specs = [_resolve(req, args.model, s) for s in strategies]
     if args.dry_run:
         for spec in specs:
-            print_dry_run(spec, req.logs)
+            print_dry_run(spec, req.logs, time_limit_s=args.timeout)
         return 0
     for warning in preflight(specs[0], args.allow_other_upstream):
         print(f"warning: {warning}", file=sys.stderr)
@@ -318,7 +340,7 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
                 session.measure_bandwidth(req.logs)
         try:
             rows = run_specs(specs, req.logs, force=args.force, stall_s=args.stall,
-                             timeout_s=args.timeout, session=session,
+                             timeout_s=_executor_timeout(args), session=session,
                              mem_limit_bytes=mem_limit)  # fmt: skip
         except KeyboardInterrupt:
             return 130
@@ -338,7 +360,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return 0
     for warning in preflight(spec, allow_other_upstream=True):
         print(f"warning: {warning}", file=sys.stderr)
-    print(render_run_dir(spec, req.logs))
+    run_dir = render_run_dir(spec, req.logs)
+    if spec.launcher == "slurm":  # a batch script to submit: `sbatch <run dir>/sbatch.sh`
+        (run_dir / SBATCH_NAME).write_text(render_sbatch(spec, str(run_dir)), encoding="utf-8")
+    print(run_dir)
     return 0
 
 

@@ -517,6 +517,76 @@ def check_prerequisites(ssh: bool) -> None:
         raise LabError(f"missing {', '.join(missing)}: {INSTALL_HINT}")
 
 
+LAB_LAUNCHERS: dict[str, str] = {
+    "pdsh": "DeepSpeed's pdsh runner over the lab's ssh (the default)",
+    "no_ssh": "launch.sh NODE_RANK started inside each node's namespace",
+    "openmpi": "DeepSpeed's openmpi runner: mpirun over the lab's ssh",
+    "slurm": "DeepSpeed's slurm runner: srun inside a salloc allocation of the lab's Slurm cluster",
+}
+"""Launchers a lab serves, and how. Any other is refused: a lab never runs a request through a
+launcher other than the one asked for."""
+
+LAB_TRANSPORTS: dict[str, str] = {
+    "pdsh": "ssh",
+    "no_ssh": "netns-exec",
+    "openmpi": "openmpi",
+    "slurm": "slurm",
+}
+"""run.json's ``network.transport`` per lab launcher: how the ranks reached the nodes."""
+
+LAUNCHER_TOOLS: dict[str, tuple[tuple[str, ...], str]] = {
+    "pdsh": (("ssh", "ssh-keygen", "pdsh", SSHD), INSTALL_HINT),
+    "no_ssh": ((), INSTALL_HINT),
+    "openmpi": (("ssh", "ssh-keygen", SSHD, "mpirun", "ompi_info"),
+                "apt-get install -y openmpi-bin openssh-server openssh-client"),
+    "slurm": (("munged", "slurmctld", "slurmd", "sinfo", "squeue", "scontrol", "scancel",
+               "salloc", "srun", "nsenter", "unshare"), "apt-get install -y slurm-wlm munge"),
+}  # fmt: skip
+"""Executables each lab launcher needs beyond ``ip`` and ``tc``, and the Debian packages."""
+
+
+def lab_launcher(requested: str | None) -> str:
+    """The launcher a lab runs a request with: the one asked for, or pdsh when none was.
+
+    Raises LabError for a launcher the lab cannot serve (``local`` starts every rank on this
+    machine outside the nodes), naming those it serves: never another one in its place.
+    """
+    if requested is None:
+        return "pdsh"
+    if requested not in LAB_LAUNCHERS:
+        why = {
+            "local": "it starts every rank on this machine, outside the lab's nodes and links"
+        }.get(requested, "the lab does not know it")
+        served = "; ".join(f"{name}: {how}" for name, how in LAB_LAUNCHERS.items())
+        raise LabError(
+            f"launcher {requested!r} cannot run on the lab: {why}. The lab serves {served}"
+        )
+    return requested
+
+
+def missing_launcher_tools(launcher: str) -> list[str]:
+    """Executables ``launcher`` needs in a lab that this machine lacks."""
+    tools, _ = LAUNCHER_TOOLS[lab_launcher(launcher)]
+    return [t for t in tools if not _executable(t)]
+
+
+def _executable(tool: str) -> bool:
+    """Whether ``tool`` (a name on PATH, or an absolute path) can be run."""
+    return os.access(tool, os.X_OK) if "/" in tool else shutil.which(tool) is not None
+
+
+def check_launcher(launcher: str) -> None:
+    """Raise LabError saying what is missing for a lab run with ``launcher`` (root included)."""
+    check_prerequisites(ssh=False)
+    missing = missing_launcher_tools(launcher)
+    if missing:
+        hint = LAUNCHER_TOOLS[launcher][1]
+        raise LabError(
+            f"launcher {launcher} in the lab needs {', '.join(missing)}, missing here: {hint} "
+            "(the lab does not fall back to another launcher)"
+        )
+
+
 class Lab:
     """An emulated cluster, created on ``__enter__`` and removed on ``__exit__``.
 
@@ -876,6 +946,28 @@ class Lab:
         append = env.get("PDSH_SSH_ARGS_APPEND", "")
         env["PDSH_SSH_ARGS_APPEND"] = f"{append} -F {self.ssh_config_path}".strip()
         env["PDSH_RCMD_TYPE"] = "ssh"
+        env["DS_ENV_FILE"] = str(self.write_deepspeed_env(extra))
+        return env
+
+    def openmpi_env(
+        self, extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """Environment for the host's ``deepspeed --launcher openmpi`` (mpirun over the lab's ssh).
+
+        ``OMPI_MCA_plm_rsh_args=-F <ssh_config>``: mpirun starts its ``orted`` on every node
+        with ssh and these arguments; ``OMPI_MCA_oob_tcp_if_include``: the lab's subnet, so every
+        ``orted`` calls mpirun back on the host's address on this lab's bridge (not on another
+        lab's); as root Open MPI refuses to start unless ``OMPI_ALLOW_RUN_AS_ROOT`` and
+        ``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM`` are 1. ``DS_ENV_FILE`` carries ``node_env(extra)``:
+        DeepSpeed's OpenMPIRunner passes each of its lines to the ranks with ``mpirun -x``.
+        """
+        self._require_ssh()
+        env = dict(os.environ if base is None else base)
+        append = env.get("OMPI_MCA_plm_rsh_args", "")
+        env["OMPI_MCA_plm_rsh_args"] = f"{append} -F {self.ssh_config_path}".strip()
+        env["OMPI_MCA_oob_tcp_if_include"] = str(self.subnet)
+        if os.geteuid() == 0:
+            env["OMPI_ALLOW_RUN_AS_ROOT"] = env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
         env["DS_ENV_FILE"] = str(self.write_deepspeed_env(extra))
         return env
 

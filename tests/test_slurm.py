@@ -1,0 +1,311 @@
+"""Slurm: the batch script, the lab's launcher choice, the rank environment, and a real Slurm
+cluster in the lab (munge, slurmctld, one slurmd per node) when root and slurm-wlm are present.
+
+Tests that need them skip with the reason otherwise; the ones that train upstream also need
+``make setup``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from launchers import lab as labmod
+from launchers.cli import main as cli_main
+from launchers.execute import Outcome
+from launchers.hostfile import load_hostfile, parse_hostfile_text
+from launchers.lab import LabError, check_launcher, lab_launcher
+from launchers.lab_slurm import FINAL_STATES, SlurmJob, SlurmLabSession, parse_job, slurm_conf_text
+from launchers.presets import resolve_spec
+from launchers.project import RANK_ENV_SCRIPT, launcher_command, remote_environment, script_index
+from launchers.rank_env import RankEnvError, rank_environment
+from launchers.render import render_run_dir
+from launchers.sbatch import allocation, render_sbatch, slurm_time
+from launchers.spec import PLACEHOLDER_PATHS, SpecError
+
+ROOT = Path(__file__).resolve().parents[1]
+TWO_NODE = load_hostfile(ROOT / "hostfiles" / "2node")
+
+
+def two_node_spec(model: str = "large", strategy: str = "zero2", **kwargs):
+    kwargs.setdefault("device", "cuda")
+    return resolve_spec(model, strategy, TWO_NODE, launcher="slurm", paths=PLACEHOLDER_PATHS,
+                        **kwargs)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- sbatch
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(1, "00:01:00"), (60, "00:01:00"), (61, "00:02:00"), (3600, "01:00:00"),
+     (90000, "1-01:00:00"), (float("inf"), "UNLIMITED")],
+    ids=["1s", "60s", "61s", "1h", "25h", "inf"],
+)  # fmt: skip
+def test_slurm_time_rounds_up_to_minutes(seconds: float, text: str) -> None:
+    assert slurm_time(seconds) == text
+
+
+@pytest.mark.parametrize("seconds", [0, -5, float("nan")])
+def test_slurm_time_refuses_nonpositive(seconds: float) -> None:
+    with pytest.raises(ValueError, match="must be > 0"):
+        slurm_time(seconds)
+
+
+def test_allocation_gpu_and_cpu() -> None:
+    gpu = allocation(two_node_spec(), time_limit_s=5400)
+    assert gpu.options() == [
+        "--job-name=large-zero2",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--gpus-per-node=1",
+        "--time=01:30:00",
+        "--nodelist=node1,node2",
+    ]
+    cpu = allocation(two_node_spec("tiny", "baseline", device="cpu"), nodes=["n0", "n1"])
+    assert "--gpus-per-node" not in " ".join(cpu.options())
+    assert cpu.options()[-2:] == ["--time=01:00:00", "--nodelist=n0,n1"]
+
+
+def test_allocation_refuses_uneven_slots() -> None:
+    hosts = parse_hostfile_text("a slots=3\nb slots=1\n", "uneven")
+    spec = resolve_spec("tiny", "baseline", hosts, device="cpu", launcher="slurm",
+                        paths=PLACEHOLDER_PATHS)  # fmt: skip
+    with pytest.raises(SpecError, match=r"different slots \(3, 1\).*same slots"):
+        allocation(spec)
+
+
+def _directives(text: str) -> list[str]:
+    """The #SBATCH lines sbatch reads: those before the first command."""
+    out = []
+    for line in text.splitlines()[1:]:
+        if line.startswith("#SBATCH "):
+            out.append(line.removeprefix("#SBATCH "))
+        elif line.strip() and not line.startswith("#"):
+            break
+    return out
+
+
+def test_sbatch_script(tmp_path: Path) -> None:
+    spec = two_node_spec()
+    text = render_sbatch(spec, "/runs/large-zero2/T", time_limit_s=600)
+    assert _directives(text) == [
+        "--job-name=large-zero2", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1",
+        "--time=00:10:00", "--nodelist=node1,node2", "--output=/runs/large-zero2/T/slurm-%j.log",
+    ]  # fmt: skip
+    # The documented place for partition and account: commented out, ready to edit.
+    assert "##SBATCH --partition=PARTITION" in text and "##SBATCH --account=ACCOUNT" in text
+    assert text.rstrip().endswith("exec bash /runs/large-zero2/T/launch.sh")
+    script = tmp_path / "sbatch.sh"
+    script.write_text(text)
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    if shutil.which("shellcheck"):
+        result = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout
+
+
+def test_slurm_launcher_command_and_environment(tmp_path: Path) -> None:
+    spec = two_node_spec("tiny", "pipeline", device="cpu")
+    argv = launcher_command(spec, "/r")
+    assert argv[argv.index("--launcher") + 1] == "slurm"
+    assert "--launcher_args=--label" in argv  # srun prefixes every line with its rank
+    assert "--no_ssh_check" in argv  # srun reaches the nodes through slurmd, not ssh
+    index = script_index(argv)
+    assert argv[index - 1] == RANK_ENV_SCRIPT and argv[index].endswith("/pretrain_gpt.py")
+    assert remote_environment(spec) == {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
+                                        "MASTER_ADDR": "node1", "MASTER_PORT": "29500"}  # fmt: skip
+    run_dir = render_run_dir(spec, tmp_path)
+    assert "MASTER_ADDR=node1\n" in (run_dir / "deepspeed_env").read_text()
+
+
+def test_dry_run_prints_the_sbatch_script(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["matrix", "--model", "large", "--strategies", "core", "--hosts",
+            str(ROOT / "hostfiles" / "2node"), "--launcher", "slurm", "--device", "cuda",
+            "--dry-run", "--timeout", "7200"]  # fmt: skip
+    assert cli_main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("# ==> sbatch.sh <==") == 6
+    assert out.count("#SBATCH --time=02:00:00") == 6
+    assert "#SBATCH --gpus-per-node=1" in out and "#SBATCH --nodelist=node1,node2" in out
+
+
+def test_dry_run_of_other_launchers_has_no_sbatch_script(capsys: pytest.CaptureFixture) -> None:
+    args = ["run", "--model", "large", "--strategy", "zero2", "--hosts",
+            str(ROOT / "hostfiles" / "2node"), "--launcher", "pdsh", "--dry-run"]  # fmt: skip
+    assert cli_main(args) == 0
+    assert "sbatch.sh" not in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- the lab's choice
+
+
+def test_lab_runs_the_launcher_asked_for_or_refuses() -> None:
+    assert lab_launcher(None) == "pdsh"
+    for name in ("pdsh", "no_ssh", "openmpi", "slurm"):
+        assert lab_launcher(name) == name
+    with pytest.raises(LabError, match=r"'local' cannot run on the lab: it starts every rank on "
+                       r"this machine.*slurm: DeepSpeed's slurm runner"):  # fmt: skip
+        lab_launcher("local")
+
+
+def test_missing_slurm_tools_are_named_not_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = shutil.which
+    monkeypatch.setattr(labmod.shutil, "which", lambda t: None if t in ("salloc", "munged")
+                        else real(t))  # fmt: skip
+    monkeypatch.setattr(labmod.os, "geteuid", lambda: 0)
+    with pytest.raises(
+        LabError,
+        match=r"needs munged, salloc, missing here: apt-get install -y "
+        r"slurm-wlm munge \(the lab does not fall back to another launcher\)",
+    ):
+        check_launcher("slurm")
+
+
+def test_cli_refuses_local_in_the_lab_before_anything_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    before = labmod.existing_labs() if os.geteuid() == 0 else []
+    args = ["run", "--model", "tiny", "--strategy", "zero2", "--net", "100mbit",
+            "--launcher", "local", "--set", "train_iters=2"]  # fmt: skip
+    assert cli_main(args) == 2
+    assert "launcher 'local' cannot run on the lab" in capsys.readouterr().err
+    if os.geteuid() == 0:
+        assert labmod.existing_labs() == before
+
+
+def test_lab_dry_run_keeps_the_launcher(capsys: pytest.CaptureFixture[str]) -> None:
+    for launcher in ("slurm", "openmpi"):
+        args = ["run", "--model", "tiny", "--strategy", "zero2", "--net", "100mbit",
+                "--launcher", launcher, "--dry-run"]  # fmt: skip
+        assert cli_main(args) == 0
+        out = capsys.readouterr().out
+        assert f"--launcher {launcher}" in out and "--launcher pdsh" not in out
+
+
+# ----------------------------------------------------------------------------- rank environment
+
+
+BASE = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1"},
+         {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}),
+        ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+          "OMPI_COMM_WORLD_LOCAL_RANK": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
+          "SLURM_LOCALID": "0"}, {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "SLURM_PROCID": "1",
+          "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"}, {}),
+    ],
+    ids=["slurm", "mpirun-inside-slurm", "already-set"],
+)  # fmt: skip
+def test_rank_environment(env: dict[str, str], expected: dict[str, str]) -> None:
+    assert rank_environment(BASE | env) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0"}, "MASTER_ADDR"),
+        (BASE, "start this through srun or mpirun"),
+        (BASE | {"SLURM_PROCID": "2", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"},
+         "inconsistent"),
+        (BASE | {"SLURM_PROCID": "x", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"},
+         "non-negative integers"),
+    ],
+    ids=["no-master", "no-launcher", "rank-past-size", "not-a-number"],
+)  # fmt: skip
+def test_rank_environment_refuses(env: dict[str, str], match: str) -> None:
+    with pytest.raises(RankEnvError, match=match):
+        rank_environment(env)
+
+
+def test_rank_env_script_execs_the_target_with_the_rank(tmp_path: Path) -> None:
+    target = tmp_path / "show.py"
+    target.write_text(
+        "import json, os, sys\nprint(json.dumps([sys.argv[1:], "
+        "{k: os.environ.get(k) for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK')}]))\n"
+    )
+    env = {**os.environ, **BASE, "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    out = subprocess.run([sys.executable, "-u", RANK_ENV_SCRIPT, str(target), "--a", "b c"],
+                         env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert json.loads(out) == [["--a", "b c"], {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}]
+    bad = subprocess.run(
+        [sys.executable, RANK_ENV_SCRIPT, str(target)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in env.items() if k != "MASTER_ADDR"},
+    )
+    assert bad.returncode == 2 and "MASTER_ADDR" in bad.stderr
+
+
+# ----------------------------------------------------------------------------- job states
+
+
+def test_slurm_conf_names_every_node_by_its_address(tmp_path: Path) -> None:
+    nodes = labmod.plan_nodes("ab12", labmod.ipaddress.IPv4Network("10.200.7.0/24"), 3)
+    text = slurm_conf_text("mdslab12", nodes, 2, tmp_path, tmp_path / "m.sock")
+    assert "SlurmctldHost=node0(10.200.7.1)" in text
+    for i in range(3):
+        assert f"NodeName=node{i} NodeAddr=10.200.7.{i + 1} CPUs=2 State=UNKNOWN" in text
+    assert "PartitionName=lab Nodes=node0,node1,node2 Default=YES" in text
+    assert f"AuthInfo=socket={tmp_path / 'm.sock'}" in text
+    assert "ProctrackType=proctrack/linuxproc" in text and "TaskPlugin=task/none" in text
+
+
+def test_parse_job() -> None:
+    line = ("JobId=7 JobName=tiny-zero2.T UserId=root(0) JobState=TIMEOUT Reason=TimeLimit "
+            "ExitCode=0:15 NodeList=node[0-1] TimeLimit=00:01:00 Command=(null)")  # fmt: skip
+    job = parse_job(line)
+    assert job["JobId"] == "7" and job["JobState"] == "TIMEOUT" and job["NodeList"] == "node[0-1]"
+    assert parse_job("not scontrol output") == {}
+
+
+def _job(state: str, stopped: bool = False) -> SlurmJob:
+    return SlurmJob(7, "tiny-zero2.T", state, "None", "0:0", ("node0", "node1"), "node[0-1]",
+                    "00:01:00", "s", "e", stopped)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("state", "status", "kind"),
+    [("CANCELLED", "interrupted", "cancelled"), ("TIMEOUT", "failed", "time_limit"),
+     ("NODE_FAIL", "failed", "killed"), ("OUT_OF_MEMORY", "failed", "oom"),
+     ("PREEMPTED", "interrupted", "cancelled")],
+)  # fmt: skip
+def test_job_state_decides_the_outcome(tmp_path: Path, state: str, status: str, kind: str) -> None:
+    (tmp_path / "run.json").write_text(json.dumps({"outcome": {"status": "running"}}))
+    session = SlurmLabSession(lab=None, ssh=False, launcher="slurm")
+    session.job = _job(state)
+    logged = Outcome("failed", kind="nccl", reason="Connection reset by peer")
+    settled = session.settle(tmp_path, logged)
+    assert (settled.status, settled.kind) == (status, kind)
+    assert f"Slurm job 7 {FINAL_STATES[state][2]}" in settled.reason  # type: ignore[index]
+    assert "the log says: nccl: Connection reset by peer" in settled.reason
+    assert json.loads((tmp_path / "run.json").read_text())["outcome"] == asdict(settled)
+    assert f"# run outcome: {status} kind={kind}" in (tmp_path / "launcher.log").read_text()
+
+
+@pytest.mark.parametrize("state", ["COMPLETED", "FAILED"])
+def test_a_job_that_ended_by_itself_keeps_the_logs_outcome(tmp_path: Path, state: str) -> None:
+    session = SlurmLabSession(lab=None, ssh=False, launcher="slurm")
+    session.job = _job(state)
+    logged = Outcome("failed", kind="exception", reason="ValueError: x")
+    assert session.settle(tmp_path, logged) is logged
+
+
+def test_a_job_the_executor_stopped_keeps_the_executors_outcome(tmp_path: Path) -> None:
+    session = SlurmLabSession(lab=None, ssh=False, launcher="slurm")
+    session.job = _job("CANCELLED", stopped=True)  # cancelled by the lab after a hang
+    logged = Outcome("failed", kind="hang", reason="no output for 300 s")
+    assert session.settle(tmp_path, logged) is logged
