@@ -41,7 +41,7 @@ from typing import Any
 
 from launchers.execute import update_run_json
 from launchers.lab import Lab, LabError, LabNode, check_launcher
-from launchers.session import LabSession
+from launchers.session import LabSession, namespace_pids
 from launchers.spec import RunSpec
 
 SLURMCTLD_PORT = 6817
@@ -447,6 +447,18 @@ class SlurmLabSession(LabSession):
         """The lab's sshd and the cluster's daemons."""
         return super().keep_pids() | self._cluster().daemon_pids()
 
+    def strays(self) -> list[dict[str, Any]]:
+        """Processes in the nodes that are neither the lab's sshd nor the cluster's daemons."""
+        keep = self.keep_pids()
+        found = []
+        for node in self.lab.nodes:
+            for pid in namespace_pids(node.namespace):
+                with contextlib.suppress(OSError):
+                    comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                    if pid not in keep:
+                        found.append({"node": node.name, "pid": pid, "program": comm})
+        return found
+
     def job_name(self, spec: RunSpec, run_dir: Path) -> str:
         """The run's job name: ``<run name>.<run directory>`` (unique, readable in squeue)."""
         return f"{spec.name}.{run_dir.name}"
@@ -483,14 +495,19 @@ class SlurmLabSession(LabSession):
             self.job = cluster.settle(name)
             with contextlib.suppress(OSError):
                 cluster.copy_logs(sizes, run_dir / "slurm")
+            doc = base_end()  # stops what the job left in the nodes, reads the counters
             record: dict[str, Any] = {"job_name": name, "sinfo_before": sinfo}
             record |= (
                 asdict(self.job)
                 if self.job
                 else {"job_id": None, "problem": "Slurm no longer knows the job"}
             )
+            # Once the run is over: the queue, and what still runs in the nodes besides the
+            # cluster's daemons (both empty unless something escaped the job and the sweep).
+            record["queue_after"] = cluster.queue()
+            record["processes_after"] = self.strays()
             update_run_json(run_dir, slurm=record)
-            return base_end()
+            return doc
 
         hooks["on_end"] = on_end
         return hooks
@@ -500,6 +517,10 @@ class SlurmLabSession(LabSession):
         what the logs said kept in the reason; as is when the job ended by itself."""
         job = self.job
         if job is None or job.stopped_by_executor or FINAL_STATES.get(job.state) is None:
+            return outcome
+        if any(code is None or code < 0 for code in outcome.exit_codes.values()):
+            # salloc ended by a signal: the executor stopped the run (hang, its time limit),
+            # and salloc's end cancelled the job; Slurm did not end it.
             return outcome
         status, kind, what = FINAL_STATES[job.state]  # type: ignore[misc]
         seen = f"{outcome.kind}: {outcome.reason}" if outcome.kind else "no failure"

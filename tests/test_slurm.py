@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,15 +23,25 @@ import pytest
 from launchers import lab as labmod
 from launchers.cli import main as cli_main
 from launchers.execute import Outcome
+from launchers.execute import run as execute_run
 from launchers.hostfile import load_hostfile, parse_hostfile_text
-from launchers.lab import LabError, check_launcher, lab_launcher
-from launchers.lab_slurm import FINAL_STATES, SlurmJob, SlurmLabSession, parse_job, slurm_conf_text
+from launchers.lab import Lab, LabError, LinkShape, check_launcher, lab_launcher
+from launchers.lab_slurm import (
+    FINAL_STATES,
+    SlurmCluster,
+    SlurmJob,
+    SlurmLabSession,
+    parse_job,
+    slurm_conf_text,
+    slurm_session,
+)
 from launchers.presets import resolve_spec
 from launchers.project import RANK_ENV_SCRIPT, launcher_command, remote_environment, script_index
 from launchers.rank_env import RankEnvError, rank_environment
 from launchers.render import render_run_dir
 from launchers.sbatch import allocation, render_sbatch, slurm_time
-from launchers.spec import PLACEHOLDER_PATHS, SpecError
+from launchers.session import namespace_pids
+from launchers.spec import PLACEHOLDER_PATHS, RunSpec, SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO_NODE = load_hostfile(ROOT / "hostfiles" / "2node")
@@ -287,7 +300,9 @@ def test_job_state_decides_the_outcome(tmp_path: Path, state: str, status: str, 
     (tmp_path / "run.json").write_text(json.dumps({"outcome": {"status": "running"}}))
     session = SlurmLabSession(lab=None, ssh=False, launcher="slurm")
     session.job = _job(state)
-    logged = Outcome("failed", kind="nccl", reason="Connection reset by peer")
+    logged = Outcome(
+        "failed", kind="nccl", reason="Connection reset by peer", exit_codes={"launcher": 143}
+    )  # salloc ends with its command's code
     settled = session.settle(tmp_path, logged)
     assert (settled.status, settled.kind) == (status, kind)
     assert f"Slurm job 7 {FINAL_STATES[state][2]}" in settled.reason  # type: ignore[index]
@@ -306,6 +321,224 @@ def test_a_job_that_ended_by_itself_keeps_the_logs_outcome(tmp_path: Path, state
 
 def test_a_job_the_executor_stopped_keeps_the_executors_outcome(tmp_path: Path) -> None:
     session = SlurmLabSession(lab=None, ssh=False, launcher="slurm")
-    session.job = _job("CANCELLED", stopped=True)  # cancelled by the lab after a hang
+    session.job = _job("CANCELLED", stopped=True)  # still running at the end: the lab cancelled it
     logged = Outcome("failed", kind="hang", reason="no output for 300 s")
     assert session.settle(tmp_path, logged) is logged
+    # salloc stopped by the executor (SIGTERM, SIGKILL) cancels its job on its way out
+    session.job = _job("CANCELLED")
+    for code in (-15, -9, None):
+        stopped = Outcome("failed", kind="hang", reason="no output", exit_codes={"launcher": code})
+        assert session.settle(tmp_path, stopped) is stopped
+
+
+# ----------------------------------------------------------------------------- a real cluster
+
+
+def _slurm_skip_reason() -> str | None:
+    try:
+        check_launcher("slurm")
+    except LabError as err:
+        return str(err)
+    return None
+
+
+SKIP_SLURM = _slurm_skip_reason()
+needs_slurm = pytest.mark.skipif(SKIP_SLURM is not None, reason=f"no Slurm lab: {SKIP_SLURM}")
+
+
+@pytest.fixture(scope="module")
+def slurm_lab() -> SlurmLabSession:
+    if SKIP_SLURM is not None:
+        pytest.skip(SKIP_SLURM)
+    with (
+        Lab(nodes=2, shape=LinkShape.parse("100mbit"), ssh=False) as lab,
+        slurm_session(lab) as session,
+    ):
+        yield session
+
+
+def _cluster(session: SlurmLabSession) -> SlurmCluster:
+    assert session.slurm is not None
+    return session.slurm
+
+
+def _leftovers(session: SlurmLabSession) -> dict[int, str]:
+    """Processes in the nodes other than the cluster's daemons."""
+    keep = session.keep_pids()
+    return {
+        pid: Path(f"/proc/{pid}/comm").read_text().strip()
+        for node in session.lab.nodes
+        for pid in namespace_pids(node.namespace)
+        if pid not in keep and Path(f"/proc/{pid}").exists()
+    }
+
+
+@pytest.mark.root
+@needs_slurm
+def test_each_slurmd_is_its_node(slurm_lab: SlurmLabSession) -> None:
+    cluster = _cluster(slurm_lab)
+    assert cluster.node_states() == {"node0": "idle", "node1": "idle"}
+    out = cluster.command(
+        [
+            "srun",
+            "-N2",
+            "-n2",
+            "--label",
+            "sh",
+            "-c",
+            "echo $(hostname) $(ip -o -4 addr show eth0 | awk '{print $4}')",
+        ]
+    )
+    assert out.returncode == 0, out.stderr
+    lines = sorted(out.stdout.split("\n")[:2])
+    nodes = slurm_lab.lab.nodes
+    assert lines == [f"{i}: node{i} {nodes[i].address}/24" for i in range(2)]
+
+
+GLOO = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print(os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"], t.item())
+"""
+
+
+@pytest.mark.root
+@needs_slurm
+def test_srun_ranks_join_one_rendezvous_through_rank_env(
+    slurm_lab: SlurmLabSession, tmp_path: Path
+) -> None:
+    script = tmp_path / "gloo.py"
+    script.write_text(GLOO)
+    lab = slurm_lab.lab
+    exports = f"ALL,MASTER_ADDR={lab.master_addr},MASTER_PORT=29555,GLOO_SOCKET_IFNAME=eth0"
+    argv = [
+        "salloc",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--nodelist=node0,node1",
+        "srun",
+        "--label",
+        f"--export={exports}",
+        sys.executable,
+        "-u",
+        RANK_ENV_SCRIPT,
+        str(script),
+    ]
+    out = _cluster(slurm_lab).command(argv, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert sorted(line for line in out.stdout.splitlines() if line[:1].isdigit()) == [
+        "0: 0 2 0 3.0",
+        "1: 1 2 0 3.0",
+    ]
+
+
+def _stand_in_run(session: SlurmLabSession, logs: Path, command: str) -> tuple[RunSpec, Path]:
+    """A run directory of this lab whose launch.sh runs ``command`` instead of training."""
+    cluster = session.cluster()
+    spec = session.adapt(resolve_spec("tiny", "zero2", cluster, device="cpu",
+                                      paths=PLACEHOLDER_PATHS))  # fmt: skip
+    run_dir = render_run_dir(spec, logs)
+    (run_dir / "launch.sh").write_text(f"#!/usr/bin/env bash\nset -euo pipefail\n{command}\n")
+    return spec, run_dir
+
+
+def _run(session: SlurmLabSession, spec: RunSpec, run_dir: Path, meanwhile=None) -> Outcome:
+    """Execute a run directory on the lab (the executor needs the main thread) while
+    ``meanwhile()`` runs in another thread; return the settled outcome."""
+    helper = threading.Thread(target=meanwhile) if meanwhile else None
+    if helper:
+        helper.start()
+    try:
+        outcome = execute_run(run_dir, show_progress=False, **session.hooks(spec, run_dir))
+        return session.settle(run_dir, outcome)
+    finally:
+        if helper:
+            helper.join(timeout=120)
+
+
+def _wait_running(cluster: SlurmCluster, timeout: float = 120) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = cluster.command(["squeue", "-h", "-t", "R", "-o", "%i"]).stdout.split()
+        if out:
+            return int(out[0])
+        time.sleep(0.5)
+    raise AssertionError("no job started running")
+
+
+@pytest.mark.root
+@needs_slurm
+def test_scancel_mid_run_is_cancelled_and_leaves_nothing(
+    slurm_lab: SlurmLabSession, tmp_path: Path
+) -> None:
+    cluster = _cluster(slurm_lab)
+    spec, run_dir = _stand_in_run(slurm_lab, tmp_path, "exec srun --label sleep 600")
+    cancelled: list[int] = []
+
+    def cancel() -> None:
+        cancelled.append(_wait_running(cluster))
+        time.sleep(2)  # the step's tasks are up
+        cluster.command(["scancel", str(cancelled[0])])
+
+    outcome = _run(slurm_lab, spec, run_dir, cancel)
+    (job_id,) = cancelled
+    assert (outcome.status, outcome.kind) == ("interrupted", "cancelled")
+    assert f"Slurm job {job_id} was cancelled" in outcome.reason
+    doc = json.loads((run_dir / "run.json").read_text())
+    assert doc["outcome"]["kind"] == "cancelled"
+    assert doc["slurm"]["job_id"] == job_id and doc["slurm"]["state"] == "CANCELLED"
+    assert doc["slurm"]["nodes"] == ["node0", "node1"]
+    assert doc["network"]["transport"] == "slurm"
+    assert doc["slurm"]["queue_after"] == [] and doc["slurm"]["processes_after"] == []
+    assert cluster.queue() == [] and _leftovers(slurm_lab) == {}
+    assert (run_dir / "sbatch.sh").exists() and (run_dir / "slurm" / "slurmctld.log").exists()
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@needs_slurm
+def test_time_limit_is_time_limit(slurm_lab: SlurmLabSession, tmp_path: Path) -> None:
+    cluster = _cluster(slurm_lab)
+    slurm_lab.time_limit_s = 60  # Slurm's smallest: one minute
+    try:
+        spec, run_dir = _stand_in_run(slurm_lab, tmp_path, "exec srun --label sleep 600")
+        outcome = _run(slurm_lab, spec, run_dir)
+    finally:
+        slurm_lab.time_limit_s = None
+    assert (outcome.status, outcome.kind) == ("failed", "time_limit"), outcome
+    assert "JobState=TIMEOUT" in outcome.reason
+    assert "#SBATCH --time=00:01:00" in (run_dir / "sbatch.sh").read_text()
+    assert cluster.queue() == [] and _leftovers(slurm_lab) == {}
+
+
+HOLDER = """
+import time
+from launchers.lab import Lab
+from launchers.lab_slurm import slurm_session
+with Lab(nodes=2, ssh=False) as lab, slurm_session(lab) as session:
+    print(lab.id, session.slurm.conf_path, flush=True)
+    time.sleep(120)
+"""
+
+
+def _daemons_of(conf: str) -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines() if conf in line and "ps -eo" not in line]
+
+
+@pytest.mark.root
+@needs_slurm
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_teardown_on_signal_stops_every_daemon(sig: signal.Signals) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    assert proc.stdout is not None
+    lab_id, conf = proc.stdout.readline().split()
+    assert len(_daemons_of(conf)) == 3  # slurmctld and two slurmds (munged has no conf)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == -sig
+    assert _daemons_of(conf) == [] and _daemons_of(f"/tmp/mdsl{lab_id}/") == []
+    assert not labmod.state_dir_of(lab_id).exists()
+    assert [n for n in labmod.list_namespaces() if labmod.lab_id_of(n) == lab_id] == []
