@@ -122,9 +122,10 @@ def render_sbatch(
     )
     lines = [
         "#!/usr/bin/env bash",
-        f"# Slurm batch script of run {spec.name}: `sbatch {run_dir.rstrip('/')}/sbatch.sh`.",
-        f"# {len(alloc.nodes)} node(s) x {alloc.tasks_per_node} task(s), {gpus}; time limit "
-        f"{alloc.time_limit} ({given}).",
+        f"# Slurm batch script of run {spec.name}; submit it with:",
+        f"#   sbatch {run_dir.rstrip('/')}/{SBATCH_NAME}",
+        f"# {len(alloc.nodes)} node(s) x {alloc.tasks_per_node} task(s), {gpus};",
+        f"# time limit {alloc.time_limit} ({given}).",
         "# The nodes are the hostfile's hosts: the hostfile fixes the world size and the master",
         f"# address ({spec.master_addr}). Slurm writes the job's output to the run directory.",
         *(f"#SBATCH {opt}" for opt in alloc.options()),

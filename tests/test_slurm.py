@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -40,8 +41,9 @@ from launchers.project import RANK_ENV_SCRIPT, launcher_command, remote_environm
 from launchers.rank_env import RankEnvError, rank_environment
 from launchers.render import render_run_dir
 from launchers.sbatch import allocation, render_sbatch, slurm_time
-from launchers.session import namespace_pids
+from launchers.session import namespace_pids, steady_iter_ms
 from launchers.spec import PLACEHOLDER_PATHS, RunSpec, SpecError
+from launchers.upstream import check_upstream, tiny_data
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO_NODE = load_hostfile(ROOT / "hostfiles" / "2node")
@@ -497,6 +499,20 @@ def test_scancel_mid_run_is_cancelled_and_leaves_nothing(
 
 
 @pytest.mark.root
+@needs_slurm
+def test_the_sbatch_script_runs_as_a_batch_job(slurm_lab: SlurmLabSession, tmp_path: Path) -> None:
+    spec, run_dir = _stand_in_run(slurm_lab, tmp_path, "exec srun --label hostname")
+    names = [node.name for node in slurm_lab.lab.nodes]
+    script = run_dir / "sbatch.sh"
+    script.write_text(render_sbatch(spec, str(run_dir), time_limit_s=120, nodes=names))
+    out = _cluster(slurm_lab).command(["sbatch", "--parsable", "--wait", str(script)], 180)
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip().split(";")[0]
+    log = (run_dir / f"slurm-{job_id}.log").read_text()
+    assert sorted(log.split()) == ["0:", "1:", "node0", "node1"]
+
+
+@pytest.mark.root
 @pytest.mark.slow
 @needs_slurm
 def test_time_limit_is_time_limit(slurm_lab: SlurmLabSession, tmp_path: Path) -> None:
@@ -542,3 +558,69 @@ def test_teardown_on_signal_stops_every_daemon(sig: signal.Signals) -> None:
     assert _daemons_of(conf) == [] and _daemons_of(f"/tmp/mdsl{lab_id}/") == []
     assert not labmod.state_dir_of(lab_id).exists()
     assert [n for n in labmod.list_namespaces() if labmod.lab_id_of(n) == lab_id] == []
+
+
+# ----------------------------------------------------------------------------- real training
+
+UPSTREAM = check_upstream()
+needs_upstream = pytest.mark.skipif(
+    not (UPSTREAM.ok and tiny_data().exists()),
+    reason=f"needs upstream and the tiny dataset (make setup): {UPSTREAM.message()}",
+)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.upstream
+@needs_slurm
+@needs_upstream
+def test_lab_run_through_slurm_completes(tmp_path: Path) -> None:
+    args = ["run", "--model", "tiny", "--strategy", "zero2", "--net", "100mbit",
+            "--launcher", "slurm", "--no-netbench", "--logs", str(tmp_path),
+            "--set", "train_iters=10"]  # fmt: skip
+    assert cli_main(args) == 0
+    (run_dir,) = (tmp_path / "tiny-zero2").iterdir()
+    doc = json.loads((run_dir / "run.json").read_text())
+    assert doc["outcome"]["status"] == "completed" and doc["outcome"]["last_iteration"] == 10
+    assert doc["spec"]["launcher"] == "slurm" and doc["network"]["transport"] == "slurm"
+    slurm = doc["slurm"]
+    assert isinstance(slurm["job_id"], int) and slurm["state"] == "COMPLETED"
+    assert slurm["nodes"] == ["node0", "node1"] and "idle" in slurm["sinfo_before"]
+    log = (run_dir / "launcher.log").read_text()
+    assert f"salloc: Granted job allocation {slurm['job_id']}" in log and "\n1: " in log
+    assert "using world size: 2" in log  # the ranks found each other (rank_env.py)
+    assert steady_iter_ms(run_dir) is not None
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.upstream
+@needs_slurm
+@needs_upstream
+def test_scancel_mid_training_is_cancelled_and_leaves_nothing(
+    slurm_lab: SlurmLabSession, tmp_path: Path
+) -> None:
+    cluster = _cluster(slurm_lab)
+    spec = slurm_lab.adapt(resolve_spec("tiny", "zero2", slurm_lab.cluster(), device="cpu",
+                                        overrides={"train_iters": 200}))  # fmt: skip
+    run_dir = render_run_dir(spec, tmp_path)
+    cancelled: list[int] = []
+
+    def cancel_after_the_first_iterations() -> None:
+        log = run_dir / "launcher.log"
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if log.exists() and re.search(r"iteration\s+5/", log.read_text(errors="replace")):
+                cancelled.append(_wait_running(cluster))
+                cluster.command(["scancel", str(cancelled[0])])
+                return
+            time.sleep(1)
+
+    outcome = _run(slurm_lab, spec, run_dir, cancel_after_the_first_iterations)
+    assert cancelled, "training never reached iteration 5"
+    assert (outcome.status, outcome.kind) == ("interrupted", "cancelled"), outcome
+    assert 5 <= (outcome.last_iteration or 0) < 200
+    doc = json.loads((run_dir / "run.json").read_text())
+    assert doc["slurm"]["job_id"] == cancelled[0] and doc["slurm"]["state"] == "CANCELLED"
+    assert doc["slurm"]["queue_after"] == [] and doc["slurm"]["processes_after"] == []
+    assert cluster.queue() == [] and _leftovers(slurm_lab) == {}
