@@ -6,7 +6,6 @@ otherwise); the training test also needs ``make setup``.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -14,13 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from launchers.cli import main as cli_main
 from launchers.hostfile import load_hostfile
 from launchers.lab import Lab, LabError, LinkShape, check_launcher
 from launchers.presets import resolve_spec
 from launchers.project import RANK_ENV_SCRIPT, launcher_command, remote_environment, script_index
 from launchers.spec import PLACEHOLDER_PATHS
-from launchers.upstream import check_upstream, tiny_data
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO_NODE = load_hostfile(ROOT / "hostfiles" / "2node")
@@ -79,23 +76,5 @@ def test_mpirun_over_the_lab_ssh_joins_one_rendezvous(tmp_path: Path) -> None:
     assert results == ["[1,0]<stdout>:result 0 2 0 3.0", "[1,1]<stdout>:result 1 2 0 3.0"]
 
 
-UPSTREAM = check_upstream()
-
-
-@pytest.mark.root
-@pytest.mark.slow
-@pytest.mark.upstream
-@needs_openmpi
-@pytest.mark.skipif(not UPSTREAM.ok, reason=f"needs upstream: {UPSTREAM.message()}")
-@pytest.mark.skipif(not tiny_data().exists(), reason="tiny dataset missing: run `make setup`")
-def test_lab_run_through_openmpi_completes(tmp_path: Path) -> None:
-    args = ["run", "--model", "tiny", "--strategy", "zero2", "--net", "100mbit",
-            "--launcher", "openmpi", "--no-netbench", "--logs", str(tmp_path),
-            "--set", "train_iters=10"]  # fmt: skip
-    assert cli_main(args) == 0
-    (run_dir,) = (tmp_path / "tiny-zero2").iterdir()
-    doc = json.loads((run_dir / "run.json").read_text())
-    assert doc["outcome"]["status"] == "completed"
-    assert doc["spec"]["launcher"] == "openmpi" and doc["network"]["transport"] == "openmpi"
-    log = (run_dir / "launcher.log").read_text()
-    assert "mpirun -n 2" in log and "[1,1]<stdout>:" in log
+# The run through DeepSpeed's openmpi runner on upstream: test_slurm.py
+# (test_lab_run_through_the_launcher_asked_for_completes, one case per launcher).

@@ -572,24 +572,31 @@ needs_upstream = pytest.mark.skipif(
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.upstream
-@needs_slurm
 @needs_upstream
-def test_lab_run_through_slurm_completes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["slurm", "openmpi"])
+def test_lab_run_through_the_launcher_asked_for_completes(tmp_path: Path, launcher: str) -> None:
+    try:
+        check_launcher(launcher)
+    except LabError as err:
+        pytest.skip(str(err))
     args = ["run", "--model", "tiny", "--strategy", "zero2", "--net", "100mbit",
-            "--launcher", "slurm", "--no-netbench", "--logs", str(tmp_path),
+            "--launcher", launcher, "--no-netbench", "--logs", str(tmp_path),
             "--set", "train_iters=10"]  # fmt: skip
     assert cli_main(args) == 0
     (run_dir,) = (tmp_path / "tiny-zero2").iterdir()
     doc = json.loads((run_dir / "run.json").read_text())
     assert doc["outcome"]["status"] == "completed" and doc["outcome"]["last_iteration"] == 10
-    assert doc["spec"]["launcher"] == "slurm" and doc["network"]["transport"] == "slurm"
+    assert doc["spec"]["launcher"] == launcher and doc["network"]["transport"] == launcher
+    log = (run_dir / "launcher.log").read_text()
+    assert "using world size: 2" in log  # the ranks found each other (rank_env.py)
+    assert steady_iter_ms(run_dir) is not None
+    if launcher == "openmpi":
+        assert "mpirun -n 2" in log and "[1,1]<stdout>:" in log
+        return
     slurm = doc["slurm"]
     assert isinstance(slurm["job_id"], int) and slurm["state"] == "COMPLETED"
     assert slurm["nodes"] == ["node0", "node1"] and "idle" in slurm["sinfo_before"]
-    log = (run_dir / "launcher.log").read_text()
     assert f"salloc: Granted job allocation {slurm['job_id']}" in log and "\n1: " in log
-    assert "using world size: 2" in log  # the ranks found each other (rank_env.py)
-    assert steady_iter_ms(run_dir) is not None
 
 
 @pytest.mark.root
