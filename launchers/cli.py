@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -199,12 +200,15 @@ def print_dry_run(
     logs: Path,
     out: Callable[[str], None] = print,
     time_limit_s: float | None = None,
+    slurm_nodes: Sequence[str] | None = None,
 ) -> None:
-    """The exact files a run would get (and its ``sbatch.sh`` with Slurm); writes nothing."""
+    """The exact files a run would get (and its ``sbatch.sh`` with Slurm, whose nodes are
+    ``slurm_nodes`` when Slurm names the hosts otherwise than the hostfile); writes nothing."""
     run_dir = str(planned_run_dir(spec, logs, datetime.now(timezone.utc)))
     files = render_files(spec, run_dir)
     if spec.launcher == "slurm":
-        files[SBATCH_NAME] = render_sbatch(spec, run_dir, time_limit_s=time_limit_s)
+        files[SBATCH_NAME] = render_sbatch(spec, run_dir, time_limit_s=time_limit_s,
+                                           nodes=slurm_nodes)  # fmt: skip
     out(f"# dry run: {spec.name} (spec {spec_hash(spec)}); nothing written, nothing started")
     out(f"# run directory would be {run_dir}")
     for name in (LAUNCH_NAME, DS_CONFIG_NAME, SBATCH_NAME):
@@ -232,6 +236,15 @@ def _lab_session(args: argparse.Namespace) -> Iterator[LabSession | None]:
         time_limit_s=args.timeout,
     ) as session:
         yield session
+
+
+def _slurm_dry_run(args: argparse.Namespace) -> dict[str, Any]:
+    """How a dry run's ``sbatch.sh`` looks: as the lab's jobs (its node names, no time limit
+    unless TIMEOUT) with ``--net``, else as on a cluster (TIMEOUT or the default)."""
+    if not args.net:
+        return {"time_limit_s": args.timeout}
+    nodes = [f"node{i}" for i in range(args.lab_nodes)]
+    return {"time_limit_s": args.timeout or math.inf, "slurm_nodes": nodes}
 
 
 def _executor_timeout(args: argparse.Namespace) -> float | None:
@@ -326,7 +339,7 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
         specs = [_resolve(req, args.model, s) for s in strategies]
     if args.dry_run:
         for spec in specs:
-            print_dry_run(spec, req.logs, time_limit_s=args.timeout)
+            print_dry_run(spec, req.logs, **_slurm_dry_run(args))
         return 0
     for warning in preflight(specs[0], args.allow_other_upstream):
         print(f"warning: {warning}", file=sys.stderr)

@@ -202,6 +202,9 @@ def test_lab_dry_run_keeps_the_launcher(capsys: pytest.CaptureFixture[str]) -> N
         assert cli_main(args) == 0
         out = capsys.readouterr().out
         assert f"--launcher {launcher}" in out and "--launcher pdsh" not in out
+        # the lab's jobs: its node names, no time limit unless TIMEOUT
+        assert ("#SBATCH --nodelist=node0,node1\n" in out) == (launcher == "slurm")
+        assert ("#SBATCH --time=UNLIMITED\n" in out) == (launcher == "slurm")
 
 
 # ----------------------------------------------------------------------------- rank environment
