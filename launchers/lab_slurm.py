@@ -59,7 +59,7 @@ KILL_WAIT_S = 5
 FINAL_STATES: dict[str, tuple[str, str, str] | None] = {
     "COMPLETED": None,
     "FAILED": None,
-    "CANCELLED": ("interrupted", "cancelled", "was cancelled (scancel, or an administrator)"),
+    "CANCELLED": ("interrupted", "cancelled", "was cancelled"),
     "PREEMPTED": ("interrupted", "cancelled", "was preempted"),
     "TIMEOUT": ("failed", "time_limit", "reached its time limit"),
     "DEADLINE": ("failed", "time_limit", "reached its deadline"),
@@ -101,6 +101,10 @@ class SlurmJob:
     stopped_by_executor: bool = False
     """The job was still running when the run ended (the executor stopped the run: Ctrl-C,
     hang, time limit) and the lab cancelled it; its state says nothing about the run then."""
+    cancelled_by_uid: int | None = None
+    """Who asked slurmctld to kill the job (``scancel``: ``REQUEST_KILL_JOB ... uid N`` in its
+    log); None when nobody did. A ``CANCELLED`` job nobody killed was given up by its
+    ``salloc``, which does so when the executor stops it (SIGTERM): not a cancel by a user."""
 
 
 def parse_job(text: str) -> dict[str, str]:
@@ -339,9 +343,13 @@ class SlurmCluster:
         out = self.command(["scontrol", "show", "hostnames", node_list], timeout=15).stdout
         return tuple(out.split())
 
-    def settle(self, name: str, timeout: float = 20) -> SlurmJob | None:
+    def settle(
+        self, name: str, since: Mapping[Path, int] | None = None, timeout: float = 20
+    ) -> SlurmJob | None:
         """The job named ``name`` once it has ended; a job still running is cancelled first
-        (the run ended without it: the executor stopped the run) and marked as such."""
+        (the run ended without it: the executor stopped the run) and marked as such. ``since``
+        (:meth:`log_sizes` when the run started) bounds the slurmctld log read for who killed
+        the job."""
         job_id = self.find_job(name)
         if job_id is None:
             return None
@@ -367,7 +375,18 @@ class SlurmCluster:
             start=info.get("StartTime", ""),
             end=info.get("EndTime", ""),
             stopped_by_executor=stopped,
+            cancelled_by_uid=self._killed_by(job_id, since or {}),
         )
+
+    def _killed_by(self, job_id: int, since: Mapping[Path, int]) -> int | None:
+        """The uid slurmctld logged a kill request of ``job_id`` from, if any."""
+        log = self.log_dir / "slurmctld.log"
+        with contextlib.suppress(OSError), log.open("rb") as f:
+            f.seek(since.get(log, 0))
+            text = f.read().decode(errors="replace")
+            if m := re.search(rf"REQUEST_KILL_JOB JobId={job_id} uid (\d+)", text):
+                return int(m[1])
+        return None
 
     def daemon_pids(self) -> set[int]:
         """Processes that are the cluster's daemons (kept when a run's leftovers are swept)."""
@@ -492,7 +511,7 @@ class SlurmLabSession(LabSession):
         base_end = hooks["on_end"]
 
         def on_end() -> dict[str, Any]:
-            self.job = cluster.settle(name)
+            self.job = cluster.settle(name, sizes)
             with contextlib.suppress(OSError):
                 cluster.copy_logs(sizes, run_dir / "slurm")
             doc = base_end()  # stops what the job left in the nodes, reads the counters
@@ -518,16 +537,18 @@ class SlurmLabSession(LabSession):
         job = self.job
         if job is None or job.stopped_by_executor or FINAL_STATES.get(job.state) is None:
             return outcome
-        if any(code is None or code < 0 for code in outcome.exit_codes.values()):
-            # salloc ended by a signal: the executor stopped the run (hang, its time limit),
-            # and salloc's end cancelled the job; Slurm did not end it.
+        if job.state == "CANCELLED" and job.cancelled_by_uid is None:
+            # Nobody asked slurmctld to kill it: salloc gave the allocation up when the
+            # executor stopped it (hang, the executor's time limit). The executor's outcome.
             return outcome
         status, kind, what = FINAL_STATES[job.state]  # type: ignore[misc]
         seen = f"{outcome.kind}: {outcome.reason}" if outcome.kind else "no failure"
-        reason = " ".join(
-            f"Slurm job {job.job_id} {what} (JobState={job.state}, Reason={job.reason}, "
-            f"nodes {job.node_list}, time limit {job.time_limit}); the log says: {seen}".split()
+        by = f" (scancel by uid {job.cancelled_by_uid})" if job.cancelled_by_uid is not None else ""
+        reason = (
+            f"Slurm job {job.job_id} {what}{by} (JobState={job.state}, Reason={job.reason}, "
+            f"nodes {job.node_list}, time limit {job.time_limit}); the log says: {seen}"
         )
+        reason = " ".join(reason.split())
         settled = replace(outcome, status=status, kind=kind, reason=reason)
         update_run_json(run_dir, outcome=asdict(settled))
         with contextlib.suppress(OSError), (run_dir / "launcher.log").open("a") as log:

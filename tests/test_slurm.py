@@ -290,9 +290,21 @@ def test_parse_job() -> None:
     assert parse_job("not scontrol output") == {}
 
 
-def _job(state: str, stopped: bool = False) -> SlurmJob:
-    return SlurmJob(7, "tiny-zero2.T", state, "None", "0:0", ("node0", "node1"), "node[0-1]",
-                    "00:01:00", "s", "e", stopped)  # fmt: skip
+def _job(state: str, stopped: bool = False, uid: int | None = 0) -> SlurmJob:
+    return SlurmJob(
+        7,
+        "tiny-zero2.T",
+        state,
+        "None",
+        "0:0",
+        ("node0", "node1"),
+        "node[0-1]",
+        "00:01:00",
+        "s",
+        "e",
+        stopped,
+        uid if state == "CANCELLED" else None,
+    )
 
 
 @pytest.mark.parametrize(
@@ -329,11 +341,11 @@ def test_a_job_the_executor_stopped_keeps_the_executors_outcome(tmp_path: Path) 
     session.job = _job("CANCELLED", stopped=True)  # still running at the end: the lab cancelled it
     logged = Outcome("failed", kind="hang", reason="no output for 300 s")
     assert session.settle(tmp_path, logged) is logged
-    # salloc stopped by the executor (SIGTERM, SIGKILL) cancels its job on its way out
-    session.job = _job("CANCELLED")
-    for code in (-15, -9, None):
-        stopped = Outcome("failed", kind="hang", reason="no output", exit_codes={"launcher": code})
-        assert session.settle(tmp_path, stopped) is stopped
+    # salloc stopped by the executor (SIGTERM) gives its allocation up: CANCELLED, but nobody
+    # asked slurmctld to kill the job
+    session.job = _job("CANCELLED", uid=None)
+    stopped = Outcome("failed", kind="hang", reason="no output", exit_codes={"launcher": 143})
+    assert session.settle(tmp_path, stopped) is stopped
 
 
 # ----------------------------------------------------------------------------- a real cluster
@@ -490,7 +502,7 @@ def test_scancel_mid_run_is_cancelled_and_leaves_nothing(
     outcome = _run(slurm_lab, spec, run_dir, cancel)
     (job_id,) = cancelled
     assert (outcome.status, outcome.kind) == ("interrupted", "cancelled")
-    assert f"Slurm job {job_id} was cancelled" in outcome.reason
+    assert f"Slurm job {job_id} was cancelled (scancel by uid 0)" in outcome.reason
     doc = json.loads((run_dir / "run.json").read_text())
     assert doc["outcome"]["kind"] == "cancelled"
     assert doc["slurm"]["job_id"] == job_id and doc["slurm"]["state"] == "CANCELLED"
@@ -537,7 +549,7 @@ import time
 from launchers.lab import Lab
 from launchers.lab_slurm import slurm_session
 with Lab(nodes=2, ssh=False) as lab, slurm_session(lab) as session:
-    print(lab.id, session.slurm.conf_path, flush=True)
+    print("READY", lab.id, session.slurm.conf_path, flush=True)
     time.sleep(120)
 """
 
@@ -554,7 +566,11 @@ def test_teardown_on_signal_stops_every_daemon(sig: signal.Signals) -> None:
     proc = subprocess.Popen([sys.executable, "-c", HOLDER], cwd=ROOT, stdout=subprocess.PIPE,
                             text=True)  # fmt: skip
     assert proc.stdout is not None
-    lab_id, conf = proc.stdout.readline().split()
+    line = ""
+    while not line.startswith("READY"):
+        line = proc.stdout.readline()
+        assert line, "the holder ended before its lab was up"
+    lab_id, conf = line.split()[1:]
     assert len(_daemons_of(conf)) == 3  # slurmctld and two slurmds (munged has no conf)
     proc.send_signal(sig)
     assert proc.wait(timeout=60) == -sig
