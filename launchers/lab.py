@@ -22,9 +22,10 @@ receiver); an ifb would need a redirect filter per port for the same result. ``d
 ``loss_pct`` are applied once per direction (on the uplink), so between two nodes the one-way
 delay is ``delay_ms`` and a ping's RTT is ``2 x delay_ms``.
 
-Manual use: ``python -m launchers.lab up --nodes 2 --link 100mbit`` (prints the lab's name and
-hostfile, keeps it until Ctrl-C), ``python -m launchers.lab list``, ``python -m launchers.lab down
-NAME`` and ``down --all`` (every leftover lab of this project, found by the ``mdsl`` prefix).
+Manual use: ``python -m launchers.lab up --nodes 2 --link 100mbit [--slurm]`` (prints the lab's
+name and hostfile, with ``--slurm`` its Slurm cluster's ``SLURM_CONF``, keeps it until Ctrl-C),
+``python -m launchers.lab list``, ``python -m launchers.lab down NAME`` and ``down --all`` (every
+leftover lab of this project, found by the ``mdsl`` prefix).
 """
 
 from __future__ import annotations
@@ -537,8 +538,8 @@ LAB_TRANSPORTS: dict[str, str] = {
 LAUNCHER_TOOLS: dict[str, tuple[tuple[str, ...], str]] = {
     "pdsh": (("ssh", "ssh-keygen", "pdsh", SSHD), INSTALL_HINT),
     "no_ssh": ((), INSTALL_HINT),
-    "openmpi": (("ssh", "ssh-keygen", SSHD, "mpirun", "ompi_info"),
-                "apt-get install -y openmpi-bin openssh-server openssh-client"),
+    "openmpi": (("ssh", "ssh-keygen", SSHD, "pdsh", "mpirun", "ompi_info"),
+                "apt-get install -y openmpi-bin openssh-server openssh-client pdsh"),
     "slurm": (("munged", "slurmctld", "slurmd", "sinfo", "squeue", "scontrol", "scancel",
                "salloc", "srun", "nsenter", "unshare"), "apt-get install -y slurm-wlm munge"),
 }  # fmt: skip
@@ -1035,6 +1036,18 @@ def _disable_ipv6_here(interface: str) -> None:
 # ----------------------------------------------------------------------------- CLI
 
 
+@contextlib.contextmanager
+def _slurm(lab: Lab, args: argparse.Namespace) -> Iterator[None]:
+    """``up --slurm``: the lab's Slurm cluster for as long as the lab is up."""
+    if not args.slurm:
+        yield
+        return
+    from launchers.lab_slurm import SlurmCluster
+
+    with SlurmCluster(lab):
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m launchers.lab up|down|list``."""
     parser = argparse.ArgumentParser(
@@ -1048,6 +1061,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--loss-pct", type=float, default=0.0, help="packet loss per node, percent")
     up.add_argument("--name", default=None, help="lab id, 1-6 of a-z0-9 (default: random)")
     up.add_argument("--no_ssh", "--no-ssh", action="store_true", help="no sshd in the nodes")
+    up.add_argument(
+        "--slurm", action="store_true", help="also a Slurm cluster (slurmctld, a slurmd per node)"
+    )
     down = sub.add_parser("down", help="remove a lab by name, or every lab of ours with --all")
     down.add_argument("name", nargs="?", help="lab name (mdsl<id>) or id")
     down.add_argument("--all", action="store_true", help="remove every leftover mdsl* lab")
@@ -1070,7 +1086,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             status |= bool(problems)
         return status
     shape = LinkShape.parse(args.link, args.delay_ms, args.loss_pct)
-    with Lab(args.nodes, shape, name=args.name, ssh=not args.no_ssh) as lab:
+    with Lab(args.nodes, shape, name=args.name, ssh=not args.no_ssh) as lab, _slurm(lab, args):
         hostfile = lab.write_hostfile()
         print(json.dumps(lab.describe(), indent=2))
         print(f"hostfile: {hostfile}")
@@ -1078,6 +1094,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             env = lab.launcher_env(base={})
             print(f"ssh: ssh -F {lab.ssh_config_path} {lab.master_addr}")
             print("launcher env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
+        if args.slurm:
+            conf = lab.state_dir / "slurm" / "slurm.conf"
+            print(f"slurm: SLURM_CONF={conf} sinfo   (salloc, srun, sbatch, squeue, scancel)")
         print(f"remove: Ctrl-C, or 'python -m launchers.lab down {lab.id}'", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
