@@ -41,7 +41,7 @@ from launchers.project import RANK_ENV_SCRIPT, launcher_command, remote_environm
 from launchers.rank_env import RankEnvError, rank_environment
 from launchers.render import render_run_dir
 from launchers.sbatch import allocation, render_sbatch, slurm_time
-from launchers.session import namespace_pids, steady_iter_ms
+from launchers.session import LabSession, namespace_pids, steady_iter_ms
 from launchers.spec import PLACEHOLDER_PATHS, RunSpec, SpecError
 from launchers.upstream import check_upstream, tiny_data
 
@@ -650,3 +650,24 @@ def test_scancel_mid_training_is_cancelled_and_leaves_nothing(
     assert doc["slurm"]["job_id"] == cancelled[0] and doc["slurm"]["state"] == "CANCELLED"
     assert doc["slurm"]["queue_after"] == [] and doc["slurm"]["processes_after"] == []
     assert cluster.queue() == [] and _leftovers(slurm_lab) == {}
+
+
+class _FakeLab:
+    """What LabSession.adapt reads of a lab."""
+
+    master_addr = "10.200.9.1"
+    nodes = (None, None)
+
+    class shape:
+        label = "100mbit"
+
+
+@pytest.mark.parametrize("launcher", ["pdsh", "no_ssh", "openmpi", "slurm"])
+def test_a_lab_session_runs_every_spec_with_its_launcher(launcher: str) -> None:
+    hosts = parse_hostfile_text("10.200.9.1 slots=1\n10.200.9.2 slots=1\n", "lab")
+    spec = resolve_spec("tiny", "zero2", hosts, device="cpu", paths=PLACEHOLDER_PATHS)
+    assert spec.launcher == "pdsh"  # what a multi-host hostfile gets by default
+    session = LabSession(lab=_FakeLab(), ssh=launcher in ("pdsh", "openmpi"), launcher=launcher)
+    adapted = session.adapt(spec)
+    assert adapted.launcher == launcher and adapted.network == "emulated 2 nodes x 100mbit"
+    assert adapted.ssh_check == (launcher == "no_ssh")
