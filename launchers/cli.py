@@ -36,7 +36,7 @@ from launchers.render import (
     render_files,
     render_run_dir,
 )
-from launchers.sbatch import SBATCH_NAME, render_sbatch
+from launchers.sbatch import SBATCH_NAME, check_inside_allocation, render_sbatch
 from launchers.session import LabSession, failed, lab_available, lab_session, run_specs
 from launchers.spec import DEVICES, LAUNCHER_MODES, Cluster, RunSpec, SpecError, spec_hash
 
@@ -343,6 +343,8 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
         return 0
     for warning in preflight(specs[0], args.allow_other_upstream):
         print(f"warning: {warning}", file=sys.stderr)
+    if not args.net and specs[0].launcher == "slurm":
+        check_inside_allocation(specs[0], os.environ)
     mem_limit = _mem_limit(args, specs)
     with _lab_session(args) as session:
         if session is not None:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Sequence
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from launchers.spec import RunSpec, SpecError
@@ -140,3 +141,42 @@ def render_sbatch(
         f"exec bash {shlex.quote(launch)}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def check_inside_allocation(
+    spec: RunSpec, env: Mapping[str, str], expand: Callable[[str], list[str]] | None = None
+) -> None:
+    """Raise SpecError unless ``env`` is inside a Slurm allocation holding the run's hosts.
+
+    DeepSpeed's slurm runner calls ``srun``; outside an allocation srun would make its own,
+    on nodes Slurm chooses, while the ranks meet at the hostfile's first host. ``expand`` turns
+    ``SLURM_JOB_NODELIST`` into names (default: ``scontrol show hostnames``).
+    """
+    hosts = [h.name for h in spec.cluster.hosts]
+    if not env.get("SLURM_JOB_ID"):
+        opts = " ".join(allocation(spec).options()[1:])  # all but the job name
+        raise SpecError(
+            f"launcher slurm runs inside an allocation, and SLURM_JOB_ID is not set: submit the "
+            f"run's {SBATCH_NAME} (DRY_RUN=1 shows it, `python -m launchers generate` writes it) "
+            f"or run make inside `salloc {opts}`"
+        )
+    expand = expand or _scontrol_hostnames
+    allocated = expand(env.get("SLURM_JOB_NODELIST", ""))
+    missing = [h for h in hosts if h not in allocated]
+    if missing:
+        raise SpecError(
+            f"launcher slurm: hostfile {spec.cluster.hostfile} names {', '.join(missing)}, not in "
+            f"allocation {env['SLURM_JOB_ID']} ({', '.join(allocated) or 'no nodes'}): write the "
+            "allocated nodes into the hostfile, or allocate the hostfile's hosts (--nodelist)"
+        )
+
+
+def _scontrol_hostnames(node_list: str) -> list[str]:
+    if not node_list:
+        return []
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", node_list], capture_output=True,
+                             text=True, timeout=30, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as err:
+        raise SpecError(f"scontrol show hostnames {node_list!r} failed: {err}") from None
+    return out.split()

@@ -40,7 +40,7 @@ from launchers.presets import resolve_spec
 from launchers.project import RANK_ENV_SCRIPT, launcher_command, remote_environment, script_index
 from launchers.rank_env import RankEnvError, rank_environment
 from launchers.render import render_run_dir
-from launchers.sbatch import allocation, render_sbatch, slurm_time
+from launchers.sbatch import allocation, check_inside_allocation, render_sbatch, slurm_time
 from launchers.session import LabSession, namespace_pids, steady_iter_ms
 from launchers.spec import PLACEHOLDER_PATHS, RunSpec, SpecError
 from launchers.upstream import check_upstream, tiny_data
@@ -124,6 +124,18 @@ def test_sbatch_script(tmp_path: Path) -> None:
     if shutil.which("shellcheck"):
         result = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
         assert result.returncode == 0, result.stdout
+
+
+def test_a_cluster_run_through_slurm_needs_an_allocation_with_the_hosts() -> None:
+    spec = two_node_spec()
+    with pytest.raises(SpecError, match=r"SLURM_JOB_ID is not set: submit the run's sbatch\.sh.*"
+                       r"salloc --nodes=2 --ntasks-per-node=1 --gpus-per-node=1 "
+                       r"--time=01:00:00 --nodelist=node1,node2"):  # fmt: skip
+        check_inside_allocation(spec, {})
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-3]"}
+    check_inside_allocation(spec, env, expand=lambda _: ["node1", "node2", "node3"])
+    with pytest.raises(SpecError, match=r"names node2, not in allocation 42 \(node1, node3\)"):
+        check_inside_allocation(spec, env, expand=lambda _: ["node1", "node3"])
 
 
 def test_slurm_launcher_command_and_environment(tmp_path: Path) -> None:
