@@ -16,12 +16,14 @@ _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
 # Launcher prefixes, tried repeatedly at the start of a line:
 #   srun --label            "0: " / " 12: "
+#   mpirun --tag-output     "[1,0]<stdout>:" (Open MPI: [job,rank]<stream>)
 #   torchrun --tee / --log  "[default0]:"
 #   torch >= 2.2 rank tags  "[rank3]:"
 #   pdsh                    "host: " (checked by _is_host below so that "steps: 30" or
 #                           "RuntimeError: ..." stay content)
 _PREFIX_RE = re.compile(
     r"(?:\s{0,4}(?P<srun>\d{1,5}):\s"
+    r"|\[\d{1,9},(?P<ompi>\d{1,6})\]<std(?:out|err)>:\s?"
     r"|\[(?P<tag>default\d+|rank\d+)\]:\s?"
     r"|(?P<host>[A-Za-z0-9][A-Za-z0-9_.-]{0,62}):\s)"
 )
@@ -57,7 +59,7 @@ def split_prefix(line: str) -> tuple[str, str]:
         m = _PREFIX_RE.match(line)
         if m is None:
             break
-        label = m.group("srun") or m.group("tag") or m.group("host")
+        label = m.group("srun") or m.group("ompi") or m.group("tag") or m.group("host")
         if m.group("host") is not None and not _is_host(label):
             break
         key = f"{key}|{label}" if key else label

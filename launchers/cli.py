@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers.hostfile import HostfileError, load_hostfile, parse_hostfile_text
+from launchers.lab import lab_launcher
 from launchers.presets import (
     CORE_STRATEGIES,
     PresetError,
@@ -34,6 +36,7 @@ from launchers.render import (
     render_files,
     render_run_dir,
 )
+from launchers.sbatch import SBATCH_NAME, check_inside_allocation, render_sbatch
 from launchers.session import LabSession, failed, lab_available, lab_session, run_specs
 from launchers.spec import DEVICES, LAUNCHER_MODES, Cluster, RunSpec, SpecError, spec_hash
 
@@ -192,15 +195,26 @@ def _resolve(req: Request, model: str, strategy: str) -> RunSpec:
     )
 
 
-def print_dry_run(spec: RunSpec, logs: Path, out: Callable[[str], None] = print) -> None:
-    """The exact files a run would get; writes nothing."""
+def print_dry_run(
+    spec: RunSpec,
+    logs: Path,
+    out: Callable[[str], None] = print,
+    time_limit_s: float | None = None,
+    slurm_nodes: Sequence[str] | None = None,
+) -> None:
+    """The exact files a run would get (and its ``sbatch.sh`` with Slurm, whose nodes are
+    ``slurm_nodes`` when Slurm names the hosts otherwise than the hostfile); writes nothing."""
     run_dir = str(planned_run_dir(spec, logs, datetime.now(timezone.utc)))
     files = render_files(spec, run_dir)
+    if spec.launcher == "slurm":
+        files[SBATCH_NAME] = render_sbatch(spec, run_dir, time_limit_s=time_limit_s,
+                                           nodes=slurm_nodes)  # fmt: skip
     out(f"# dry run: {spec.name} (spec {spec_hash(spec)}); nothing written, nothing started")
     out(f"# run directory would be {run_dir}")
-    for name in (LAUNCH_NAME, DS_CONFIG_NAME):
-        out(f"# ==> {name} <==")
-        out(files[name].rstrip("\n"))
+    for name in (LAUNCH_NAME, DS_CONFIG_NAME, SBATCH_NAME):
+        if name in files:
+            out(f"# ==> {name} <==")
+            out(files[name].rstrip("\n"))
     if spec.launcher == "no_ssh":
         out("# ==> per-node commands <==")
         for host, line in node_commands(spec, run_dir):
@@ -218,9 +232,29 @@ def _lab_session(args: argparse.Namespace) -> Iterator[LabSession | None]:
         args.net,
         args.delay_ms or 0.0,
         args.loss_pct or 0.0,
-        ssh=args.launcher != "no_ssh",
+        launcher=lab_launcher(args.launcher),
+        time_limit_s=args.timeout,
     ) as session:
         yield session
+
+
+def _slurm_dry_run(args: argparse.Namespace) -> dict[str, Any]:
+    """How a dry run's ``sbatch.sh`` looks: as the lab's jobs (its node names, no time limit
+    unless TIMEOUT) with ``--net``, else as on a cluster (TIMEOUT or the default)."""
+    if not args.net:
+        return {"time_limit_s": args.timeout}
+    nodes = [f"node{i}" for i in range(args.lab_nodes)]
+    return {"time_limit_s": args.timeout or math.inf, "slurm_nodes": nodes}
+
+
+def _executor_timeout(args: argparse.Namespace) -> float | None:
+    """The executor's bound of a run: TIMEOUT, and later than Slurm's own when Slurm enforces
+    it (the lab's jobs get TIMEOUT as their time limit; the executor stays a backstop)."""
+    if args.timeout is None or not (args.net and args.launcher == "slurm"):
+        return args.timeout
+    from launchers.lab_slurm import KILL_WAIT_S
+
+    return args.timeout + 60 + 2 * KILL_WAIT_S  # Slurm's minute rounding and its kill wait
 
 
 def _dry_run_cluster(args: argparse.Namespace) -> Cluster:
@@ -245,8 +279,7 @@ def _mem_limit(args: argparse.Namespace, specs: Sequence[RunSpec]) -> int | None
         size = parse_size(args.mem_limit)
     except ValueError as exc:
         raise PreflightError(f"--mem-limit: {exc}") from None
-    launchers = {("no_ssh" if args.net and args.launcher == "no_ssh" else
-                  "pdsh" if args.net else s.launcher) for s in specs}  # fmt: skip
+    launchers = {lab_launcher(args.launcher) if args.net else s.launcher for s in specs}
     remote = sorted(launchers - {"local", "no_ssh"})
     if remote:
         raise PreflightError(
@@ -294,8 +327,10 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
     """Resolve every run first (all errors before anything starts), then run them in turn."""
     _apply_lab_hostfile(args)
     req = _request(args)
+    if args.net:  # the launcher asked for, or a refusal that says why: never another one
+        lab_launcher(args.launcher)
     if args.net and args.dry_run:
-        launcher = "no_ssh" if args.launcher == "no_ssh" else "pdsh"
+        launcher = lab_launcher(args.launcher)
         req = replace(req, cluster=_dry_run_cluster(args), launcher=launcher)
         specs = [replace(_resolve(req, args.model, s), ssh_check=launcher == "no_ssh",
                          network=f"emulated {args.lab_nodes} nodes x {args.net}")
@@ -304,10 +339,12 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
         specs = [_resolve(req, args.model, s) for s in strategies]
     if args.dry_run:
         for spec in specs:
-            print_dry_run(spec, req.logs)
+            print_dry_run(spec, req.logs, **_slurm_dry_run(args))
         return 0
     for warning in preflight(specs[0], args.allow_other_upstream):
         print(f"warning: {warning}", file=sys.stderr)
+    if not args.net and specs[0].launcher == "slurm":
+        check_inside_allocation(specs[0], os.environ)
     mem_limit = _mem_limit(args, specs)
     doctor = _doctor_gate(args, strategies)
     if not args.net:
@@ -322,7 +359,7 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
                 session.measure_bandwidth(req.logs)
         try:
             rows = run_specs(specs, req.logs, force=args.force, stall_s=args.stall,
-                             timeout_s=args.timeout, session=session,
+                             timeout_s=_executor_timeout(args), session=session,
                              mem_limit_bytes=mem_limit)  # fmt: skip
         except KeyboardInterrupt:
             return 130
@@ -354,7 +391,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return 0
     for warning in preflight(spec, allow_other_upstream=True):
         print(f"warning: {warning}", file=sys.stderr)
-    print(render_run_dir(spec, req.logs))
+    run_dir = render_run_dir(spec, req.logs)
+    if spec.launcher == "slurm":  # a batch script to submit: `sbatch <run dir>/sbatch.sh`
+        (run_dir / SBATCH_NAME).write_text(render_sbatch(spec, str(run_dir)), encoding="utf-8")
+    print(run_dir)
     return 0
 
 

@@ -224,7 +224,11 @@ def node_processes(
     run: dict[str, Any],
     wrap: Callable[[int, list[str]], list[str]] | None = None,
 ) -> list[NodeProcess]:
-    """The processes a run needs: one ``bash launch.sh``, or one per node for ``no_ssh``."""
+    """The processes a run needs: one ``bash launch.sh``, or one per node for ``no_ssh``.
+
+    ``wrap(i, argv)`` runs node ``i``'s process in its place; for a single launcher, ``wrap(0,
+    argv)`` runs it where it belongs (the lab's Slurm cluster: inside a ``salloc``).
+    """
     spec = run.get("spec", {})
     launch = str(run_dir / "launch.sh")
     if spec.get("launcher") == "no_ssh":
@@ -238,7 +242,8 @@ def node_processes(
                 )
             )
         return out
-    return [NodeProcess("launcher", ["bash", launch], run_dir / "launcher.log")]
+    argv = ["bash", launch]
+    return [NodeProcess("launcher", wrap(0, argv) if wrap else argv, run_dir / "launcher.log")]
 
 
 # --- memory limit -----------------------------------------------------------------------------

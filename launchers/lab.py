@@ -22,9 +22,10 @@ receiver); an ifb would need a redirect filter per port for the same result. ``d
 ``loss_pct`` are applied once per direction (on the uplink), so between two nodes the one-way
 delay is ``delay_ms`` and a ping's RTT is ``2 x delay_ms``.
 
-Manual use: ``python -m launchers.lab up --nodes 2 --link 100mbit`` (prints the lab's name and
-hostfile, keeps it until Ctrl-C), ``python -m launchers.lab list``, ``python -m launchers.lab down
-NAME`` and ``down --all`` (every leftover lab of this project, found by the ``mdsl`` prefix).
+Manual use: ``python -m launchers.lab up --nodes 2 --link 100mbit [--slurm]`` (prints the lab's
+name and hostfile, with ``--slurm`` its Slurm cluster's ``SLURM_CONF``, keeps it until Ctrl-C),
+``python -m launchers.lab list``, ``python -m launchers.lab down NAME`` and ``down --all`` (every
+leftover lab of this project, found by the ``mdsl`` prefix).
 """
 
 from __future__ import annotations
@@ -517,6 +518,76 @@ def check_prerequisites(ssh: bool) -> None:
         raise LabError(f"missing {', '.join(missing)}: {INSTALL_HINT}")
 
 
+LAB_LAUNCHERS: dict[str, str] = {
+    "pdsh": "DeepSpeed's pdsh runner over the lab's ssh (the default)",
+    "no_ssh": "launch.sh NODE_RANK started inside each node's namespace",
+    "openmpi": "DeepSpeed's openmpi runner: mpirun over the lab's ssh",
+    "slurm": "DeepSpeed's slurm runner: srun inside a salloc allocation of the lab's Slurm cluster",
+}
+"""Launchers a lab serves, and how. Any other is refused: a lab never runs a request through a
+launcher other than the one asked for."""
+
+LAB_TRANSPORTS: dict[str, str] = {
+    "pdsh": "ssh",
+    "no_ssh": "netns-exec",
+    "openmpi": "openmpi",
+    "slurm": "slurm",
+}
+"""run.json's ``network.transport`` per lab launcher: how the ranks reached the nodes."""
+
+LAUNCHER_TOOLS: dict[str, tuple[tuple[str, ...], str]] = {
+    "pdsh": (("ssh", "ssh-keygen", "pdsh", SSHD), INSTALL_HINT),
+    "no_ssh": ((), INSTALL_HINT),
+    "openmpi": (("ssh", "ssh-keygen", SSHD, "pdsh", "mpirun", "ompi_info"),
+                "apt-get install -y openmpi-bin openssh-server openssh-client pdsh"),
+    "slurm": (("munged", "slurmctld", "slurmd", "sinfo", "squeue", "scontrol", "scancel",
+               "salloc", "srun", "nsenter", "unshare"), "apt-get install -y slurm-wlm munge"),
+}  # fmt: skip
+"""Executables each lab launcher needs beyond ``ip`` and ``tc``, and the Debian packages."""
+
+
+def lab_launcher(requested: str | None) -> str:
+    """The launcher a lab runs a request with: the one asked for, or pdsh when none was.
+
+    Raises LabError for a launcher the lab cannot serve (``local`` starts every rank on this
+    machine outside the nodes), naming those it serves: never another one in its place.
+    """
+    if requested is None:
+        return "pdsh"
+    if requested not in LAB_LAUNCHERS:
+        why = {
+            "local": "it starts every rank on this machine, outside the lab's nodes and links"
+        }.get(requested, "the lab does not know it")
+        served = "; ".join(f"{name}: {how}" for name, how in LAB_LAUNCHERS.items())
+        raise LabError(
+            f"launcher {requested!r} cannot run on the lab: {why}. The lab serves {served}"
+        )
+    return requested
+
+
+def missing_launcher_tools(launcher: str) -> list[str]:
+    """Executables ``launcher`` needs in a lab that this machine lacks."""
+    tools, _ = LAUNCHER_TOOLS[lab_launcher(launcher)]
+    return [t for t in tools if not _executable(t)]
+
+
+def _executable(tool: str) -> bool:
+    """Whether ``tool`` (a name on PATH, or an absolute path) can be run."""
+    return os.access(tool, os.X_OK) if "/" in tool else shutil.which(tool) is not None
+
+
+def check_launcher(launcher: str) -> None:
+    """Raise LabError saying what is missing for a lab run with ``launcher`` (root included)."""
+    check_prerequisites(ssh=False)
+    missing = missing_launcher_tools(launcher)
+    if missing:
+        hint = LAUNCHER_TOOLS[launcher][1]
+        raise LabError(
+            f"launcher {launcher} in the lab needs {', '.join(missing)}, missing here: {hint} "
+            "(the lab does not fall back to another launcher)"
+        )
+
+
 class Lab:
     """An emulated cluster, created on ``__enter__`` and removed on ``__exit__``.
 
@@ -879,6 +950,28 @@ class Lab:
         env["DS_ENV_FILE"] = str(self.write_deepspeed_env(extra))
         return env
 
+    def openmpi_env(
+        self, extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """Environment for the host's ``deepspeed --launcher openmpi`` (mpirun over the lab's ssh).
+
+        ``OMPI_MCA_plm_rsh_args=-F <ssh_config>``: mpirun starts its ``orted`` on every node
+        with ssh and these arguments; ``OMPI_MCA_oob_tcp_if_include``: the lab's subnet, so every
+        ``orted`` calls mpirun back on the host's address on this lab's bridge (not on another
+        lab's); as root Open MPI refuses to start unless ``OMPI_ALLOW_RUN_AS_ROOT`` and
+        ``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM`` are 1. ``DS_ENV_FILE`` carries ``node_env(extra)``:
+        DeepSpeed's OpenMPIRunner passes each of its lines to the ranks with ``mpirun -x``.
+        """
+        self._require_ssh()
+        env = dict(os.environ if base is None else base)
+        append = env.get("OMPI_MCA_plm_rsh_args", "")
+        env["OMPI_MCA_plm_rsh_args"] = f"{append} -F {self.ssh_config_path}".strip()
+        env["OMPI_MCA_oob_tcp_if_include"] = str(self.subnet)
+        if os.geteuid() == 0:
+            env["OMPI_ALLOW_RUN_AS_ROOT"] = env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+        env["DS_ENV_FILE"] = str(self.write_deepspeed_env(extra))
+        return env
+
     def deepspeed_args(self, hostfile: Path, master_port: int = 29500) -> list[str]:
         """Launcher flags for the ssh path: hostfile, master address and port, no ssh check.
 
@@ -943,6 +1036,18 @@ def _disable_ipv6_here(interface: str) -> None:
 # ----------------------------------------------------------------------------- CLI
 
 
+@contextlib.contextmanager
+def _slurm(lab: Lab, args: argparse.Namespace) -> Iterator[None]:
+    """``up --slurm``: the lab's Slurm cluster for as long as the lab is up."""
+    if not args.slurm:
+        yield
+        return
+    from launchers.lab_slurm import SlurmCluster
+
+    with SlurmCluster(lab):
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m launchers.lab up|down|list``."""
     parser = argparse.ArgumentParser(
@@ -956,6 +1061,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--loss-pct", type=float, default=0.0, help="packet loss per node, percent")
     up.add_argument("--name", default=None, help="lab id, 1-6 of a-z0-9 (default: random)")
     up.add_argument("--no_ssh", "--no-ssh", action="store_true", help="no sshd in the nodes")
+    up.add_argument(
+        "--slurm", action="store_true", help="also a Slurm cluster (slurmctld, a slurmd per node)"
+    )
     down = sub.add_parser("down", help="remove a lab by name, or every lab of ours with --all")
     down.add_argument("name", nargs="?", help="lab name (mdsl<id>) or id")
     down.add_argument("--all", action="store_true", help="remove every leftover mdsl* lab")
@@ -978,7 +1086,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             status |= bool(problems)
         return status
     shape = LinkShape.parse(args.link, args.delay_ms, args.loss_pct)
-    with Lab(args.nodes, shape, name=args.name, ssh=not args.no_ssh) as lab:
+    with Lab(args.nodes, shape, name=args.name, ssh=not args.no_ssh) as lab, _slurm(lab, args):
         hostfile = lab.write_hostfile()
         print(json.dumps(lab.describe(), indent=2))
         print(f"hostfile: {hostfile}")
@@ -986,6 +1094,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             env = lab.launcher_env(base={})
             print(f"ssh: ssh -F {lab.ssh_config_path} {lab.master_addr}")
             print("launcher env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
+        if args.slurm:
+            conf = lab.state_dir / "slurm" / "slurm.conf"
+            print(f"slurm: SLURM_CONF={conf} sinfo   (salloc, srun, sbatch, squeue, scancel)")
         print(f"remove: Ctrl-C, or 'python -m launchers.lab down {lab.id}'", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()

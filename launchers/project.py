@@ -8,6 +8,7 @@ Sources for every flag: UPSTREAM.md and upstream's ``megatron/arguments.py`` (pi
 from __future__ import annotations
 
 import posixpath
+from pathlib import Path
 from typing import Any, Literal
 
 from launchers.gpu import gradient_accumulation_fusion
@@ -39,6 +40,20 @@ FP16_INITIAL_SCALE_POWER = 16
 """Dynamic loss scaling starts at 2**16 (DeepSpeed's default)."""
 FP16_LOSS_SCALE_WINDOW = 1000
 """Steps without overflow before the loss scale grows (DeepSpeed's default)."""
+
+RANK_ENV_LAUNCHERS = ("openmpi", "slurm")
+"""Launchers whose DeepSpeed runner starts ``python <script>`` per rank through ``mpirun`` or
+``srun`` without DeepSpeed's per-node launcher: nothing sets ``RANK``/``WORLD_SIZE``, which
+upstream reads while parsing its arguments, so the script they start is
+:data:`RANK_ENV_SCRIPT`, which sets them and then runs ``pretrain_gpt.py``."""
+
+RANK_ENV_SCRIPT = str(Path(__file__).resolve().with_name("rank_env.py"))
+"""``launchers/rank_env.py`` of this checkout (the same path on every node, like the venv)."""
+
+LAUNCHER_ARGS: dict[str, str] = {"slurm": "--label", "openmpi": "--tag-output"}
+"""Options DeepSpeed passes to ``srun``/``mpirun`` (``--launcher_args``): every output line
+prefixed with its rank (``0: `` from srun, ``[1,0]<stdout>:`` from mpirun), so the parser keeps
+the ranks' lines apart in the one log that carries them all."""
 
 
 def to_flag(key: str, value: Any, sep: Literal["-", "_"] = "-") -> list[str]:
@@ -164,10 +179,17 @@ def environment(spec: RunSpec, run_dir: str) -> dict[str, str]:
 
 
 def remote_environment(spec: RunSpec) -> dict[str, str]:
-    """Variables that must reach the ranks on other hosts (written to ``deepspeed_env``)."""
+    """Variables that must reach the ranks on other hosts (written to ``deepspeed_env``).
+
+    With ``openmpi`` and ``slurm`` the rendezvous address too: their runners pass
+    ``--master_addr`` to no one, and ``rank_env.py`` reads it from the environment.
+    """
+    env: dict[str, str] = {}
     if spec.device == "cpu":
-        return {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    return {}
+        env |= {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    if spec.launcher in RANK_ENV_LAUNCHERS:
+        env |= {"MASTER_ADDR": spec.master_addr, "MASTER_PORT": str(spec.master_port)}
+    return env
 
 
 def needs_env_file(spec: RunSpec) -> bool:
@@ -190,13 +212,19 @@ def launcher_command(spec: RunSpec, run_dir: str, node_rank: int | str = NODE_RA
         argv += to_flag("hostfile", posixpath.join(run_dir, HOSTFILE_NAME), sep="_")
     if spec.launcher in ("pdsh", "openmpi", "slurm"):
         argv += to_flag("launcher", spec.launcher, sep="_")
-    if spec.launcher == "pdsh" and not spec.ssh_check:
+    if spec.launcher in LAUNCHER_ARGS:  # one token: argparse would read "--label" as an option
+        argv.append(f"--launcher_args={LAUNCHER_ARGS[spec.launcher]}")
+    # The runner's check is a bare `ssh HOST hostname`: meaningless for slurm (srun reaches
+    # the nodes through slurmd), and off where ssh needs options it does not pass (the lab).
+    if spec.launcher == "slurm" or (spec.launcher in ("pdsh", "openmpi") and not spec.ssh_check):
         argv += to_flag("no_ssh_check", True, sep="_")
     if spec.launcher == "no_ssh":
         argv += to_flag("no_ssh", True, sep="_") + to_flag("node_rank", node_rank, sep="_")
     if spec.launcher != "local":  # local: DeepSpeed uses 127.0.0.1
         argv += to_flag("master_addr", spec.master_addr, sep="_")
     argv += to_flag("master_port", spec.master_port, sep="_")
+    if spec.launcher in RANK_ENV_LAUNCHERS:
+        argv.append(RANK_ENV_SCRIPT)
     argv.append(posixpath.join(spec.paths.upstream_dir, "pretrain_gpt.py"))
     return argv + megatron_args(spec, run_dir)
 

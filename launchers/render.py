@@ -58,7 +58,7 @@ def _command_lines(argv: list[str]) -> str:
     """``exec`` command, one option (with its values) per line, joined by backslashes."""
     groups: list[list[str]] = [[argv[0]]]
     for arg in argv[1:]:
-        if arg.startswith("--") or arg.endswith("pretrain_gpt.py"):
+        if arg.startswith("--") or arg.endswith(".py"):  # the scripts: pretrain_gpt.py, rank_env.py
             groups.append([arg])
         else:
             groups[-1].append(arg)

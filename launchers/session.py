@@ -140,13 +140,19 @@ class LabSession:
     lab: Any
     """The ``launchers.lab.Lab`` (entered)."""
     ssh: bool
-    """Runs go through pdsh over ssh (else ``no_ssh`` per node in each namespace)."""
+    """The nodes run sshd (pdsh and openmpi reach them through it)."""
+    launcher: str = ""
+    """The lab launcher every run uses (``launchers.lab.LAB_LAUNCHERS``); by default pdsh over
+    ssh, or ``no_ssh`` per node in each namespace when the nodes have no sshd."""
     netbench: Path | None = None
     """The session's ``netbench.json``, once measured."""
     samples: list[tuple[int, dict[str, dict[str, int]]]] = field(default_factory=list)
     """(iteration, counters) sampled during the current run."""
     start: dict[str, dict[str, int]] | None = None
     """Counters when the current run started."""
+
+    def __post_init__(self) -> None:
+        self.launcher = self.launcher or ("pdsh" if self.ssh else "no_ssh")
 
     @property
     def label(self) -> str:
@@ -163,9 +169,9 @@ class LabSession:
         """The spec as it runs on this lab."""
         return replace(
             spec,
-            launcher="pdsh" if self.ssh else "no_ssh",
+            launcher=self.launcher,
             master_addr=self.lab.master_addr,
-            ssh_check=not self.ssh,
+            ssh_check=self.launcher == "no_ssh",
             network=self.label,
         )
 
@@ -186,8 +192,6 @@ class LabSession:
 
     def hooks(self, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
         """Keyword arguments for ``launchers.execute.run`` on this lab."""
-        from launchers.project import remote_environment
-
         self.samples, self.start = [], None
         if self.netbench is not None:
             shutil.copy2(self.netbench, run_dir / "netbench.json")
@@ -208,11 +212,25 @@ class LabSession:
 
         hooks: dict[str, Any] = {"on_start": on_start, "on_iteration": on_iteration,
                                  "on_end": on_end}  # fmt: skip
-        if self.ssh:
-            hooks["env"] = self.lab.launcher_env(remote_environment(spec), base={})
-        else:
-            hooks["wrap"] = lambda i, argv: self.lab.wrap(i, argv, remote_environment(spec))
-        return hooks
+        return hooks | self.launch_hooks(spec, run_dir)
+
+    def launch_hooks(self, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
+        """How the executor starts a run here: ``wrap`` per node, or the launcher's ``env``."""
+        from launchers.project import remote_environment
+
+        if self.launcher == "no_ssh":
+            return {"wrap": lambda i, argv: self.lab.wrap(i, argv, remote_environment(spec))}
+        if self.launcher == "openmpi":
+            return {"env": self.lab.openmpi_env(remote_environment(spec), base={})}
+        return {"env": self.lab.launcher_env(remote_environment(spec), base={})}
+
+    def settle(self, run_dir: Path, outcome: Any) -> Any:
+        """The run's outcome once what ran it had its say (a scheduler's job state); as is."""
+        return outcome
+
+    def keep_pids(self) -> set[int]:
+        """Processes of the lab itself, which outlive every run (each node's sshd)."""
+        return {p.pid for p in getattr(self.lab, "_sshd", [])}
 
     def sweep(self, grace_s: float = 5.0) -> list[dict[str, Any]]:
         """Stop every process a run left inside the nodes (all but the lab's own sshd).
@@ -221,7 +239,7 @@ class LabSession:
         the stop to the nodes over ssh; a node whose link is down never gets it, so its ranks
         would outlive the run. Returns what had to be stopped (node, pid, command).
         """
-        keep = {p.pid for p in getattr(self.lab, "_sshd", [])}
+        keep = self.keep_pids()
         found: list[dict[str, Any]] = []
         for sig in (signal.SIGTERM, signal.SIGKILL):
             alive = []
@@ -248,7 +266,10 @@ class LabSession:
         first logging window appeared, divided by the iterations between them, so start-up
         traffic (rendezvous, parameter broadcast, data-index building) is left out.
         """
+        from launchers.lab import LAB_TRANSPORTS
+
         doc = self.lab.describe()
+        doc["transport"] = LAB_TRANSPORTS[self.launcher]
         delta = {
             node: {k: end[node][k] - self.start[node][k] for k in end[node]}
             for node in end
@@ -284,16 +305,36 @@ class LabSession:
 
 @contextlib.contextmanager
 def lab_session(
-    nodes: int, net: str, delay_ms: float = 0.0, loss_pct: float = 0.0, ssh: bool = True
+    nodes: int,
+    net: str,
+    delay_ms: float = 0.0,
+    loss_pct: float = 0.0,
+    ssh: bool = True,
+    launcher: str | None = None,
+    time_limit_s: float | None = None,
 ) -> Iterator[LabSession]:
-    """Bring a lab up for a session and always tear it down (also on errors and signals)."""
-    from launchers.lab import Lab, LinkShape
+    """Bring a lab up for a session and always tear it down (also on errors and signals).
 
+    ``launcher`` (``launchers.lab.LAB_LAUNCHERS``; default pdsh, or no_ssh when ``ssh`` is
+    False) is the one every run uses; one the lab cannot serve, or whose tools are missing, is
+    refused before anything starts. ``slurm`` brings up the lab's Slurm cluster, whose jobs get
+    ``time_limit_s``.
+    """
+    from launchers.lab import LAB_LAUNCHERS, Lab, LinkShape, check_launcher, lab_launcher
+
+    chosen = lab_launcher(launcher) if launcher is not None or ssh else "no_ssh"
+    check_launcher(chosen)
     shape = LinkShape.parse(net, delay_ms, loss_pct)
-    with Lab(nodes=nodes, shape=shape, ssh=ssh) as lab:
-        print(f"lab {lab.name}: {nodes} nodes, link {shape.label}, "
-              f"{'pdsh over ssh' if ssh else 'per-node --no_ssh'}", flush=True)  # fmt: skip
-        yield LabSession(lab=lab, ssh=ssh)
+    with Lab(nodes=nodes, shape=shape, ssh=chosen in ("pdsh", "openmpi")) as lab:
+        print(f"lab {lab.name}: {nodes} nodes, link {shape.label}, {chosen}: "
+              f"{LAB_LAUNCHERS[chosen]}", flush=True)  # fmt: skip
+        if chosen == "slurm":
+            from launchers.lab_slurm import slurm_session
+
+            with slurm_session(lab, time_limit_s) as session:
+                yield session
+        else:
+            yield LabSession(lab=lab, ssh=lab.ssh, launcher=chosen)
 
 
 # --- the matrix ------------------------------------------------------------------------------
@@ -342,6 +383,8 @@ def run_specs(
                     mem_limit_bytes=mem_limit_bytes,
                     **hooks,
                 )
+                if session is not None:
+                    outcome = session.settle(run_dir, outcome)
             except KeyboardInterrupt:
                 rows.append(MatrixRow(spec.name, "interrupted", "stopped by the user",
                                       steady_iter_ms(run_dir), run_dir))  # fmt: skip

@@ -329,8 +329,21 @@ def test_iteration_line_formats(line, expected):
         " 12: ",
         "gpu-a: [rank1]: ",
         "\x1b[32m",
+        "[1,1]<stdout>:",
+        "[12,0]<stderr>: ",
     ],
-    ids=["pdsh", "pdsh-ip", "torchrun-tee", "rank-tag", "srun", "srun-padded", "pdsh+rank", "ansi"],
+    ids=[
+        "pdsh",
+        "pdsh-ip",
+        "torchrun-tee",
+        "rank-tag",
+        "srun",
+        "srun-padded",
+        "pdsh+rank",
+        "ansi",
+        "mpirun-tag",
+        "mpirun-tag-stderr",
+    ],
 )
 def test_prefixes_do_not_change_values(prefix):
     plain = parse_text("training ...\n" + MDS + "\n")[0].iterations
@@ -356,6 +369,8 @@ def test_prefixes_do_not_change_values(prefix):
             "[rank0]:[E1122 01:00:00 ProcessGroupNCCL.cpp:616] x",
             "[E1122 01:00:00 ProcessGroupNCCL.cpp:616] x",
         ),
+        ("[1,0]<stdout>:[2026-11-22 01:30:03,047] [INFO] x", "[2026-11-22 01:30:03,047] [INFO] x"),
+        ("[1,1]<stderr>:RuntimeError: boom", "RuntimeError: boom"),
     ],
     ids=[
         "pdsh-steps",
@@ -365,6 +380,8 @@ def test_prefixes_do_not_change_values(prefix):
         "ansi",
         "timestamp",
         "rank-then-bracket",
+        "mpirun-tag",
+        "mpirun-tag-exception",
     ],
 )
 def test_strip_prefix(line, content):
