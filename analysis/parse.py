@@ -34,6 +34,8 @@ import re
 import shlex
 import sys
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -58,7 +60,27 @@ from analysis.records import (
     TimerBlock,
 )
 
-__all__ = ["merge_runs", "parse_file", "parse_lines", "parse_text", "strip_prefix"]
+__all__ = ["merge_runs", "parse_file", "parse_lines", "parse_text", "strict", "strip_prefix"]
+
+_STRICT: ContextVar[bool] = ContextVar("analysis.parse strict mode", default=False)
+"""Strict mode (``strict()``): a handler's exception propagates instead of becoming a problem."""
+
+
+@contextmanager
+def strict(on: bool = True) -> Iterator[None]:
+    """Within this block, parsers created here let a handler's exception propagate.
+
+    By default the parser never raises on log content: an exception inside a line handler is a
+    bug of the parser, and it becomes a problem string (``internal parser error``) so that one
+    odd line never costs a report.  Tests run in strict mode so that such a bug fails them
+    instead of hiding behind a problem string.
+    """
+    token = _STRICT.set(on)
+    try:
+        yield
+    finally:
+        _STRICT.reset(token)
+
 
 # Substrings one of which every line that can matter during training contains (see module
 # doc).  Lines of the start-up phase need none of them: they are all parsed.
@@ -279,6 +301,7 @@ class _Core:
         self.streams: dict[str, _Stream] = {}
         self.open_blocks = 0
         self.truncated = 0
+        self.strict = _STRICT.get()
 
     # -- driver interface -------------------------------------------------------------------
 
@@ -293,6 +316,8 @@ class _Core:
         try:
             self._feed(lineno, raw)
         except Exception as exc:
+            if self.strict:
+                raise
             self.run.problems.append(f"line {lineno}: internal parser error {exc!r} (skipped)")
 
     def finish(self) -> list[ParsedRun]:

@@ -12,12 +12,20 @@ from pathlib import Path
 
 import pytest
 
+from analysis import parse
 from analysis.parse import merge_runs, parse_file, parse_text, strip_prefix
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 REPO = Path(__file__).parents[1]
 
 needs_lab = pytest.mark.skipif(not LAB.is_dir(), reason=f"lab logs not found at {LAB}")
+
+
+@pytest.fixture(autouse=True)
+def _strict():
+    """A handler's exception fails the test instead of becoming a problem string."""
+    with parse.strict():
+        yield
 
 
 def _one(name: str):
