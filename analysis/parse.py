@@ -115,6 +115,11 @@ _ANCHORS: tuple[tuple[bytes, tuple[tuple[bytes, int], ...]], ...] = (
 
 _ITERATION_ANCHOR = next(i for i, (a, _) in enumerate(_ANCHORS) if a == b"iteration")
 _CHUNK_BYTES = 1 << 20
+_LATE_CONFIG_LINES = 20_000
+"""Lines read in full after training began in one stream of an interleaved multi-node log while
+the set-up lines of another stream (Megatron's argument dump, the padded vocabulary) were still
+missing: pdsh interleaves nodes, so rank 0's set-up can come after the last rank's first
+iteration line."""
 _TRACEBACK_MAX_LINES = 2000
 _JSON_MAX_LINES = 5000
 
@@ -285,10 +290,31 @@ class _Run:
     spawned: int = 0
     exited_ok: int = 0
     exit_codes: list[int] = field(default_factory=list)
+    training_streams: set[str] = field(default_factory=set)
+    """Streams (launcher prefixes, ``split_prefix`` keys) whose training output began: their
+    set-up lines are over. Another stream's set-up lines are still read (interleaved nodes)."""
+    content_streams: set[str] = field(default_factory=set)
+    """Streams that printed training output, a failure or an exit in this run: a boundary line
+    (argument dump, ``using world size``, launcher command) of such a stream starts a new run."""
+    boundaries_seen: set[tuple[str, str]] = field(default_factory=set)
+    """(stream, boundary kind) already printed in this run: the same again is a relaunch."""
+    config_until: int = 0
+    """Line number up to which every line is read although training began (see
+    ``_LATE_CONFIG_LINES``); 0 once the set-up is complete."""
 
-    def has_content(self) -> bool:
-        """Whether a boundary line now starts a new run rather than continuing this one."""
-        return bool(self.iterations or self.steps or self.failure or self.ended or self.ds_blocks)
+    def begin_training(self, key: str, lineno: int, content: bool = True) -> None:
+        """Stream ``key`` printed training output at ``lineno`` (``content``: a record, not
+        only Megatron's ``training ...`` line)."""
+        if not self.training and key and not self.config_complete():
+            self.config_until = lineno + _LATE_CONFIG_LINES
+        self.training = True
+        self.training_streams.add(key)
+        if content:
+            self.content_streams.add(key)
+
+    def config_complete(self) -> bool:
+        """Megatron's argument dump and padded vocabulary were read: the spec is known."""
+        return bool(self.args) and bool(self.vocab)
 
 
 class _Core:
@@ -302,6 +328,7 @@ class _Core:
         self.open_blocks = 0
         self.truncated = 0
         self.strict = _STRICT.get()
+        self.line = 0
 
     # -- driver interface -------------------------------------------------------------------
 
@@ -309,7 +336,7 @@ class _Core:
     def active(self) -> bool:
         """Whether every line must be fed (not only those holding a keyword)."""
         run = self.run
-        return self.open_blocks > 0 or not run.training or run.ended
+        return self.open_blocks > 0 or not run.training or run.ended or self.line < run.config_until
 
     def feed(self, lineno: int, raw: str) -> None:
         """Parse one physical line (1-based ``lineno``)."""
@@ -335,6 +362,7 @@ class _Core:
     # -- dispatch ---------------------------------------------------------------------------
 
     def _feed(self, lineno: int, raw: str) -> None:
+        self.line = lineno
         if len(raw) > MAX_LINE_CHARS:
             raw = raw[:MAX_LINE_CHARS]
             self.truncated += 1
@@ -372,17 +400,17 @@ class _Core:
     def _dispatch(self, key: str, text: str, lineno: int) -> None:
         run = self.run
         if "# run outcome" in text:
-            self._outcome(text, lineno)
+            self._outcome(key, text, lineno)
             return
         if "iteration" in text and self._iteration_line(key, text, lineno):
             if "|" in text:
                 run.pipe_iterations = True
             return
         if "steps:" in text and "iter time" in text:
-            self._steps(text, lineno)
+            self._steps(key, text, lineno)
             return
         if "time (ms)" in text and "|" in text:
-            self._single_line_timers(text, lineno)
+            self._single_line_timers(key, text, lineno)
             return
         if "across ranks (ms)" in text:
             m = _TIMER_HEAD_RE.search(text)
@@ -428,13 +456,17 @@ class _Core:
         if self._failure_line(key, text, lineno):
             return
         if "exits" in text:
-            self._launcher_exit(text, lineno)
+            self._launcher_exit(key, text, lineno)
             return
         if "ssh exited" in text:
-            self._ssh_exit(text, lineno)
+            self._ssh_exit(key, text, lineno)
             return
-        if run.training and not run.ended:
-            return  # training phase: nothing else can matter (keeps fast and slow paths equal)
+        if run.training and not run.ended and (
+            key in run.training_streams or self.line >= run.config_until
+        ):
+            # Training phase of this stream: nothing else can matter (keeps fast and slow paths
+            # equal). Another stream's set-up lines are still read while every line is fed.
+            return
         self._config_line(key, text, lineno)
 
     # -- multi-line blocks ------------------------------------------------------------------
@@ -468,6 +500,7 @@ class _Core:
         if mode == "args":
             if "end of arguments" in text:
                 self._close(st)
+                self._config_read()
                 return True
             m = _ARG_RE.match(text)
             if m:
@@ -598,20 +631,21 @@ class _Core:
             elif k == "train iters" and total is None:
                 total = to_int(raw_value)
         self._add_iteration(
+            key,
             Iteration(
                 iteration=number, train_iters=total, line=lineno, source=self.source, **values
-            )
+            ),
         )
         return True
 
-    def _add_iteration(self, it: Iteration) -> None:
+    def _add_iteration(self, key: str, it: Iteration) -> None:
         run = self.run
         if it.iteration in run.iter_index:
             return  # printed by several ranks
         if it.iteration < run.max_iter:
             self._new_run(it.line or 0, "the iteration counter went back")
             run = self.run
-        run.training = True
+        run.begin_training(key, it.line or 0)
         run.iter_index[it.iteration] = len(run.iterations)
         run.iterations.append(it)
         run.last_iter = it.iteration
@@ -622,7 +656,7 @@ class _Core:
                 run.reached_final = True
                 run.ended = True
 
-    def _steps(self, text: str, lineno: int) -> None:
+    def _steps(self, key: str, text: str, lineno: int) -> None:
         m = _STEPS_RE.search(text)
         if m is None:
             return
@@ -636,11 +670,11 @@ class _Core:
                 line=lineno,
             )
         )
-        self.run.training = True
+        self.run.begin_training(key, lineno)
 
     # -- timers and memory ------------------------------------------------------------------
 
-    def _single_line_timers(self, text: str, lineno: int) -> None:
+    def _single_line_timers(self, key: str, text: str, lineno: int) -> None:
         head, _, body = text.partition("time (ms)")
         values: dict[str, Any] = {}
         for k, v in parse_pairs(body):
@@ -663,6 +697,7 @@ class _Core:
             )
         else:
             run.ds_blocks.append((values, rank, lineno, len(run.iterations), len(run.steps)))
+            run.content_streams.add(key)
 
     def _megatron_memory(self, text: str, lineno: int) -> None:
         # Reports of several ranks can be glued on one line: split at each report's head.
@@ -698,6 +733,7 @@ class _Core:
             )
             return
         run.ended = True
+        run.content_streams.add(stream or "")
         if run.failure is None:
             run.failure = Failure(kind=kind, message=message, line=lineno)
             run.failure_stream = stream
@@ -765,7 +801,7 @@ class _Core:
         st.chained = False
         return True
 
-    def _outcome(self, text: str, lineno: int) -> None:
+    def _outcome(self, key: str, text: str, lineno: int) -> None:
         m = _OUTCOME_RE.search(text.strip())
         if m is None:
             self.run.problems.append(f"line {lineno}: unreadable run outcome marker: {text[:200]}")
@@ -778,12 +814,14 @@ class _Core:
             kind = "other"
         self.run.outcome = (status, kind, reason or text.strip(), lineno)
         self.run.ended = True
+        self.run.content_streams.add(key)
 
-    def _launcher_exit(self, text: str, lineno: int) -> None:
+    def _launcher_exit(self, key: str, text: str, lineno: int) -> None:
         run = self.run
         if "exits successfully" in text:
             run.exited_ok += 1
             run.ended = True
+            run.content_streams.add(key)
             return
         m = _RC_RE.search(text)
         if m is None:
@@ -792,10 +830,11 @@ class _Core:
         run.exit_codes.append(code)
         if code != 0:
             kind: FailureKind = "killed" if code in (-9, 137) else "other"
-            self._fail(kind, f"exits with return code = {code}", lineno, None)
+            self._fail(kind, f"exits with return code = {code}", lineno, key)
         run.ended = True
+        run.content_streams.add(key)
 
-    def _ssh_exit(self, text: str, lineno: int) -> None:
+    def _ssh_exit(self, key: str, text: str, lineno: int) -> None:
         """pdsh's word on a remote node: 255 is ssh's own failure (the node or its connection
         was lost, e.g. the node's launcher was killed); 137 a remote SIGKILL."""
         m = _SSH_RC_RE.search(text)
@@ -807,19 +846,20 @@ class _Core:
             kind: FailureKind = "killed" if code in (255, 137) else "other"
             what = "connection to the node lost" if code == 255 else "remote command failed"
             self._fail(kind, f"{m.group(1)}: ssh exited with exit code {code} ({what})",
-                       lineno, None)  # fmt: skip
+                       lineno, key)  # fmt: skip
         self.run.ended = True
+        self.run.content_streams.add(key)
 
     # -- configuration ----------------------------------------------------------------------
 
     def _config_line(self, key: str, text: str, lineno: int) -> None:
         run = self.run
         if "arguments" in text and "-- arguments --" in text:
-            self._boundary(lineno, "a new argument dump")
+            self._boundary(key, "args", lineno, "a new argument dump")
             self._open(key, "args", lineno)
             return
         if "using world size:" in text:
-            self._boundary(lineno, "a new `using world size` line")
+            self._boundary(key, "world", lineno, "a new `using world size` line")
             for piece in text.split("using", 1)[1].split(","):
                 k, _, v = piece.rpartition(":")
                 num = to_int(v)
@@ -828,7 +868,7 @@ class _Core:
                     run.world[name] = num
             return
         if "cmd = " in text and "runner.py" in text:
-            self._boundary(lineno, "a new launcher command")
+            self._boundary(key, "cmd", lineno, "a new launcher command")
             self._cmd_args(text.split("cmd = ", 1)[1], lineno)
             return
         if "spawned with command" in text:
@@ -843,6 +883,7 @@ class _Core:
             m = _VOCAB_RE.search(text)
             if m:
                 run.vocab = {"vocab_size": int(m.group(1)), "padded_vocab_size": int(m.group(3))}
+                self._config_read()
             return
         if "DeepSpeedEngine configuration" in text:
             self._open(key, "engine", lineno)
@@ -873,7 +914,7 @@ class _Core:
                     run.versions.setdefault("megatron_git_branch", m.group(2))
             return
         if text.strip() == "training ...":
-            run.training = True
+            run.begin_training(key, lineno, content=False)
 
     def _cmd_args(self, cmd: str, lineno: int) -> None:
         try:
@@ -911,9 +952,18 @@ class _Core:
 
     # -- runs -------------------------------------------------------------------------------
 
-    def _boundary(self, lineno: int, why: str) -> None:
-        if self.run.has_content():
+    def _boundary(self, key: str, kind: str, lineno: int, why: str) -> None:
+        """A run starts here when this stream already printed training output or a failure
+        in the current run, or already printed this kind of line (a relaunch). In a multi-node
+        log, one node's set-up lines may follow another node's training output."""
+        run = self.run
+        if key in run.content_streams or (key, kind) in run.boundaries_seen:
             self._new_run(lineno, why)
+        self.run.boundaries_seen.add((key, kind))
+
+    def _config_read(self) -> None:
+        if self.run.config_complete():
+            self.run.config_until = 0
 
     def _new_run(self, lineno: int, why: str) -> None:
         self._finish_run()
