@@ -265,8 +265,11 @@ class _Run:
     memory: list[Memory] = field(default_factory=list)
     memory_other: list[Memory] = field(default_factory=list)
     megatron_blocks: list[TimerBlock] = field(default_factory=list)
-    # DeepSpeed blocks: (values, rank, line, iterations seen before, pipeline steps before)
-    ds_blocks: list[tuple[dict[str, Any], int | None, int, int, int]] = field(default_factory=list)
+    # DeepSpeed blocks: (values, rank, line, iterations of the same stream seen before,
+    # pipeline steps before, stream)
+    ds_blocks: list[tuple[dict[str, Any], int | None, int, int, int, str]] = field(
+        default_factory=list
+    )
     steps: list[PipelineStep] = field(default_factory=list)
     args: dict[str, Any] = field(default_factory=dict)
     cmd_args: dict[str, Any] = field(default_factory=dict)
@@ -290,6 +293,9 @@ class _Run:
     spawned: int = 0
     exited_ok: int = 0
     exit_codes: list[int] = field(default_factory=list)
+    iter_numbers: dict[str, list[int]] = field(default_factory=dict)
+    """Stream -> numbers of the iteration lines it printed, in order (per-stream attribution
+    of timer blocks: the position of one node's line among another's means nothing)."""
     training_streams: set[str] = field(default_factory=set)
     """Streams (launcher prefixes, ``split_prefix`` keys) whose training output began: their
     set-up lines are over. Another stream's set-up lines are still read (interleaved nodes)."""
@@ -461,8 +467,10 @@ class _Core:
         if "ssh exited" in text:
             self._ssh_exit(key, text, lineno)
             return
-        if run.training and not run.ended and (
-            key in run.training_streams or self.line >= run.config_until
+        if (
+            run.training
+            and not run.ended
+            and (key in run.training_streams or self.line >= run.config_until)
         ):
             # Training phase of this stream: nothing else can matter (keeps fast and slow paths
             # equal). Another stream's set-up lines are still read while every line is fed.
@@ -557,7 +565,7 @@ class _Core:
                     TimerBlock(
                         source="megatron",
                         values_ms=dict(st.timer_values),
-                        iteration=self.run.last_iter,
+                        iteration=self._last_iter(key),
                         line=st.start_line,
                     )
                 )
@@ -649,6 +657,7 @@ class _Core:
         run.iter_index[it.iteration] = len(run.iterations)
         run.iterations.append(it)
         run.last_iter = it.iteration
+        run.iter_numbers.setdefault(key, []).append(it.iteration)
         run.max_iter = max(run.max_iter, it.iteration)
         if it.train_iters is not None:
             run.train_iters = it.train_iters
@@ -692,12 +701,22 @@ class _Core:
         if megatron:
             run.megatron_blocks.append(
                 TimerBlock(
-                    source="megatron", values_ms=values, iteration=run.last_iter, line=lineno
+                    source="megatron",
+                    values_ms=values,
+                    iteration=self._last_iter(key),
+                    line=lineno,
                 )
             )
         else:
-            run.ds_blocks.append((values, rank, lineno, len(run.iterations), len(run.steps)))
+            n_iter = len(run.iter_numbers.get(key, ()))
+            run.ds_blocks.append((values, rank, lineno, n_iter, len(run.steps), key))
             run.content_streams.add(key)
+
+    def _last_iter(self, key: str) -> int | None:
+        """The last iteration line of stream ``key`` (Megatron prints its timer blocks from
+        the rank that prints the iteration lines), else of the run."""
+        numbers = self.run.iter_numbers.get(key)
+        return numbers[-1] if numbers else self.run.last_iter
 
     def _megatron_memory(self, text: str, lineno: int) -> None:
         # Reports of several ranks can be glued on one line: split at each report's head.
@@ -1010,29 +1029,39 @@ def _classify(message: str, default: FailureKind) -> FailureKind:
 
 
 def _attribute(run: _Run, pipeline: bool) -> tuple[list[TimerBlock], list[str]]:
-    """DeepSpeed/pipeline timer blocks with their iteration (see module doc)."""
+    """DeepSpeed/pipeline timer blocks with their iteration (see module doc).
+
+    Positions count only within one stream: a block is placed among the iteration lines of the
+    stream that printed it. A stream with no iteration line of its own (rank 0's node beside
+    the last rank's, interleaved in one file) has its blocks attributed as ``merge_runs`` does
+    for per-node files: when one block per iteration 1..N was printed.
+    """
     problems: list[str] = []
-    numbers = [it.iteration for it in run.iterations]
     steps = [s.step for s in run.steps]
     source = "pipeline" if pipeline else "deepspeed"
+    last = max((n for ns in run.iter_numbers.values() for n in ns), default=None)
     # Group blocks of one timer group (same names) between two consecutive iteration lines.
-    groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
-    for idx, (values, _rank, _line, n_iter, _n_steps) in enumerate(run.ds_blocks):
-        groups.setdefault((tuple(values), n_iter), []).append(idx)
+    groups: dict[tuple[tuple[str, ...], str, int], list[int]] = {}
+    for idx, (values, _rank, _line, n_iter, _n_steps, key) in enumerate(run.ds_blocks):
+        groups.setdefault((tuple(values), key, n_iter), []).append(idx)
     assigned: dict[int, int | None] = {}
     mismatch = False
-    for (_names, j), idxs in groups.items():
+    for (names, key, j), idxs in groups.items():
         m = len(idxs)
+        numbers = run.iter_numbers.get(key, [])
         prev = numbers[j - 1] if j > 0 else None
         nxt = numbers[j] if j < len(numbers) else None
         for k, idx in enumerate(idxs, start=1):
             if pipeline:
-                values, _r, _l, _ni, n_steps = run.ds_blocks[idx]
+                values, _r, _l, _ni, n_steps, _key = run.ds_blocks[idx]
                 first = next(iter(values), "")
                 if first.startswith("pipe_"):
                     assigned[idx] = steps[n_steps - 1] if n_steps > 0 else None
                 else:
                     assigned[idx] = steps[n_steps] if n_steps < len(steps) else None
+            elif not numbers:
+                # Another stream prints the iteration lines: one block per iteration 1..N.
+                assigned[idx] = k if m == last else None
             elif prev is not None and nxt is not None:
                 assigned[idx] = prev + k if nxt - prev == m else None
                 mismatch |= nxt - prev != m
@@ -1047,6 +1076,11 @@ def _attribute(run: _Run, pipeline: bool) -> tuple[list[TimerBlock], list[str]]:
                 assigned[idx] = prev + k
             else:
                 assigned[idx] = None
+        if not pipeline and not numbers and last is not None and m != last:
+            problems.append(
+                f"DeepSpeed timer group {names[0]}...: {m} blocks for {last} iterations "
+                "printed by another stream; left unattributed"
+            )
     if mismatch:
         problems.append(
             "some DeepSpeed timer blocks could not be matched to iterations (their count "
@@ -1055,7 +1089,7 @@ def _attribute(run: _Run, pipeline: bool) -> tuple[list[TimerBlock], list[str]]:
         )
     blocks = [
         TimerBlock(source=source, values_ms=values, rank=rank, iteration=assigned.get(i), line=line)
-        for i, (values, rank, line, _ni, _ns) in enumerate(run.ds_blocks)
+        for i, (values, rank, line, _ni, _ns, _key) in enumerate(run.ds_blocks)
     ]
     return blocks, problems
 
