@@ -585,12 +585,20 @@ def _set_aside(out: Path) -> Path | None:
     return moved
 
 
-def build(logdir: Path, out: Path, baseline: str | None = None) -> list[RunMetrics]:
-    """Load, compute, write everything; returns the rows."""
-    runs = load.discover(logdir, exclude=[out])
+def summarize(
+    logdir: Path, exclude: list[Path], baseline: str | None = None
+) -> tuple[list[load.LoadedRun], list[RunMetrics], predict.ReportSections]:
+    """The runs under ``logdir``, their summary rows (with the cross-run and leave-one-out
+    figures) and the calibrated model's sections: everything the report shows."""
+    runs = load.discover(logdir, exclude=exclude)
     rows = metrics.compare([metrics.compute(r) for r in runs], baseline)
     model = predict.report_sections(runs, rows)
-    rows = predict.fill_rows(rows, model.loo)
+    return runs, predict.fill_rows(rows, model.loo), model
+
+
+def build(logdir: Path, out: Path, baseline: str | None = None) -> list[RunMetrics]:
+    """Load, compute, write everything; returns the rows."""
+    _runs, rows, model = summarize(logdir, [out], baseline)
     moved = _set_aside(out)
     if moved:
         print(f"previous report kept as {moved}", file=sys.stderr)

@@ -238,6 +238,28 @@ def test_two_node_pair_and_merge(strategy):
 
 
 @needs_lab
+@pytest.mark.parametrize("strategy", ["dp2", "zero2"])
+def test_node1_training_before_node0_setup_in_one_file(tmp_path, strategy):
+    """pdsh can print the last rank's iteration lines before rank 0's set-up lines (its
+    launcher command, argument dump, padded vocabulary): one run, nothing lost, and rank 0's
+    DeepSpeed blocks attributed as for per-node files."""
+    node0 = (LAB / f"2n_{strategy}_1000mbit_node0.log").read_text().splitlines()
+    node1 = (LAB / f"2n_{strategy}_1000mbit_node1.log").read_text().splitlines()
+    path = tmp_path / "pdsh.log"
+    path.write_text("\n".join([f"n1: {x}" for x in node1] + [f"n0: {x}" for x in node0]) + "\n")
+    runs = parse_file(path)
+    assert len(runs) == 1, [r.problems for r in runs]
+    run = runs[0]
+    pair = merge_runs([_one(f"2n_{strategy}_1000mbit_node{n}.log") for n in (0, 1)])
+    assert run.status == "completed"
+    for key in ("num_layers", "padded_vocab_size", "zero_stage", "world_size", "num_parameters"):
+        assert run.config[key] == pair.config[key], key
+    ds = [(t.iteration, t.values_ms) for t in run.timers if t.source == "deepspeed"]
+    assert ds == [(t.iteration, t.values_ms) for t in pair.timers if t.source == "deepspeed"]
+    assert ds[0][0] == 1 and ds[-1][0] == 30
+
+
+@needs_lab
 def test_merge_failed_part_wins():
     ok = _one("dp2.log")
     bad = _one("pp2_layernorm_FAIL.log")
