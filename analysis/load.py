@@ -18,10 +18,11 @@ gives stays ``None`` and the problem is recorded. Nothing here is guessed from t
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -371,6 +372,9 @@ def resolve_setup(
         put("micro_batch_size", micro, "ds_config")
         put("global_batch_size", _as_int(ds_config.get("train_batch_size")), "ds_config")
 
+    if parsed is not None:
+        _log_steps_per_print(parsed, put)
+
     config = parsed.config if parsed else {}
     for key in (
         "num_layers",
@@ -452,6 +456,18 @@ def resolve_setup(
         values.pop("dp", None)
         setup = RunSetup(**values, sources=sources)
     return setup, problems
+
+
+def _log_steps_per_print(parsed: ParsedRun, put: Callable[[str, Any, str], None]) -> None:
+    """DeepSpeed's ``steps_per_print`` from the log: its config dump, its engine dump, or the
+    spacing of the PipelineEngine's ``steps: N`` lines (printed when N % steps_per_print == 0,
+    by the same condition as its timer totals)."""
+    put("steps_per_print", _as_int(parsed.ds_config.get("steps_per_print")), "log (config dump)")
+    put("steps_per_print", _as_int(parsed.ds_engine.get("steps_per_print")), "log (engine dump)")
+    steps = [st.step for st in parsed.pipeline_steps]
+    gaps = {b - a for a, b in itertools.pairwise(steps)}
+    if len(gaps) == 1 and (gap := gaps.pop()) > 0 and steps[0] % gap == 0:
+        put("steps_per_print", gap, f"log (every {gap} steps between {len(steps)} 'steps:' lines)")
 
 
 def _group_bare_logs(files: Iterable[Path]) -> dict[tuple[Path, str], list[Path]]:
