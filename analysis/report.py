@@ -275,6 +275,7 @@ def render(
         "",
     ]
     bd_rows = []
+    piped = any(r.pipe_wait_ms is not None or r.data_ms is not None for r in rows)
     for r in rows:
         if r.status != "completed" and r.iter_ms_mean is None:
             continue
@@ -288,25 +289,16 @@ def render(
                 _num(r.optimizer_ms, 1),
                 _num(r.comm_ms, 1)
                 + (notes.ref(r.na_reasons["comm_ms"]) if "comm_ms" in r.na_reasons else ""),
+                *([_num(r.data_ms, 1), _num(r.pipe_wait_ms, 1)] if piped else []),
                 _num(r.other_ms, 1),
                 ", ".join(f"{k}: {v}" for k, v in (r.breakdown_sources or {}).items()) or "-",
             ]
         )
-    md += _table(
-        [
-            "run",
-            "iteration",
-            "forward",
-            "backward",
-            "fwd+bwd",
-            "optimizer",
-            "comm",
-            "other",
-            "timers",
-        ],
-        bd_rows,
-    )
+    headers = ["run", "iteration", "forward", "backward", "fwd+bwd", "optimizer", "comm"]
+    headers += ["data", "pipe wait"] if piped else []
+    md += _table([*headers, "other", "timers"], bd_rows)
     md.append("")
+    md += pipeline_section(rows)
 
     md += ["## Memory efficiency", ""]
     mem_rows = [
@@ -461,6 +453,63 @@ def render(
     if notes.texts:
         md += ["", "## Notes", "", *notes.render()]
     return "\n".join(md) + "\n"
+
+
+def pipeline_section(rows: list[RunMetrics]) -> list[str]:
+    """Pipeline runs whose PipelineEngine timers were printed: per-iteration figures, the
+    measured wait beside the bubble theory, and the untimed remainder in words."""
+    timed = [r for r in rows if r.pipe_wait_ms is not None or ((r.pp or 1) > 1 and r.fwd_ms)]
+    if not timed:
+        return []
+    md = [
+        "### Pipeline timers",
+        "",
+        "DeepSpeed's PipelineEngine prints its timers on global rank 0 (the first stage) every "
+        "steps_per_print steps, as totals over those steps (deepspeed/runtime/pipe/engine.py "
+        "_exec_optimizer_step and train_batch, timers.log with reset): each figure below is the "
+        "printed total / steps_per_print, mean over the prints after the first (warm-up).",
+        "",
+    ]
+    table = []
+    for r in timed:
+        table.append(
+            [
+                r.name,
+                _num(r.iter_ms_mean, 1),
+                _num(r.fwd_ms, 1),
+                _num(r.bwd_ms, 1),
+                _num(r.optimizer_ms, 1),
+                _num(r.data_ms, 1),
+                _num(r.pipe_wait_ms, 1),
+                f"{r.pipe_wait_share:.1%}" if r.pipe_wait_share is not None else "n/a",
+                f"{r.pipe_bubble_theory:.1%}" if r.pipe_bubble_theory is not None else "n/a",
+                _num(r.other_ms, 1),
+                _num(r.other_busbw_gbps, 3) or "n/a",
+            ]
+        )
+    md += _table(
+        ["run", "iteration", "fwd", "bwd", "step", "batch_input", "pipe wait",
+         "wait share", "bubble theory", "untimed", "untimed busbw Gbit/s"],
+        table,
+    )  # fmt: skip
+    md += [
+        "",
+        "ms per iteration. Pipe wait = pipe_send_output + pipe_recv_grad (the first stage's "
+        "blocking sends and receives); wait share = wait / (fwd + bwd + wait); bubble theory = "
+        "(p-1)/(m+p-1), p stages, m micro-batches per step, for balanced stages. Untimed = "
+        "iteration - every timer; its busbw is the bandwidth the untimed collectives' bytes "
+        "imply if they took all of it.",
+        "",
+    ]
+    for r in timed:
+        steps = (r.breakdown_sources or {}).get("steps_per_print")
+        if steps:
+            md.append(f"- {r.name}: steps_per_print {steps}.")
+        if "pipe_wait_ms" in r.na_reasons:
+            md.append(f"- {r.name}: {r.na_reasons['pipe_wait_ms']}.")
+        if r.other_named:
+            md.append(f"- {r.name}: {r.other_ms or 0:,.1f} ms/iteration {r.other_named}.")
+    return [*md, ""]
 
 
 def _scaling_qualitative(rows: list[RunMetrics]) -> list[str]:
