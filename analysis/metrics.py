@@ -555,7 +555,13 @@ class RunMetrics:
     speedup_ci95_hi: float | None
     """Upper bound."""
     baseline: str | None
-    """Name of the baseline run the ratios use."""
+    """Name of the reference run the ratios use (always a completed run)."""
+    baseline_why: str | None
+    """Why that run is the reference of its group (see ``choose_reference``)."""
+    last_iteration: int | None
+    """Last iteration the logs show (Megatron iteration line, else PipelineEngine step)."""
+    train_iters: int | None
+    """Iterations the run was asked to train."""
     fwd_ms: float | None
     """Forward, ms per iteration."""
     bwd_ms: float | None
@@ -679,6 +685,7 @@ def compute(run: LoadedRun) -> RunMetrics:
         "precision": s.precision,
         "device": s.device,
         "link_mbit": s.link_mbit,
+        "train_iters": s.train_iters,
         "problems": list(run.problems),
     }
     row |= {f.name: None for f in fields(RunMetrics) if f.name not in row}
@@ -722,6 +729,8 @@ def compute(run: LoadedRun) -> RunMetrics:
     if p is None:
         na["iter_ms_mean"] = "no log"
         return RunMetrics(**row)
+    numbers = [i.iteration for i in p.iterations] or [st.step for st in p.pipeline_steps]
+    row["last_iteration"] = max(numbers) if numbers else None
 
     steady, why = steady_state(p)
     if steady is None:
@@ -993,21 +1002,69 @@ def speedup_interval(base: RunMetrics, run: RunMetrics) -> tuple[float, float | 
     return ratio, ratio * math.exp(-half), ratio * math.exp(half)
 
 
+def choose_reference(
+    group: list[RunMetrics], baseline: str | None = None
+) -> tuple[RunMetrics | None, str]:
+    """The run a setup group's ratios use, and why. Only a completed, timed run can be one:
+    the run named ``baseline`` (CLI ``--baseline``), else the group's completed run of strategy
+    ``baseline``, else the completed run with the fewest model-parallel ranks (tp x pp: the
+    closest to plain data parallelism; then the lowest ZeRO stage, then the name)."""
+    done = [r for r in group if r.status == "completed" and r.iter_ms_mean is not None]
+    named = [r for r in group if baseline and r.name == baseline]
+    if named and named[0] in done:
+        return named[0], f"{named[0].name}: named by --baseline"
+    plain = [r for r in done if r.strategy == "baseline"]
+    if plain:
+        return plain[0], f"{plain[0].name}: the group's data-parallel baseline run"
+    missed = named or [r for r in group if r.strategy == "baseline"]
+    if not done:
+        return None, "no completed run with a steady-state time in this group"
+    ref = min(done, key=lambda r: ((r.tp or 1) * (r.pp or 1), r.zero_stage or 0, r.name))
+    why = (
+        f"{ref.name}: the completed run with the fewest model-parallel ranks "
+        f"(tp x pp = {(ref.tp or 1) * (ref.pp or 1)})"
+    )
+    if missed:
+        m = missed[0]
+        what = f"{m.status}" + (f" ({m.failure_kind})" if m.failure_kind else "")
+        if m.status == "completed":
+            what = "completed without a steady-state time"
+        why += (
+            f", because {m.name}, the "
+            + ("run named by --baseline" if named else "baseline run")
+            + f", {what}"
+        )
+    else:
+        why += "; the group has no baseline-strategy run"
+    return ref, why
+
+
 def compare(rows: list[RunMetrics], baseline: str | None = None) -> list[RunMetrics]:
     """Cross-run figures within each setup group: speedup, memory saving, inferred bandwidth.
 
-    Baseline: the run named ``baseline`` (CLI ``--baseline``) if it is in the group, else the
-    group's completed run whose strategy is ``baseline``.
+    Only completed runs take part in a ratio, as reference or as compared run; the reference of
+    each group is ``choose_reference``'s, and its reason is kept in ``baseline_why``.
     """
+    refs: dict[str, tuple[RunMetrics | None, str]] = {}
+    for key in dict.fromkeys(r.setup_key for r in rows):
+        refs[key] = choose_reference([r for r in rows if r.setup_key == key], baseline)
     out = []
     for row in rows:
-        group = [r for r in rows if r.setup_key == row.setup_key and r.iter_ms_mean is not None]
-        named = [r for r in group if r.name == baseline] if baseline else []
-        base = (named or [r for r in group if r.strategy == "baseline"] or [None])[0]
+        group = [
+            r
+            for r in rows
+            if r.setup_key == row.setup_key and r.iter_ms_mean is not None
+            and r.status == "completed"
+        ]  # fmt: skip
+        base, why = refs[row.setup_key]
         na = dict(row.na_reasons)
-        changes: dict[str, Any] = {}
-        if base is None:
-            na["speedup"] = f"no baseline run in group '{row.setup_key}'"
+        changes: dict[str, Any] = {"baseline_why": why}
+        if row.status != "completed":
+            na["speedup"] = (
+                f"run {row.status}: not compared (only completed runs take part in ratios)"
+            )
+        elif base is None:
+            na["speedup"] = f"no reference run in group '{row.setup_key}': {why}"
         elif row.iter_ms_mean is None:
             na["speedup"] = "no steady-state time"
         else:
@@ -1019,9 +1076,12 @@ def compare(rows: list[RunMetrics], baseline: str | None = None) -> list[RunMetr
         elif base is not None and base.peak_mem_mb and row.peak_mem_mb is not None:
             changes["mem_saving_pct"] = (base.peak_mem_mb - row.peak_mem_mb) / base.peak_mem_mb
             changes["mem_saving_pct"] *= 100.0
-        value, why = inferred_bandwidth(row, group)
+        if row.status != "completed":
+            value, why_bw = None, f"run {row.status}: not compared"
+        else:
+            value, why_bw = inferred_bandwidth(row, group)
         changes["busbw_gbps_inferred"] = value
-        na["busbw_gbps_inferred"] = why
+        na["busbw_gbps_inferred"] = why_bw
         changes["busbw_inferred_warning"] = inferred_warning(row, value)
         out.append(replace(row, na_reasons=na, **changes))
     return out
