@@ -163,14 +163,28 @@ def findings(group: list[RunMetrics]) -> list[str]:
                 "strategies are not tensor-memory savings"
             )
         out.append(text + ".")
-    for r in group:
-        if r.status != "completed":
-            out.append(
-                f"{r.name} {r.status}"
-                + (f" ({r.failure_kind})" if r.failure_kind else "")
-                + f": {r.failure_reason or 'no reason recorded'}."
-            )
+    out += [_not_completed(r) for r in group if r.status != "completed"]
     return out
+
+
+def _not_completed(r: RunMetrics) -> str:
+    """A run that did not complete: status, kind, where it stopped, why; never in a ratio."""
+    if r.last_iteration is None:
+        where = "before any logged iteration"
+    else:
+        where = f"last logged iteration {r.last_iteration}" + (
+            f" of {r.train_iters}" if r.train_iters else ""
+        )
+    return (
+        f"{r.name} {r.status}" + (f" ({r.failure_kind})" if r.failure_kind else "")
+        + f", {where}: {r.failure_reason or 'no reason recorded'}. Not in any ratio."
+    )  # fmt: skip
+
+
+def reference_line(group: list[RunMetrics]) -> str:
+    """Which run the group's ratios use, and why."""
+    why = next((r.baseline_why for r in group if r.baseline_why), None)
+    return f"Reference for speedups and savings: {why or 'none'}."
 
 
 READ_PROBLEMS = (
@@ -224,7 +238,7 @@ def render(
 
     md += ["## Results per model and setup", ""]
     for key, group in groups.items():
-        md += [f"### {key}", "", _context(group), ""]
+        md += [f"### {key}", "", _context(group), "", reference_line(group), ""]
         table = []
         for r in group:
             table.append(
@@ -546,14 +560,20 @@ def recommendations(key: str, group: list[RunMetrics]) -> list[str]:
         return [f"- {key}: no completed timed run; nothing to recommend from data."]
     out = []
     best = min(timed, key=lambda r: r.iter_ms_mean or 0.0)
-    if best.baseline and best.name != best.baseline and (best.speedup_ci95_lo or 0.0) <= 1.0:
+    ref = next((r for r in timed if best.baseline and r.name == best.baseline), None)
+    if (
+        ref is not None
+        and best.name != ref.name
+        and best.speedup_ci95_lo is not None
+        and best.speedup_ci95_lo <= 1.0
+    ):
         out.append(
             f"- {key}: {best.name} has the lowest mean, but its speedup interval vs "
-            f"{best.baseline} ({best.speedup_ci95_lo or 0:.2f}-{best.speedup_ci95_hi or 0:.2f}) "
-            f"includes 1: no strategy is measurably faster than {best.baseline}; keep it, or "
+            f"{ref.name} ({best.speedup_ci95_lo:.2f}-{best.speedup_ci95_hi or 0:.2f}) "
+            f"includes 1: no strategy is measurably faster than {ref.name}; keep it, or "
             "collect more iterations to separate them."
         )
-        best = next(r for r in timed if r.name == best.baseline)
+        best = ref
     out.append(
         f"- {key}: for speed use **{best.strategy}** ({best.name}, "
         f"{best.iter_ms_mean:,.1f} ms/iteration)"
