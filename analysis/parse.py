@@ -29,10 +29,12 @@ Attribution of DeepSpeed ``wall_clock_breakdown`` lines to iterations
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import shlex
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -235,9 +237,11 @@ class _Stream:
     """Per-prefix state of an open multi-line block."""
 
     mode: str | None = None
-    """``args``, ``timer``, ``traceback``, ``json``, ``engine``, ``wrap`` or None."""
+    """``args``, ``timer``, ``traceback``, ``listtb`` (a traceback printed as a Python list),
+    ``json``, ``engine``, ``wrap`` (a hard-wrapped record) or None."""
     timer_kind: str = ""
-    """Header kind of an open Megatron timer block."""
+    """Header kind of an open Megatron timer block; ``iteration`` or ``timer`` for the record
+    of an open ``wrap`` block."""
     timer_values: dict[str, Any] = field(default_factory=dict)
     """Values collected so far in an open timer block."""
     timer_name: str | None = None
@@ -252,6 +256,9 @@ class _Stream:
     """Brace depth of an open JSON dump."""
     chained: bool = False
     """A ``During handling of the above exception`` line was seen after an exception."""
+    offset: int = 0
+    """Where the record starts in the first line of a ``wrap``/``listtb`` block (the lines
+    are kept whole: their widths tell a cut at a fixed width from a word wrap)."""
 
 
 @dataclass
@@ -394,6 +401,7 @@ class _Core:
         st.depth = 0
         st.timer_values = {}
         st.timer_name = None
+        st.offset = 0
         return st
 
     def _close(self, st: _Stream) -> None:
@@ -539,20 +547,18 @@ class _Core:
         if mode == "traceback":
             return self._traceback_line(key, st, text, lineno)
         if mode == "wrap":
-            stripped = text.strip()
-            looks_new = (
-                not stripped
-                or stripped.startswith("[")
-                or _GLUE_RE.search(stripped) is not None
-                or "|" not in stripped
-            )
-            pending = "".join(st.buf)
-            start = st.start_line
-            self._close(st)
-            if looks_new:
-                self._iteration_text(key, pending, start, allow_wrap=False)
-                return False
-            self._iteration_text(key, pending + text, start, allow_wrap=False)
+            if _continues(text) and st.lines <= _WRAP_MAX_LINES:
+                st.buf.append(text)
+                joined = _join_wrapped(st.buf)
+                if _record_complete(joined, st.timer_kind == "timer"):
+                    self._close_block(key, st, lineno)
+                return True
+            self._close_block(key, st, lineno)
+            return False
+        if mode == "listtb":
+            st.buf.append(text)
+            if text.rstrip().endswith("]") or st.lines > _TRACEBACK_MAX_LINES:
+                self._close_block(key, st, lineno)
             return True
         self._close(st)
         return False
@@ -572,7 +578,20 @@ class _Core:
         elif mode == "json":
             self._json_dump("\n".join(st.buf), st.start_line)
         elif mode == "wrap":
-            self._iteration_text(key, "".join(st.buf), st.start_line, allow_wrap=False)
+            # Closed before the handlers run: they may open a block of their own.
+            joined, start, kind = _join_wrapped(st.buf), st.start_line, st.timer_kind
+            self._close(st)
+            if kind == "timer":
+                self._single_line_timers(key, joined, start, allow_wrap=False)
+            else:
+                self._iteration_text(key, joined, start, allow_wrap=False)
+            return
+        elif mode == "listtb":
+            # A list's repr is one logical line: a viewer cut it wherever the width fell.
+            joined, start = "".join(st.buf)[st.offset :], st.start_line
+            self._close(st)
+            self._list_traceback_end(key, joined, start, eof)
+            return
         elif mode == "traceback" and eof:
             self.run.problems.append(
                 f"line {st.start_line}: traceback without a final exception line (log cut short?)"
@@ -609,10 +628,17 @@ class _Core:
             return False  # prose: "validation loss at iteration 137650 on ..."
         if "|" not in rest and "=" not in rest:
             return False  # prose that mentions an iteration, not an iteration record
-        if allow_wrap and "|" in rest and not text.rstrip().endswith("|"):
+        if allow_wrap and "|" in rest and not _record_complete(text):
             st = self._open(key, "wrap", lineno)
             st.buf = [text]
+            st.timer_kind = "iteration"
             return True
+        glued_timers = ""
+        if "time (ms)" in rest:
+            # Timers glued after the record (a hard-wrapped log joined back, or an era that
+            # printed them on the same line): Megatron's one-line `time (ms) | a: 1 | b: 2`.
+            cut = rest.index("time (ms)")
+            rest, glued_timers = rest[:cut], rest[cut:]
         number = int(m.group(2))
         total = int(m.group(3)) if m.group(3) else None
         values: dict[str, Any] = {}
@@ -644,6 +670,8 @@ class _Core:
                 iteration=number, train_iters=total, line=lineno, source=self.source, **values
             ),
         )
+        if glued_timers:
+            self._single_line_timers(key, glued_timers, lineno, allow_wrap=False)
         return True
 
     def _add_iteration(self, key: str, it: Iteration) -> None:
@@ -683,7 +711,15 @@ class _Core:
 
     # -- timers and memory ------------------------------------------------------------------
 
-    def _single_line_timers(self, key: str, text: str, lineno: int) -> None:
+    def _single_line_timers(
+        self, key: str, text: str, lineno: int, allow_wrap: bool = True
+    ) -> None:
+        if allow_wrap and not _record_complete(text, timer=True):
+            # A hard-wrapped `time (ms) | ... |` line: the rest follows on the next lines.
+            st = self._open(key, "wrap", lineno)
+            st.buf = [text]
+            st.timer_kind = "timer"
+            return
         head, _, body = text.partition("time (ms)")
         values: dict[str, Any] = {}
         for k, v in parse_pairs(body):
@@ -761,6 +797,17 @@ class _Core:
 
     def _failure_line(self, key: str, text: str, lineno: int) -> bool:
         if "Traceback (most recent call last)" in text:
+            start = text.find("['Traceback (most recent call last)")
+            if start >= 0:
+                # A traceback logged as a Python list (``logger.warning(format_exception(...))``).
+                body = text[start:]
+                if body.rstrip().endswith("]"):
+                    self._list_traceback_end(key, body, lineno, eof=False)
+                else:
+                    st = self._open(key, "listtb", lineno)
+                    st.buf = [text]
+                    st.offset = start
+                return True
             self._open(key, "traceback", lineno)
             return True
         if "above exception" in text and text.lstrip().startswith(
@@ -819,6 +866,34 @@ class _Core:
         self._close(st)
         st.chained = False
         return True
+
+    def _list_traceback_end(self, key: str, body: str, lineno: int, eof: bool) -> None:
+        """The exception that ends a list-repr traceback (the last one of a chain)."""
+        lines: list[str] = []
+        end = body.rfind("]")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # invalid escapes in a cut repr
+                value = ast.literal_eval(body[: end + 1]) if 0 < end <= 200_000 else None
+        except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+            value = None
+        if isinstance(value, list) and all(isinstance(x, str) for x in value):
+            lines = "".join(value).splitlines()
+        else:  # cut short or not a literal: the quoted pieces as printed
+            lines = [x.replace("\\n", "") for x in re.findall(r"'((?:[^'\\]|\\.)*)'", body)]
+        last = None
+        for piece in lines:
+            stripped = piece.strip()
+            m = _EXC_RE.match(stripped)
+            if m and m.group(1).endswith(_EXC_NAME_SUFFIX) and piece[:1] not in (" ", "\t"):
+                last = stripped
+        if last is None:
+            self.run.problems.append(
+                f"line {lineno}: traceback printed as a list without a final exception line"
+                + (" (log cut short?)" if eof else "")
+            )
+            return
+        self._fail(_classify(last, "exception"), last, lineno, key)
 
     def _outcome(self, key: str, text: str, lineno: int) -> None:
         m = _OUTCOME_RE.search(text.strip())
@@ -991,6 +1066,58 @@ class _Core:
 
     def _finish_run(self) -> None:
         self.runs.append(_finish(self.run))
+
+
+_WRAP_MAX_LINES = 40
+"""Physical lines one hard-wrapped record may span."""
+_ELAPSED_RE = re.compile(r"elapsed|iteration[ _]time|step[ _]time|time[ _]per[ _]iteration", re.I)
+_LAST_PAIR_RE = re.compile(r"\|[^|]*:\s*[-+\d.eE]+$")
+_TAIL_PAIR_RE = re.compile(r"[\w .()/+-]*:\s*[-+\d.eE]+|[-+\d.eE]+")
+_WRAP_WIDTHS = frozenset((72, 78, 79, 80, 100, 120, 128, 132, 150, 160, 200, 240, 250, 256))
+"""Widths at which terminals, pagers and log viewers cut lines (a cut, not a word wrap)."""
+
+
+def _continues(text: str) -> bool:
+    """Whether a line can be the continuation of a hard-wrapped iteration or timer record:
+    ``key: value |`` pieces, or a last ``key: value``, and nothing that starts a record."""
+    s = text.strip()
+    if not s or s.startswith(("[", "time (ms)", "(min, max)", "steps:")) or "memory (MB)" in s:
+        return False
+    if _GLUE_RE.search(s) is not None or _ITER_RE.search(s) is not None:
+        return False
+    return "|" in s or _TAIL_PAIR_RE.fullmatch(s) is not None
+
+
+def _record_complete(text: str, timer: bool = False) -> bool:
+    """Whether a (joined) record is whole: Megatron ends an iteration line with ``|`` and a
+    timer line (``time (ms) | a: 1 | b: 2``) without; an iteration line with timers glued
+    after it ends like a timer line."""
+    if not timer:
+        m = _ITER_RE.search(text)
+        timer = m is not None and "time (ms)" in text[m.end() :]
+    body = text.rstrip()
+    if not timer:
+        # Every era prints the iteration time early in the record: without it, a line that
+        # ends with `|` was wrapped right after one.
+        return body.endswith("|") and _ELAPSED_RE.search(body) is not None
+    # A timer line is whole when its last piece is `name: value` (not `name:`, not `|`).
+    return _LAST_PAIR_RE.search(body) is not None
+
+
+def _join_wrapped(parts: list[str]) -> str:
+    """Join the physical lines of a hard-wrapped record. A cut at a fixed width (every line
+    but the last equally long, or one line of a usual terminal width) splits wherever it falls:
+    joined as is; a word wrap dropped the space at the break: joined with one. A number cut in
+    two (``lm loss: 5.86`` + ``6232E+00``) is joined as is either way."""
+    if len(parts) == 1:
+        return parts[0]
+    widths = {len(p) for p in parts[:-1]}
+    cut = len(widths) == 1 and (len(parts) > 2 or len(parts[0]) in _WRAP_WIDTHS)
+    out = parts[0]
+    for part in parts[1:]:
+        split_number = re.search(r":\s*[-+\d.eE]+$", out) and re.match(r"[\d.eE+-]", part)
+        out += part if cut or split_number or out.endswith(" ") else " " + part
+    return out
 
 
 def _elapsed_ms(key: str, value: str) -> float | None:
