@@ -816,3 +816,60 @@ def test_pdsh_ssh_exit_names_the_lost_node(tmp_path, code, kind):
         assert run.failure is not None and run.failure.kind == kind
         assert run.failure.message.startswith(f"10.200.49.2: ssh exited with exit code {code}")
         assert run.failure.line == 52
+
+
+# -- tracebacks printed as Python lists, hard-wrapped records ----------------------------------
+
+LIST_TB = (
+    "['Traceback (most recent call last):\\n', '  File \"pretrain_gpt.py\", line 356, in "
+    "<module>\\n    pretrain(train_valid_test_datasets_provider,\\n', 'RuntimeError: CUDA error: "
+    "an illegal memory access was encountered\\n']"
+)
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ["WARNING:megatron.core.utils:" + LIST_TB],
+        ["WARNING:megatron.core.utils:", LIST_TB],
+        ["node1: WARNING:megatron.core.utils:" + LIST_TB[:90], "node1: " + LIST_TB[90:]],
+    ],
+    ids=["one-line", "next-line", "wrapped-prefixed"],
+)
+def test_list_repr_traceback_is_a_failure(lines):
+    """``logger.warning(traceback.format_exception(...))`` prints the traceback as a list: the
+    run failed, with the last exception of the list as its message."""
+    run = parse_text("\n".join(["training ...", MDS, *lines]) + "\n")[0]
+    assert run.status == "failed"
+    assert run.failure.kind == "exception"
+    assert run.failure.message == (
+        "RuntimeError: CUDA error: an illegal memory access was encountered"
+    )
+
+
+def test_record_wrapped_over_several_lines_keeps_every_value():
+    """A record cut at a fixed width over three lines (every line but the last of one width),
+    and one word-wrapped with its timers glued on: all values are read."""
+
+    def values(text):
+        its = parse_text("training ...\n" + text + "\n")[0].iterations
+        return [(i.iteration, i.elapsed_ms, i.lm_loss, i.samples_per_s, i.tflops) for i in its]
+
+    width = 60
+    cut = [MDS[i : i + width] for i in range(0, len(MDS), width)]
+    assert len(cut) >= 3
+    assert values("\n".join(cut)) == values(MDS)
+    words = (MDS.rstrip(" |") + " | time (ms) | forward-compute: 12.30 | optimizer: 3.00").split(
+        " "
+    )
+    lines, line = [], ""
+    for word in words:
+        if len(line) + len(word) + 1 > 70:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    lines.append(line)
+    run = parse_text("\n".join(["training ...", *lines]) + "\n")[0]
+    assert run.iterations[0].lm_loss == pytest.approx(5.866232) and run.iterations[0].tflops == 0.01
+    assert [t.values_ms for t in run.timers] == [{"forward-compute": 12.3, "optimizer": 3.0}]
