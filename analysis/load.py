@@ -43,6 +43,11 @@ MODEL_PRESETS: dict[str, tuple[int, int, int, int]] = {
 """Known model presets as (layers, hidden, heads, seq); must match ``megatron_configs``."""
 
 _NODE_SUFFIX = re.compile(r"^(?P<stem>.+)_node(?P<node>\d+)$")
+_ACCELERATOR_RE = re.compile(
+    r"\bDS_ACCELERATOR=(cpu|cuda)\b|ds_accelerator to (?:be )?(cpu|cuda)\b"
+)
+"""The accelerator a log states: the environment the pdsh runner exports to every node
+(``export DS_ACCELERATOR=cpu``), or DeepSpeed's ``Setting ds_accelerator to cpu``."""
 _LINK_IN_NAME = re.compile(r"(?<![a-z0-9])(?P<rate>\d+(?:\.\d+)?)(?P<unit>mbit|gbit)", re.I)
 
 
@@ -401,6 +406,10 @@ def resolve_setup(
     torch_version = (parsed.versions.get("torch") if parsed else None) or ""
     if torch_version.endswith("+cpu"):
         put("device", "cpu", "log (torch +cpu build)")
+    accel = _ACCELERATOR_RE.search(log_text)
+    if accel:
+        device = "cpu" if (accel.group(1) or accel.group(2)) == "cpu" else "cuda"
+        put("device", device, f"log ({accel.group(0)})")
     match = re.search(r"nnodes=(\d+)", log_text)
     if match:
         put("nodes", int(match.group(1)), "log (launcher nnodes)")
