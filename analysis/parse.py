@@ -117,7 +117,7 @@ _ANCHORS: tuple[tuple[bytes, tuple[tuple[bytes, int], ...]], ...] = (
 
 _ITERATION_ANCHOR = next(i for i, (a, _) in enumerate(_ANCHORS) if a == b"iteration")
 _CHUNK_BYTES = 1 << 20
-_LATE_CONFIG_LINES = 20_000
+_LATE_CONFIG_LINES = 5_000
 """Lines read in full after training began in one stream of an interleaved multi-node log while
 the set-up lines of another stream (Megatron's argument dump, the padded vocabulary) were still
 missing: pdsh interleaves nodes, so rank 0's set-up can come after the last rank's first
@@ -314,6 +314,8 @@ class _Run:
     config_until: int = 0
     """Line number up to which every line is read although training began (see
     ``_LATE_CONFIG_LINES``); 0 once the set-up is complete."""
+    args_stream: str | None = None
+    """Stream that printed Megatron's argument dump (rank 0's)."""
 
     def begin_training(self, key: str, lineno: int, content: bool = True) -> None:
         """Stream ``key`` printed training output at ``lineno`` (``content``: a record, not
@@ -324,10 +326,13 @@ class _Run:
         self.training_streams.add(key)
         if content:
             self.content_streams.add(key)
+        if self.config_complete():
+            self.config_until = 0
 
     def config_complete(self) -> bool:
-        """Megatron's argument dump and padded vocabulary were read: the spec is known."""
-        return bool(self.args) and bool(self.vocab)
+        """Megatron's argument dump was read, and the padded vocabulary or the end of the set-up
+        of the stream that printed the dump (its own training output): the spec is known."""
+        return bool(self.args) and (bool(self.vocab) or self.args_stream in self.training_streams)
 
 
 class _Core:
@@ -951,6 +956,7 @@ class _Core:
         if "arguments" in text and "-- arguments --" in text:
             self._boundary(key, "args", lineno, "a new argument dump")
             self._open(key, "args", lineno)
+            self.run.args_stream = key
             return
         if "using world size:" in text:
             self._boundary(key, "world", lineno, "a new `using world size` line")
