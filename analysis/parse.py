@@ -24,6 +24,22 @@ Attribution of DeepSpeed ``wall_clock_breakdown`` lines to iterations
   unattributed (and a problem says so).  PipelineEngine timers are printed every
   ``steps_per_print`` steps as totals: ``pipe_*`` groups right after the ``steps: N`` line
   (attributed to N), the others before it (attributed to the next ``steps:`` line).
+
+Interleaved nodes (pdsh, srun, torchrun prefixes)
+  Lines are told apart by their launcher prefix (``split_prefix``'s stream key), and what
+  depends on the order of lines is kept per stream: a stream's set-up lines end when that
+  stream's training output begins, a boundary line (argument dump, ``using world size``,
+  launcher command) starts a new run only when its own stream already trained, failed or
+  printed the same kind of line, and timer blocks are placed among the iteration lines of
+  their own stream. Rank 0's set-up lines may come after the last rank's first iteration
+  line: while the argument dump is missing, every line is read for up to
+  ``_LATE_CONFIG_LINES`` lines after training began.
+
+Records that are not one line
+  A hard-wrapped iteration or timer record is joined back (see ``_join_wrapped``), timers
+  glued after an iteration record are read as a ``time (ms)`` line, and a traceback printed
+  as a Python list (``['Traceback (most recent call last):\n', ...]``) fails the run with the
+  list's last exception. ``strict()`` makes a handler's exception propagate (tests).
 """
 
 from __future__ import annotations
