@@ -28,6 +28,8 @@ _PREFIX_RE = re.compile(
     r"|(?P<host>[A-Za-z0-9][A-Za-z0-9_.-]{0,62}):\s)"
 )
 _HOST_SUFFIX_REJECT = ("Error", "Exception", "Warning", "Interrupt", "Exit", ".py")
+_TIMER_KEY_RE = re.compile(r"[a-z]+(?:-[a-z]+)+")
+_VALUE_PIPE_RE = re.compile(r"\s*[-+]?[\d.]+(?:[eE][-+]?\d+)?\s*(?:\||$)")
 
 
 def _is_host(token: str) -> bool:
@@ -60,7 +62,11 @@ def split_prefix(line: str) -> tuple[str, str]:
         if m is None:
             break
         label = m.group("srun") or m.group("ompi") or m.group("tag") or m.group("host")
-        if m.group("host") is not None and not _is_host(label):
+        if m.group("host") is not None and (
+            not _is_host(label)
+            # `backward-send: 0.86 |`: a Megatron timer key at the start of a wrapped line
+            or (_TIMER_KEY_RE.fullmatch(label) and _VALUE_PIPE_RE.match(line, m.end()))
+        ):
             break
         key = f"{key}|{label}" if key else label
         line = line[m.end() :]

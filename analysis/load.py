@@ -18,10 +18,11 @@ gives stays ``None`` and the problem is recorded. Nothing here is guessed from t
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +43,11 @@ MODEL_PRESETS: dict[str, tuple[int, int, int, int]] = {
 """Known model presets as (layers, hidden, heads, seq); must match ``megatron_configs``."""
 
 _NODE_SUFFIX = re.compile(r"^(?P<stem>.+)_node(?P<node>\d+)$")
+_ACCELERATOR_RE = re.compile(
+    r"\bDS_ACCELERATOR=(cpu|cuda)\b|ds_accelerator to (?:be )?(cpu|cuda)\b"
+)
+"""The accelerator a log states: the environment the pdsh runner exports to every node
+(``export DS_ACCELERATOR=cpu``), or DeepSpeed's ``Setting ds_accelerator to cpu``."""
 _LINK_IN_NAME = re.compile(r"(?<![a-z0-9])(?P<rate>\d+(?:\.\d+)?)(?P<unit>mbit|gbit)", re.I)
 
 
@@ -371,6 +377,9 @@ def resolve_setup(
         put("micro_batch_size", micro, "ds_config")
         put("global_batch_size", _as_int(ds_config.get("train_batch_size")), "ds_config")
 
+    if parsed is not None:
+        _log_steps_per_print(parsed, put)
+
     config = parsed.config if parsed else {}
     for key in (
         "num_layers",
@@ -397,6 +406,10 @@ def resolve_setup(
     torch_version = (parsed.versions.get("torch") if parsed else None) or ""
     if torch_version.endswith("+cpu"):
         put("device", "cpu", "log (torch +cpu build)")
+    accel = _ACCELERATOR_RE.search(log_text)
+    if accel:
+        device = "cpu" if (accel.group(1) or accel.group(2)) == "cpu" else "cuda"
+        put("device", device, f"log ({accel.group(0)})")
     match = re.search(r"nnodes=(\d+)", log_text)
     if match:
         put("nodes", int(match.group(1)), "log (launcher nnodes)")
@@ -452,6 +465,18 @@ def resolve_setup(
         values.pop("dp", None)
         setup = RunSetup(**values, sources=sources)
     return setup, problems
+
+
+def _log_steps_per_print(parsed: ParsedRun, put: Callable[[str, Any, str], None]) -> None:
+    """DeepSpeed's ``steps_per_print`` from the log: its config dump, its engine dump, or the
+    spacing of the PipelineEngine's ``steps: N`` lines (printed when N % steps_per_print == 0,
+    by the same condition as its timer totals)."""
+    put("steps_per_print", _as_int(parsed.ds_config.get("steps_per_print")), "log (config dump)")
+    put("steps_per_print", _as_int(parsed.ds_engine.get("steps_per_print")), "log (engine dump)")
+    steps = [st.step for st in parsed.pipeline_steps]
+    gaps = {b - a for a, b in itertools.pairwise(steps)}
+    if len(gaps) == 1 and (gap := gaps.pop()) > 0 and steps[0] % gap == 0:
+        put("steps_per_print", gap, f"log (every {gap} steps between {len(steps)} 'steps:' lines)")
 
 
 def _group_bare_logs(files: Iterable[Path]) -> dict[tuple[Path, str], list[Path]]:

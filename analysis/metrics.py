@@ -223,19 +223,126 @@ def megatron_timers(parsed: ParsedRun, after_iteration: int) -> dict[str, list[f
 
 
 def pipeline_timers(parsed: ParsedRun, steps_per_print: int) -> dict[str, list[float]]:
-    """PipelineEngine timer lines, divided by ``steps_per_print`` to get ms per step.
+    """PipelineEngine timers in ms per iteration (optimizer step): printed totals divided by
+    ``steps_per_print``, one sample per print after the first (warm-up) print.
 
-    ``deepspeed/runtime/pipe/engine.py`` ``_exec_optimizer_step`` and ``train_batch`` log their
-    timers only every ``steps_per_print`` steps with reset=True: totals over those steps. The
-    first block (warm-up) is dropped.
+    ``deepspeed/runtime/pipe/engine.py`` (0.18-0.19) logs, only every ``steps_per_print`` steps
+    and on global rank 0 (the first stage), with ``timers.log(..., reset=True)``
+    (``utils/timer.py``: ``elapsed`` sums every start/stop since the last reset):
+    ``_exec_optimizer_step``: ``batch_input | fwd_microstep | bwd_microstep | bwd_inner_microstep
+    | bwd_allreduce_microstep | step_microstep`` and ``fwd | bwd | bwd_inner | bwd_allreduce |
+    step``; ``train_batch``: ``pipe_send_output | pipe_send_grad | pipe_recv_input |
+    pipe_recv_grad`` (those the rank ran). Each is a total over ``steps_per_print`` steps and all
+    their micro-batches. The ``_microstep`` group duplicates the global one and is used only for
+    ``batch_input`` or when the global group is missing.
     """
+    if steps_per_print < 1:
+        raise ValueError(f"steps_per_print({steps_per_print}) must be >= 1")
+    groups: dict[frozenset[str], list[TimerBlock]] = {}
+    for block in parsed.timers:
+        if block.source == "pipeline":
+            groups.setdefault(frozenset(block.values_ms), []).append(block)
+    has_global = any("fwd" in keys or "forward" in keys for keys in groups)
     out: dict[str, list[float]] = {}
-    blocks = [b for b in parsed.timers if b.source == "pipeline"]
-    for block in blocks[1:]:
-        for key, value in block.values_ms.items():
-            if isinstance(value, int | float):
+    for keys, blocks in groups.items():
+        micro = any(k.endswith("_microstep") for k in keys)
+        for block in blocks[1:]:
+            for key, value in block.values_ms.items():
+                if not isinstance(value, int | float):
+                    continue
+                if micro and has_global and key.endswith("_microstep"):
+                    continue
                 out.setdefault(_ALIASES.get(key, key), []).append(float(value) / steps_per_print)
     return out
+
+
+PIPE_WAIT_TIMERS = ("pipe_send_output", "pipe_recv_grad", "pipe_send_grad", "pipe_recv_input")
+"""PipelineEngine p2p timers: blocking sends and receives between stages, i.e. transfer time plus
+the time a stage waits for its neighbour (the bubble and any stage imbalance)."""
+
+
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """Idle share of a stage in a GPipe/1F1B schedule with balanced stages: (p-1)/(m+p-1)."""
+    if stages < 1 or micro_batches < 1:
+        raise ValueError(f"stages({stages}) and micro_batches({micro_batches}) must be >= 1")
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+@dataclass(frozen=True)
+class PipelineWait:
+    """The first stage's measured pipeline wait beside the bubble theory."""
+
+    wait_ms: float
+    """Sum of the printed ``pipe_*`` timers, ms per iteration."""
+    share: float
+    """wait / (fwd + bwd + wait): the idle share of the pipelined part of the iteration."""
+    theory: float
+    """(p-1)/(m+p-1), p stages, m micro-batches per step: the idle share with balanced stages."""
+    timers: tuple[str, ...]
+    """Which ``pipe_*`` timers were printed."""
+
+    @property
+    def text(self) -> str:
+        """One sentence with both figures."""
+        return (
+            f"measured wait {self.wait_ms:,.1f} ms/iteration ({' + '.join(self.timers)}) = "
+            f"{self.share:.1%} of forward + backward + wait; bubble theory (p-1)/(m+p-1) = "
+            f"{self.theory:.1%} for balanced stages"
+            + (
+                f"; the {self.share - self.theory:.1%} more is waiting for a slower stage "
+                "(the last stage also computes the LM head and loss) or transfer time"
+                if self.share > self.theory + 0.02
+                else ""
+            )
+        )
+
+
+def pipeline_wait(pipe: dict[str, list[float]], setup: RunSetup) -> PipelineWait | None:
+    """Measured pipeline wait and the bubble theory, when ``pipe_*`` and fwd/bwd were printed."""
+    names = tuple(n for n in PIPE_WAIT_TIMERS if pipe.get(n))
+    if not names or not pipe.get("fwd") or not pipe.get("bwd") or not setup.pp or not setup.gas:
+        return None
+    wait = sum(statistics.fmean(pipe[n]) for n in names)
+    busy = statistics.fmean(pipe["fwd"]) + statistics.fmean(pipe["bwd"])
+    if busy + wait <= 0:
+        return None
+    return PipelineWait(wait, wait / (busy + wait), bubble_fraction(setup.pp, setup.gas), names)
+
+
+def untimed_pipeline_work(
+    other_ms: float, setup: RunSetup, cplan: comm.CommPlan | None
+) -> tuple[str, float | None]:
+    """What the PipelineEngine does outside every timer, in words, and the busbw (Gbit/s) the
+    untimed time implies if it were all those collectives (None when it cannot be said).
+
+    ``TrainSchedule`` runs, after the last backward, ``ReduceTiedGrads``
+    (``_exec_reduce_tied_grads``: all-reduce of the tied word-embedding gradient between the
+    first and the last stage) and ``ReduceGrads`` (``_exec_reduce_grads``: the data-parallel
+    gradient all-reduce, ``allreduce_gradients``), neither timed; ``train_batch`` then
+    aggregates the loss (``_aggregate_total_loss``: a broadcast from the last stage).
+    """
+    parts = []
+    colls = []
+    if cplan is not None:
+        colls = [c for c in cplan.collectives if c.group == "tied-embedding"]
+        colls += [c for c in cplan.collectives if c.group == "dp" and c.purpose == "gradients"]
+    for c in colls:
+        where = "_exec_reduce_tied_grads" if c.group == "tied-embedding" else "_exec_reduce_grads"
+        parts.append(
+            f"{c.purpose} {c.op.replace('_', '-')} ({where}, {c.size_bytes / 1e6:,.1f} MB, "
+            f"{c.wire_bytes_per_rank / 1e6:,.1f} MB on the wire per rank, {c.link})"
+        )
+    if not colls:
+        parts.append(
+            "the tied-embedding gradient all-reduce (_exec_reduce_tied_grads; bytes unknown: "
+            "model dimensions or vocabulary unknown)"
+        )
+    text = "untimed: " + "; ".join(parts) + "; the loss broadcast (_aggregate_total_loss)"
+    wire = sum(c.wire_bytes_per_rank * c.count_per_iter for c in colls)
+    if not colls or other_ms <= 0:
+        return text, None
+    bw = comm.gbps(wire, other_ms)
+    return text + (f"; if the {other_ms:,.1f} ms were all of it: {bw:.3f} Gbit/s bus bandwidth"), bw
 
 
 @dataclass(frozen=True)
@@ -253,6 +360,10 @@ class Breakdown:
     """Optimizer (``step`` minus ``optimizer_allgather``; or Megatron ``optimizer``)."""
     communication_ms: float | None = None
     """Separately timed communication (``bwd_allreduce`` + ``optimizer_allgather``)."""
+    data_ms: float | None = None
+    """Loading and broadcasting micro-batches (PipelineEngine ``batch_input``)."""
+    pipeline_wait_ms: float | None = None
+    """Blocking pipeline sends and receives of the first stage (PipelineEngine ``pipe_*``)."""
     other_ms: float | None = None
     """Iteration time not covered by any timer (data loading, bookkeeping, untimed comm)."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -260,14 +371,38 @@ class Breakdown:
 
 
 def breakdown(
-    iter_ms: float, setup: RunSetup, ds: dict[str, list[float]], mg: dict[str, list[float]]
+    iter_ms: float,
+    setup: RunSetup,
+    ds: dict[str, list[float]],
+    mg: dict[str, list[float]],
+    pipe: dict[str, list[float]] | None = None,
 ) -> tuple[Breakdown | None, str | None]:
-    """Breakdown from DeepSpeed per-step timers, else Megatron's; ``other`` = iteration - timers."""
+    """Breakdown from the PipelineEngine's timers (``pipe``, already per iteration), else
+    DeepSpeed per-step timers, else Megatron's; ``other`` = iteration - timers."""
 
     def mean(name: str, pool: dict[str, list[float]]) -> float:
         return statistics.fmean(pool[name]) if pool.get(name) else 0.0
 
-    if {"fwd", "bwd_inner", "step"} <= ds.keys():
+    pipe = pipe or {}
+    if {"fwd", "bwd", "step"} <= pipe.keys():
+        waits = [n for n in PIPE_WAIT_TIMERS if pipe.get(n)]
+        parts = {
+            "forward_ms": mean("fwd", pipe),
+            "backward_ms": mean("bwd", pipe),
+            "optimizer_ms": mean("step", pipe),
+        }
+        sources = {
+            "forward_ms": "PipelineEngine fwd / steps_per_print (first stage)",
+            "backward_ms": "PipelineEngine bwd / steps_per_print (first stage)",
+            "optimizer_ms": "PipelineEngine step / steps_per_print",
+        }
+        if pipe.get("batch_input"):
+            parts["data_ms"] = mean("batch_input", pipe)
+            sources["data_ms"] = "PipelineEngine batch_input / steps_per_print"
+        if waits:
+            parts["pipeline_wait_ms"] = sum(mean(n, pipe) for n in waits)
+            sources["pipeline_wait_ms"] = f"PipelineEngine {' + '.join(waits)} / steps_per_print"
+    elif {"fwd", "bwd_inner", "step"} <= ds.keys():
         gather = mean("optimizer_allgather", ds)
         parts = {
             "forward_ms": mean("fwd", ds),
@@ -293,8 +428,9 @@ def breakdown(
         reason = "no step timers in the logs"
         if (setup.pp or 1) > 1:
             reason += (
-                " (PP>1: Megatron prints no step timer and DeepSpeed's PipelineEngine timers "
-                "need wall_clock_breakdown, off in this run)"
+                " (PP>1: Megatron prints no step timer and DeepSpeed's PipelineEngine prints "
+                "its timers only with wall_clock_breakdown, which DeepSpeed 0.19.6 rejects "
+                "with PP; none in this log)"
             )
         elif setup.wall_clock_breakdown is False:
             reason += " (DeepSpeed wall_clock_breakdown off, Megatron timing-log-level 0)"
@@ -419,7 +555,13 @@ class RunMetrics:
     speedup_ci95_hi: float | None
     """Upper bound."""
     baseline: str | None
-    """Name of the baseline run the ratios use."""
+    """Name of the reference run the ratios use (always a completed run)."""
+    baseline_why: str | None
+    """Why that run is the reference of its group (see ``choose_reference``)."""
+    last_iteration: int | None
+    """Last iteration the logs show (Megatron iteration line, else PipelineEngine step)."""
+    train_iters: int | None
+    """Iterations the run was asked to train."""
     fwd_ms: float | None
     """Forward, ms per iteration."""
     bwd_ms: float | None
@@ -432,6 +574,23 @@ class RunMetrics:
     """Separately timed communication, ms per iteration."""
     other_ms: float | None
     """Not covered by any timer, ms per iteration."""
+    data_ms: float | None
+    """Loading and broadcasting micro-batches, ms per iteration (PipelineEngine ``batch_input``)."""
+    pipe_wait_ms: float | None
+    """The first stage's blocking pipeline sends and receives, ms per iteration (PipelineEngine
+    ``pipe_send_output + pipe_recv_grad``, plus ``pipe_send_grad + pipe_recv_input`` where
+    printed): transfer time plus waiting for the neighbouring stage."""
+    pipe_wait_share: float | None
+    """``pipe_wait_ms / (fwd_ms + bwd_ms + pipe_wait_ms)``: measured idle share of the pipelined
+    part of the iteration."""
+    pipe_bubble_theory: float | None
+    """(p-1)/(m+p-1), p stages and m micro-batches per step: the idle share with balanced
+    stages (GPipe/1F1B)."""
+    other_named: str | None
+    """What DeepSpeed does in the untimed remainder of a pipeline iteration, with its bytes."""
+    other_busbw_gbps: float | None
+    """Bus bandwidth, Gbit/s, that ``other_ms`` implies if it were all the untimed collectives
+    named in ``other_named`` (an upper bound on their time, so a lower bound on the busbw)."""
     breakdown_sources: dict[str, str] | None
     """Part -> timers that fed it."""
     comm_bytes_per_iter: float | None
@@ -526,6 +685,7 @@ def compute(run: LoadedRun) -> RunMetrics:
         "precision": s.precision,
         "device": s.device,
         "link_mbit": s.link_mbit,
+        "train_iters": s.train_iters,
         "problems": list(run.problems),
     }
     row |= {f.name: None for f in fields(RunMetrics) if f.name not in row}
@@ -569,6 +729,8 @@ def compute(run: LoadedRun) -> RunMetrics:
     if p is None:
         na["iter_ms_mean"] = "no log"
         return RunMetrics(**row)
+    numbers = [i.iteration for i in p.iterations] or [st.step for st in p.pipeline_steps]
+    row["last_iteration"] = max(numbers) if numbers else None
 
     steady, why = steady_state(p)
     if steady is None:
@@ -674,9 +836,10 @@ def compute(run: LoadedRun) -> RunMetrics:
                 if worst <= 0.005 + 1e-9
                 else f"differs by up to {worst:.3g} TFLOP/s in a window"
             )
-    bd, why = breakdown(st.mean, s, ds, mg)
+    pipe = _pipeline_pool(p, s, na)
+    bd, why = breakdown(st.mean, s, ds, mg, pipe)
     if bd is None:
-        na["fwd_ms"] = why or "no timers"
+        na["fwd_ms"] = na.get("fwd_ms") or why or "no timers"
     else:
         row |= {
             "fwd_ms": bd.forward_ms,
@@ -684,9 +847,12 @@ def compute(run: LoadedRun) -> RunMetrics:
             "fwd_bwd_ms": bd.forward_backward_ms,
             "optimizer_ms": bd.optimizer_ms,
             "comm_ms": bd.communication_ms,
+            "data_ms": bd.data_ms,
             "other_ms": bd.other_ms,
             "breakdown_sources": bd.sources,
         }
+        if bd.pipeline_wait_ms is not None:
+            _pipeline_figures(row, s, pipe, cplan, bd, na)
         if (s.zero_stage or 0) == 3:
             na["comm_ms"] = (
                 "ZeRO-3 gathers parameters inside forward/backward: that time is in fwd/bwd"
@@ -697,6 +863,54 @@ def compute(run: LoadedRun) -> RunMetrics:
     _timer_bandwidth(row, s, cplan, ds, na)
     _measured_bandwidth(row, run, cplan, na)
     return RunMetrics(**row)
+
+
+def _pipeline_pool(p: ParsedRun, s: RunSetup, na: dict[str, str]) -> dict[str, list[float]]:
+    """PipelineEngine timers per iteration, or {} (with the reason) when none can be used."""
+    if not any(b.source == "pipeline" for b in p.timers):
+        return {}
+    if s.steps_per_print is None:
+        na["fwd_ms"] = (
+            "PipelineEngine timers printed, but their totals cover steps_per_print steps and "
+            "that is unknown (no DeepSpeed config, no config dump in the log, fewer than two "
+            "'steps:' lines to count): not divided, not shown"
+        )
+        return {}
+    pool = pipeline_timers(p, s.steps_per_print)
+    if not pool:
+        na["fwd_ms"] = "only the first (warm-up) print of the PipelineEngine timers"
+    return pool
+
+
+def _pipeline_figures(
+    row: dict[str, Any],
+    s: RunSetup,
+    pipe: dict[str, list[float]],
+    cplan: comm.CommPlan | None,
+    bd: Breakdown,
+    na: dict[str, str],
+) -> None:
+    """Pipeline wait beside the bubble theory, and the untimed remainder named."""
+    n = len(pipe.get("fwd", []))
+    spp_src = s.sources.get("steps_per_print", "?")
+    sources = dict(bd.sources)
+    sources["steps_per_print"] = (
+        f"{s.steps_per_print} ({spp_src}); {n} print(s) after the warm-up print; printed by "
+        "global rank 0 (first stage) only"
+    )
+    row["breakdown_sources"] = sources
+    row["pipe_wait_ms"] = bd.pipeline_wait_ms
+    wait = pipeline_wait(pipe, s)
+    if wait is not None:
+        row["pipe_wait_share"] = wait.share
+        row["pipe_bubble_theory"] = wait.theory
+        na["pipe_wait_ms"] = wait.text
+    else:
+        na["pipe_wait_share"] = "pipeline stages or micro-batches per step unknown"
+    if bd.other_ms is not None:
+        row["other_named"], row["other_busbw_gbps"] = untimed_pipeline_work(bd.other_ms, s, cplan)
+        if row["other_busbw_gbps"] is None:
+            na["other_busbw_gbps"] = "no remainder, or the bytes of the untimed work unknown"
 
 
 def _timer_bandwidth(
@@ -788,21 +1002,69 @@ def speedup_interval(base: RunMetrics, run: RunMetrics) -> tuple[float, float | 
     return ratio, ratio * math.exp(-half), ratio * math.exp(half)
 
 
+def choose_reference(
+    group: list[RunMetrics], baseline: str | None = None
+) -> tuple[RunMetrics | None, str]:
+    """The run a setup group's ratios use, and why. Only a completed, timed run can be one:
+    the run named ``baseline`` (CLI ``--baseline``), else the group's completed run of strategy
+    ``baseline``, else the completed run with the fewest model-parallel ranks (tp x pp: the
+    closest to plain data parallelism; then the lowest ZeRO stage, then the name)."""
+    done = [r for r in group if r.status == "completed" and r.iter_ms_mean is not None]
+    named = [r for r in group if baseline and r.name == baseline]
+    if named and named[0] in done:
+        return named[0], f"{named[0].name}: named by --baseline"
+    plain = [r for r in done if r.strategy == "baseline"]
+    if plain:
+        return plain[0], f"{plain[0].name}: the group's data-parallel baseline run"
+    missed = named or [r for r in group if r.strategy == "baseline"]
+    if not done:
+        return None, "no completed run with a steady-state time in this group"
+    ref = min(done, key=lambda r: ((r.tp or 1) * (r.pp or 1), r.zero_stage or 0, r.name))
+    why = (
+        f"{ref.name}: the completed run with the fewest model-parallel ranks "
+        f"(tp x pp = {(ref.tp or 1) * (ref.pp or 1)})"
+    )
+    if missed:
+        m = missed[0]
+        what = f"{m.status}" + (f" ({m.failure_kind})" if m.failure_kind else "")
+        if m.status == "completed":
+            what = "completed without a steady-state time"
+        why += (
+            f", because {m.name}, the "
+            + ("run named by --baseline" if named else "baseline run")
+            + f", {what}"
+        )
+    else:
+        why += "; the group has no baseline-strategy run"
+    return ref, why
+
+
 def compare(rows: list[RunMetrics], baseline: str | None = None) -> list[RunMetrics]:
     """Cross-run figures within each setup group: speedup, memory saving, inferred bandwidth.
 
-    Baseline: the run named ``baseline`` (CLI ``--baseline``) if it is in the group, else the
-    group's completed run whose strategy is ``baseline``.
+    Only completed runs take part in a ratio, as reference or as compared run; the reference of
+    each group is ``choose_reference``'s, and its reason is kept in ``baseline_why``.
     """
+    refs: dict[str, tuple[RunMetrics | None, str]] = {}
+    for key in dict.fromkeys(r.setup_key for r in rows):
+        refs[key] = choose_reference([r for r in rows if r.setup_key == key], baseline)
     out = []
     for row in rows:
-        group = [r for r in rows if r.setup_key == row.setup_key and r.iter_ms_mean is not None]
-        named = [r for r in group if r.name == baseline] if baseline else []
-        base = (named or [r for r in group if r.strategy == "baseline"] or [None])[0]
+        group = [
+            r
+            for r in rows
+            if r.setup_key == row.setup_key and r.iter_ms_mean is not None
+            and r.status == "completed"
+        ]  # fmt: skip
+        base, why = refs[row.setup_key]
         na = dict(row.na_reasons)
-        changes: dict[str, Any] = {}
-        if base is None:
-            na["speedup"] = f"no baseline run in group '{row.setup_key}'"
+        changes: dict[str, Any] = {"baseline_why": why}
+        if row.status != "completed":
+            na["speedup"] = (
+                f"run {row.status}: not compared (only completed runs take part in ratios)"
+            )
+        elif base is None:
+            na["speedup"] = f"no reference run in group '{row.setup_key}': {why}"
         elif row.iter_ms_mean is None:
             na["speedup"] = "no steady-state time"
         else:
@@ -814,9 +1076,12 @@ def compare(rows: list[RunMetrics], baseline: str | None = None) -> list[RunMetr
         elif base is not None and base.peak_mem_mb and row.peak_mem_mb is not None:
             changes["mem_saving_pct"] = (base.peak_mem_mb - row.peak_mem_mb) / base.peak_mem_mb
             changes["mem_saving_pct"] *= 100.0
-        value, why = inferred_bandwidth(row, group)
+        if row.status != "completed":
+            value, why_bw = None, f"run {row.status}: not compared"
+        else:
+            value, why_bw = inferred_bandwidth(row, group)
         changes["busbw_gbps_inferred"] = value
-        na["busbw_gbps_inferred"] = why
+        na["busbw_gbps_inferred"] = why_bw
         changes["busbw_inferred_warning"] = inferred_warning(row, value)
         out.append(replace(row, na_reasons=na, **changes))
     return out

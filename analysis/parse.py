@@ -24,16 +24,36 @@ Attribution of DeepSpeed ``wall_clock_breakdown`` lines to iterations
   unattributed (and a problem says so).  PipelineEngine timers are printed every
   ``steps_per_print`` steps as totals: ``pipe_*`` groups right after the ``steps: N`` line
   (attributed to N), the others before it (attributed to the next ``steps:`` line).
+
+Interleaved nodes (pdsh, srun, torchrun prefixes)
+  Lines are told apart by their launcher prefix (``split_prefix``'s stream key), and what
+  depends on the order of lines is kept per stream: a stream's set-up lines end when that
+  stream's training output begins, a boundary line (argument dump, ``using world size``,
+  launcher command) starts a new run only when its own stream already trained, failed or
+  printed the same kind of line, and timer blocks are placed among the iteration lines of
+  their own stream. Rank 0's set-up lines may come after the last rank's first iteration
+  line: while the argument dump is missing, every line is read for up to
+  ``_LATE_CONFIG_LINES`` lines after training began.
+
+Records that are not one line
+  A hard-wrapped iteration or timer record is joined back (see ``_join_wrapped``), timers
+  glued after an iteration record are read as a ``time (ms)`` line, and a traceback printed
+  as a Python list (``['Traceback (most recent call last):\n', ...]``) fails the run with the
+  list's last exception. ``strict()`` makes a handler's exception propagate (tests).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import shlex
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -58,7 +78,27 @@ from analysis.records import (
     TimerBlock,
 )
 
-__all__ = ["merge_runs", "parse_file", "parse_lines", "parse_text", "strip_prefix"]
+__all__ = ["merge_runs", "parse_file", "parse_lines", "parse_text", "strict", "strip_prefix"]
+
+_STRICT: ContextVar[bool] = ContextVar("analysis.parse strict mode", default=False)
+"""Strict mode (``strict()``): a handler's exception propagates instead of becoming a problem."""
+
+
+@contextmanager
+def strict(on: bool = True) -> Iterator[None]:
+    """Within this block, parsers created here let a handler's exception propagate.
+
+    By default the parser never raises on log content: an exception inside a line handler is a
+    bug of the parser, and it becomes a problem string (``internal parser error``) so that one
+    odd line never costs a report.  Tests run in strict mode so that such a bug fails them
+    instead of hiding behind a problem string.
+    """
+    token = _STRICT.set(on)
+    try:
+        yield
+    finally:
+        _STRICT.reset(token)
+
 
 # Substrings one of which every line that can matter during training contains (see module
 # doc).  Lines of the start-up phase need none of them: they are all parsed.
@@ -93,6 +133,11 @@ _ANCHORS: tuple[tuple[bytes, tuple[tuple[bytes, int], ...]], ...] = (
 
 _ITERATION_ANCHOR = next(i for i, (a, _) in enumerate(_ANCHORS) if a == b"iteration")
 _CHUNK_BYTES = 1 << 20
+_LATE_CONFIG_LINES = 5_000
+"""Lines read in full after training began in one stream of an interleaved multi-node log while
+the set-up lines of another stream (Megatron's argument dump, the padded vocabulary) were still
+missing: pdsh interleaves nodes, so rank 0's set-up can come after the last rank's first
+iteration line."""
 _TRACEBACK_MAX_LINES = 2000
 _JSON_MAX_LINES = 5000
 
@@ -208,9 +253,11 @@ class _Stream:
     """Per-prefix state of an open multi-line block."""
 
     mode: str | None = None
-    """``args``, ``timer``, ``traceback``, ``json``, ``engine``, ``wrap`` or None."""
+    """``args``, ``timer``, ``traceback``, ``listtb`` (a traceback printed as a Python list),
+    ``json``, ``engine``, ``wrap`` (a hard-wrapped record) or None."""
     timer_kind: str = ""
-    """Header kind of an open Megatron timer block."""
+    """Header kind of an open Megatron timer block; ``iteration`` or ``timer`` for the record
+    of an open ``wrap`` block."""
     timer_values: dict[str, Any] = field(default_factory=dict)
     """Values collected so far in an open timer block."""
     timer_name: str | None = None
@@ -225,6 +272,9 @@ class _Stream:
     """Brace depth of an open JSON dump."""
     chained: bool = False
     """A ``During handling of the above exception`` line was seen after an exception."""
+    offset: int = 0
+    """Where the record starts in the first line of a ``wrap``/``listtb`` block (the lines
+    are kept whole: their widths tell a cut at a fixed width from a word wrap)."""
 
 
 @dataclass
@@ -238,8 +288,11 @@ class _Run:
     memory: list[Memory] = field(default_factory=list)
     memory_other: list[Memory] = field(default_factory=list)
     megatron_blocks: list[TimerBlock] = field(default_factory=list)
-    # DeepSpeed blocks: (values, rank, line, iterations seen before, pipeline steps before)
-    ds_blocks: list[tuple[dict[str, Any], int | None, int, int, int]] = field(default_factory=list)
+    # DeepSpeed blocks: (values, rank, line, iterations of the same stream seen before,
+    # pipeline steps before, stream)
+    ds_blocks: list[tuple[dict[str, Any], int | None, int, int, int, str]] = field(
+        default_factory=list
+    )
     steps: list[PipelineStep] = field(default_factory=list)
     args: dict[str, Any] = field(default_factory=dict)
     cmd_args: dict[str, Any] = field(default_factory=dict)
@@ -263,10 +316,39 @@ class _Run:
     spawned: int = 0
     exited_ok: int = 0
     exit_codes: list[int] = field(default_factory=list)
+    iter_numbers: dict[str, list[int]] = field(default_factory=dict)
+    """Stream -> numbers of the iteration lines it printed, in order (per-stream attribution
+    of timer blocks: the position of one node's line among another's means nothing)."""
+    training_streams: set[str] = field(default_factory=set)
+    """Streams (launcher prefixes, ``split_prefix`` keys) whose training output began: their
+    set-up lines are over. Another stream's set-up lines are still read (interleaved nodes)."""
+    content_streams: set[str] = field(default_factory=set)
+    """Streams that printed training output, a failure or an exit in this run: a boundary line
+    (argument dump, ``using world size``, launcher command) of such a stream starts a new run."""
+    boundaries_seen: set[tuple[str, str]] = field(default_factory=set)
+    """(stream, boundary kind) already printed in this run: the same again is a relaunch."""
+    config_until: int = 0
+    """Line number up to which every line is read although training began (see
+    ``_LATE_CONFIG_LINES``); 0 once the set-up is complete."""
+    args_stream: str | None = None
+    """Stream that printed Megatron's argument dump (rank 0's)."""
 
-    def has_content(self) -> bool:
-        """Whether a boundary line now starts a new run rather than continuing this one."""
-        return bool(self.iterations or self.steps or self.failure or self.ended or self.ds_blocks)
+    def begin_training(self, key: str, lineno: int, content: bool = True) -> None:
+        """Stream ``key`` printed training output at ``lineno`` (``content``: a record, not
+        only Megatron's ``training ...`` line)."""
+        if not self.training and key and not self.config_complete():
+            self.config_until = lineno + _LATE_CONFIG_LINES
+        self.training = True
+        self.training_streams.add(key)
+        if content:
+            self.content_streams.add(key)
+        if self.config_complete():
+            self.config_until = 0
+
+    def config_complete(self) -> bool:
+        """Megatron's argument dump was read, and the padded vocabulary or the end of the set-up
+        of the stream that printed the dump (its own training output): the spec is known."""
+        return bool(self.args) and (bool(self.vocab) or self.args_stream in self.training_streams)
 
 
 class _Core:
@@ -279,6 +361,8 @@ class _Core:
         self.streams: dict[str, _Stream] = {}
         self.open_blocks = 0
         self.truncated = 0
+        self.strict = _STRICT.get()
+        self.line = 0
 
     # -- driver interface -------------------------------------------------------------------
 
@@ -286,13 +370,15 @@ class _Core:
     def active(self) -> bool:
         """Whether every line must be fed (not only those holding a keyword)."""
         run = self.run
-        return self.open_blocks > 0 or not run.training or run.ended
+        return self.open_blocks > 0 or not run.training or run.ended or self.line < run.config_until
 
     def feed(self, lineno: int, raw: str) -> None:
         """Parse one physical line (1-based ``lineno``)."""
         try:
             self._feed(lineno, raw)
         except Exception as exc:
+            if self.strict:
+                raise
             self.run.problems.append(f"line {lineno}: internal parser error {exc!r} (skipped)")
 
     def finish(self) -> list[ParsedRun]:
@@ -310,6 +396,7 @@ class _Core:
     # -- dispatch ---------------------------------------------------------------------------
 
     def _feed(self, lineno: int, raw: str) -> None:
+        self.line = lineno
         if len(raw) > MAX_LINE_CHARS:
             raw = raw[:MAX_LINE_CHARS]
             self.truncated += 1
@@ -335,6 +422,7 @@ class _Core:
         st.depth = 0
         st.timer_values = {}
         st.timer_name = None
+        st.offset = 0
         return st
 
     def _close(self, st: _Stream) -> None:
@@ -347,17 +435,17 @@ class _Core:
     def _dispatch(self, key: str, text: str, lineno: int) -> None:
         run = self.run
         if "# run outcome" in text:
-            self._outcome(text, lineno)
+            self._outcome(key, text, lineno)
             return
         if "iteration" in text and self._iteration_line(key, text, lineno):
             if "|" in text:
                 run.pipe_iterations = True
             return
         if "steps:" in text and "iter time" in text:
-            self._steps(text, lineno)
+            self._steps(key, text, lineno)
             return
         if "time (ms)" in text and "|" in text:
-            self._single_line_timers(text, lineno)
+            self._single_line_timers(key, text, lineno)
             return
         if "across ranks (ms)" in text:
             m = _TIMER_HEAD_RE.search(text)
@@ -403,13 +491,19 @@ class _Core:
         if self._failure_line(key, text, lineno):
             return
         if "exits" in text:
-            self._launcher_exit(text, lineno)
+            self._launcher_exit(key, text, lineno)
             return
         if "ssh exited" in text:
-            self._ssh_exit(text, lineno)
+            self._ssh_exit(key, text, lineno)
             return
-        if run.training and not run.ended:
-            return  # training phase: nothing else can matter (keeps fast and slow paths equal)
+        if (
+            run.training
+            and not run.ended
+            and (key in run.training_streams or self.line >= run.config_until)
+        ):
+            # Training phase of this stream: nothing else can matter (keeps fast and slow paths
+            # equal). Another stream's set-up lines are still read while every line is fed.
+            return
         self._config_line(key, text, lineno)
 
     # -- multi-line blocks ------------------------------------------------------------------
@@ -443,6 +537,7 @@ class _Core:
         if mode == "args":
             if "end of arguments" in text:
                 self._close(st)
+                self._config_read()
                 return True
             m = _ARG_RE.match(text)
             if m:
@@ -473,20 +568,18 @@ class _Core:
         if mode == "traceback":
             return self._traceback_line(key, st, text, lineno)
         if mode == "wrap":
-            stripped = text.strip()
-            looks_new = (
-                not stripped
-                or stripped.startswith("[")
-                or _GLUE_RE.search(stripped) is not None
-                or "|" not in stripped
-            )
-            pending = "".join(st.buf)
-            start = st.start_line
-            self._close(st)
-            if looks_new:
-                self._iteration_text(key, pending, start, allow_wrap=False)
-                return False
-            self._iteration_text(key, pending + text, start, allow_wrap=False)
+            if _continues(text) and st.lines <= _WRAP_MAX_LINES:
+                st.buf.append(text)
+                joined = _join_wrapped(st.buf)
+                if _record_complete(joined, st.timer_kind == "timer"):
+                    self._close_block(key, st, lineno)
+                return True
+            self._close_block(key, st, lineno)
+            return False
+        if mode == "listtb":
+            st.buf.append(text)
+            if text.rstrip().endswith("]") or st.lines > _TRACEBACK_MAX_LINES:
+                self._close_block(key, st, lineno)
             return True
         self._close(st)
         return False
@@ -499,14 +592,27 @@ class _Core:
                     TimerBlock(
                         source="megatron",
                         values_ms=dict(st.timer_values),
-                        iteration=self.run.last_iter,
+                        iteration=self._last_iter(key),
                         line=st.start_line,
                     )
                 )
         elif mode == "json":
             self._json_dump("\n".join(st.buf), st.start_line)
         elif mode == "wrap":
-            self._iteration_text(key, "".join(st.buf), st.start_line, allow_wrap=False)
+            # Closed before the handlers run: they may open a block of their own.
+            joined, start, kind = _join_wrapped(st.buf), st.start_line, st.timer_kind
+            self._close(st)
+            if kind == "timer":
+                self._single_line_timers(key, joined, start, allow_wrap=False)
+            else:
+                self._iteration_text(key, joined, start, allow_wrap=False)
+            return
+        elif mode == "listtb":
+            # A list's repr is one logical line: a viewer cut it wherever the width fell.
+            joined, start = "".join(st.buf)[st.offset :], st.start_line
+            self._close(st)
+            self._list_traceback_end(key, joined, start, eof)
+            return
         elif mode == "traceback" and eof:
             self.run.problems.append(
                 f"line {st.start_line}: traceback without a final exception line (log cut short?)"
@@ -543,10 +649,17 @@ class _Core:
             return False  # prose: "validation loss at iteration 137650 on ..."
         if "|" not in rest and "=" not in rest:
             return False  # prose that mentions an iteration, not an iteration record
-        if allow_wrap and "|" in rest and not text.rstrip().endswith("|"):
+        if allow_wrap and "|" in rest and not _record_complete(text):
             st = self._open(key, "wrap", lineno)
             st.buf = [text]
+            st.timer_kind = "iteration"
             return True
+        glued_timers = ""
+        if "time (ms)" in rest:
+            # Timers glued after the record (a hard-wrapped log joined back, or an era that
+            # printed them on the same line): Megatron's one-line `time (ms) | a: 1 | b: 2`.
+            cut = rest.index("time (ms)")
+            rest, glued_timers = rest[:cut], rest[cut:]
         number = int(m.group(2))
         total = int(m.group(3)) if m.group(3) else None
         values: dict[str, Any] = {}
@@ -573,23 +686,27 @@ class _Core:
             elif k == "train iters" and total is None:
                 total = to_int(raw_value)
         self._add_iteration(
+            key,
             Iteration(
                 iteration=number, train_iters=total, line=lineno, source=self.source, **values
-            )
+            ),
         )
+        if glued_timers:
+            self._single_line_timers(key, glued_timers, lineno, allow_wrap=False)
         return True
 
-    def _add_iteration(self, it: Iteration) -> None:
+    def _add_iteration(self, key: str, it: Iteration) -> None:
         run = self.run
         if it.iteration in run.iter_index:
             return  # printed by several ranks
         if it.iteration < run.max_iter:
             self._new_run(it.line or 0, "the iteration counter went back")
             run = self.run
-        run.training = True
+        run.begin_training(key, it.line or 0)
         run.iter_index[it.iteration] = len(run.iterations)
         run.iterations.append(it)
         run.last_iter = it.iteration
+        run.iter_numbers.setdefault(key, []).append(it.iteration)
         run.max_iter = max(run.max_iter, it.iteration)
         if it.train_iters is not None:
             run.train_iters = it.train_iters
@@ -597,7 +714,7 @@ class _Core:
                 run.reached_final = True
                 run.ended = True
 
-    def _steps(self, text: str, lineno: int) -> None:
+    def _steps(self, key: str, text: str, lineno: int) -> None:
         m = _STEPS_RE.search(text)
         if m is None:
             return
@@ -611,11 +728,19 @@ class _Core:
                 line=lineno,
             )
         )
-        self.run.training = True
+        self.run.begin_training(key, lineno)
 
     # -- timers and memory ------------------------------------------------------------------
 
-    def _single_line_timers(self, text: str, lineno: int) -> None:
+    def _single_line_timers(
+        self, key: str, text: str, lineno: int, allow_wrap: bool = True
+    ) -> None:
+        if allow_wrap and not _record_complete(text, timer=True):
+            # A hard-wrapped `time (ms) | ... |` line: the rest follows on the next lines.
+            st = self._open(key, "wrap", lineno)
+            st.buf = [text]
+            st.timer_kind = "timer"
+            return
         head, _, body = text.partition("time (ms)")
         values: dict[str, Any] = {}
         for k, v in parse_pairs(body):
@@ -633,11 +758,22 @@ class _Core:
         if megatron:
             run.megatron_blocks.append(
                 TimerBlock(
-                    source="megatron", values_ms=values, iteration=run.last_iter, line=lineno
+                    source="megatron",
+                    values_ms=values,
+                    iteration=self._last_iter(key),
+                    line=lineno,
                 )
             )
         else:
-            run.ds_blocks.append((values, rank, lineno, len(run.iterations), len(run.steps)))
+            n_iter = len(run.iter_numbers.get(key, ()))
+            run.ds_blocks.append((values, rank, lineno, n_iter, len(run.steps), key))
+            run.content_streams.add(key)
+
+    def _last_iter(self, key: str) -> int | None:
+        """The last iteration line of stream ``key`` (Megatron prints its timer blocks from
+        the rank that prints the iteration lines), else of the run."""
+        numbers = self.run.iter_numbers.get(key)
+        return numbers[-1] if numbers else self.run.last_iter
 
     def _megatron_memory(self, text: str, lineno: int) -> None:
         # Reports of several ranks can be glued on one line: split at each report's head.
@@ -673,6 +809,7 @@ class _Core:
             )
             return
         run.ended = True
+        run.content_streams.add(stream or "")
         if run.failure is None:
             run.failure = Failure(kind=kind, message=message, line=lineno)
             run.failure_stream = stream
@@ -681,6 +818,17 @@ class _Core:
 
     def _failure_line(self, key: str, text: str, lineno: int) -> bool:
         if "Traceback (most recent call last)" in text:
+            start = text.find("['Traceback (most recent call last)")
+            if start >= 0:
+                # A traceback logged as a Python list (``logger.warning(format_exception(...))``).
+                body = text[start:]
+                if body.rstrip().endswith("]"):
+                    self._list_traceback_end(key, body, lineno, eof=False)
+                else:
+                    st = self._open(key, "listtb", lineno)
+                    st.buf = [text]
+                    st.offset = start
+                return True
             self._open(key, "traceback", lineno)
             return True
         if "above exception" in text and text.lstrip().startswith(
@@ -740,7 +888,35 @@ class _Core:
         st.chained = False
         return True
 
-    def _outcome(self, text: str, lineno: int) -> None:
+    def _list_traceback_end(self, key: str, body: str, lineno: int, eof: bool) -> None:
+        """The exception that ends a list-repr traceback (the last one of a chain)."""
+        lines: list[str] = []
+        end = body.rfind("]")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # invalid escapes in a cut repr
+                value = ast.literal_eval(body[: end + 1]) if 0 < end <= 200_000 else None
+        except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+            value = None
+        if isinstance(value, list) and all(isinstance(x, str) for x in value):
+            lines = "".join(value).splitlines()
+        else:  # cut short or not a literal: the quoted pieces as printed
+            lines = [x.replace("\\n", "") for x in re.findall(r"'((?:[^'\\]|\\.)*)'", body)]
+        last = None
+        for piece in lines:
+            stripped = piece.strip()
+            m = _EXC_RE.match(stripped)
+            if m and m.group(1).endswith(_EXC_NAME_SUFFIX) and piece[:1] not in (" ", "\t"):
+                last = stripped
+        if last is None:
+            self.run.problems.append(
+                f"line {lineno}: traceback printed as a list without a final exception line"
+                + (" (log cut short?)" if eof else "")
+            )
+            return
+        self._fail(_classify(last, "exception"), last, lineno, key)
+
+    def _outcome(self, key: str, text: str, lineno: int) -> None:
         m = _OUTCOME_RE.search(text.strip())
         if m is None:
             self.run.problems.append(f"line {lineno}: unreadable run outcome marker: {text[:200]}")
@@ -753,12 +929,14 @@ class _Core:
             kind = "other"
         self.run.outcome = (status, kind, reason or text.strip(), lineno)
         self.run.ended = True
+        self.run.content_streams.add(key)
 
-    def _launcher_exit(self, text: str, lineno: int) -> None:
+    def _launcher_exit(self, key: str, text: str, lineno: int) -> None:
         run = self.run
         if "exits successfully" in text:
             run.exited_ok += 1
             run.ended = True
+            run.content_streams.add(key)
             return
         m = _RC_RE.search(text)
         if m is None:
@@ -767,10 +945,11 @@ class _Core:
         run.exit_codes.append(code)
         if code != 0:
             kind: FailureKind = "killed" if code in (-9, 137) else "other"
-            self._fail(kind, f"exits with return code = {code}", lineno, None)
+            self._fail(kind, f"exits with return code = {code}", lineno, key)
         run.ended = True
+        run.content_streams.add(key)
 
-    def _ssh_exit(self, text: str, lineno: int) -> None:
+    def _ssh_exit(self, key: str, text: str, lineno: int) -> None:
         """pdsh's word on a remote node: 255 is ssh's own failure (the node or its connection
         was lost, e.g. the node's launcher was killed); 137 a remote SIGKILL."""
         m = _SSH_RC_RE.search(text)
@@ -782,19 +961,21 @@ class _Core:
             kind: FailureKind = "killed" if code in (255, 137) else "other"
             what = "connection to the node lost" if code == 255 else "remote command failed"
             self._fail(kind, f"{m.group(1)}: ssh exited with exit code {code} ({what})",
-                       lineno, None)  # fmt: skip
+                       lineno, key)  # fmt: skip
         self.run.ended = True
+        self.run.content_streams.add(key)
 
     # -- configuration ----------------------------------------------------------------------
 
     def _config_line(self, key: str, text: str, lineno: int) -> None:
         run = self.run
         if "arguments" in text and "-- arguments --" in text:
-            self._boundary(lineno, "a new argument dump")
+            self._boundary(key, "args", lineno, "a new argument dump")
             self._open(key, "args", lineno)
+            self.run.args_stream = key
             return
         if "using world size:" in text:
-            self._boundary(lineno, "a new `using world size` line")
+            self._boundary(key, "world", lineno, "a new `using world size` line")
             for piece in text.split("using", 1)[1].split(","):
                 k, _, v = piece.rpartition(":")
                 num = to_int(v)
@@ -803,7 +984,7 @@ class _Core:
                     run.world[name] = num
             return
         if "cmd = " in text and "runner.py" in text:
-            self._boundary(lineno, "a new launcher command")
+            self._boundary(key, "cmd", lineno, "a new launcher command")
             self._cmd_args(text.split("cmd = ", 1)[1], lineno)
             return
         if "spawned with command" in text:
@@ -818,6 +999,7 @@ class _Core:
             m = _VOCAB_RE.search(text)
             if m:
                 run.vocab = {"vocab_size": int(m.group(1)), "padded_vocab_size": int(m.group(3))}
+                self._config_read()
             return
         if "DeepSpeedEngine configuration" in text:
             self._open(key, "engine", lineno)
@@ -848,7 +1030,7 @@ class _Core:
                     run.versions.setdefault("megatron_git_branch", m.group(2))
             return
         if text.strip() == "training ...":
-            run.training = True
+            run.begin_training(key, lineno, content=False)
 
     def _cmd_args(self, cmd: str, lineno: int) -> None:
         try:
@@ -886,9 +1068,18 @@ class _Core:
 
     # -- runs -------------------------------------------------------------------------------
 
-    def _boundary(self, lineno: int, why: str) -> None:
-        if self.run.has_content():
+    def _boundary(self, key: str, kind: str, lineno: int, why: str) -> None:
+        """A run starts here when this stream already printed training output or a failure
+        in the current run, or already printed this kind of line (a relaunch). In a multi-node
+        log, one node's set-up lines may follow another node's training output."""
+        run = self.run
+        if key in run.content_streams or (key, kind) in run.boundaries_seen:
             self._new_run(lineno, why)
+        self.run.boundaries_seen.add((key, kind))
+
+    def _config_read(self) -> None:
+        if self.run.config_complete():
+            self.run.config_until = 0
 
     def _new_run(self, lineno: int, why: str) -> None:
         self._finish_run()
@@ -897,6 +1088,58 @@ class _Core:
 
     def _finish_run(self) -> None:
         self.runs.append(_finish(self.run))
+
+
+_WRAP_MAX_LINES = 40
+"""Physical lines one hard-wrapped record may span."""
+_ELAPSED_RE = re.compile(r"elapsed|iteration[ _]time|step[ _]time|time[ _]per[ _]iteration", re.I)
+_LAST_PAIR_RE = re.compile(r"\|[^|]*:\s*[-+\d.eE]+$")
+_TAIL_PAIR_RE = re.compile(r"[\w .()/+-]*:\s*[-+\d.eE]+|[-+\d.eE]+")
+_WRAP_WIDTHS = frozenset((72, 78, 79, 80, 100, 120, 128, 132, 150, 160, 200, 240, 250, 256))
+"""Widths at which terminals, pagers and log viewers cut lines (a cut, not a word wrap)."""
+
+
+def _continues(text: str) -> bool:
+    """Whether a line can be the continuation of a hard-wrapped iteration or timer record:
+    ``key: value |`` pieces, or a last ``key: value``, and nothing that starts a record."""
+    s = text.strip()
+    if not s or s.startswith(("[", "time (ms)", "(min, max)", "steps:")) or "memory (MB)" in s:
+        return False
+    if _GLUE_RE.search(s) is not None or _ITER_RE.search(s) is not None:
+        return False
+    return "|" in s or _TAIL_PAIR_RE.fullmatch(s) is not None
+
+
+def _record_complete(text: str, timer: bool = False) -> bool:
+    """Whether a (joined) record is whole: Megatron ends an iteration line with ``|`` and a
+    timer line (``time (ms) | a: 1 | b: 2``) without; an iteration line with timers glued
+    after it ends like a timer line."""
+    if not timer:
+        m = _ITER_RE.search(text)
+        timer = m is not None and "time (ms)" in text[m.end() :]
+    body = text.rstrip()
+    if not timer:
+        # Every era prints the iteration time early in the record: without it, a line that
+        # ends with `|` was wrapped right after one.
+        return body.endswith("|") and _ELAPSED_RE.search(body) is not None
+    # A timer line is whole when its last piece is `name: value` (not `name:`, not `|`).
+    return _LAST_PAIR_RE.search(body) is not None
+
+
+def _join_wrapped(parts: list[str]) -> str:
+    """Join the physical lines of a hard-wrapped record. A cut at a fixed width (every line
+    but the last equally long, or one line of a usual terminal width) splits wherever it falls:
+    joined as is; a word wrap dropped the space at the break: joined with one. A number cut in
+    two (``lm loss: 5.86`` + ``6232E+00``) is joined as is either way."""
+    if len(parts) == 1:
+        return parts[0]
+    widths = {len(p) for p in parts[:-1]}
+    cut = len(widths) == 1 and (len(parts) > 2 or len(parts[0]) in _WRAP_WIDTHS)
+    out = parts[0]
+    for part in parts[1:]:
+        split_number = re.search(r":\s*[-+\d.eE]+$", out) and re.match(r"[\d.eE+-]", part)
+        out += part if cut or split_number or out.endswith(" ") else " " + part
+    return out
 
 
 def _elapsed_ms(key: str, value: str) -> float | None:
@@ -935,29 +1178,39 @@ def _classify(message: str, default: FailureKind) -> FailureKind:
 
 
 def _attribute(run: _Run, pipeline: bool) -> tuple[list[TimerBlock], list[str]]:
-    """DeepSpeed/pipeline timer blocks with their iteration (see module doc)."""
+    """DeepSpeed/pipeline timer blocks with their iteration (see module doc).
+
+    Positions count only within one stream: a block is placed among the iteration lines of the
+    stream that printed it. A stream with no iteration line of its own (rank 0's node beside
+    the last rank's, interleaved in one file) has its blocks attributed as ``merge_runs`` does
+    for per-node files: when one block per iteration 1..N was printed.
+    """
     problems: list[str] = []
-    numbers = [it.iteration for it in run.iterations]
     steps = [s.step for s in run.steps]
     source = "pipeline" if pipeline else "deepspeed"
+    last = max((n for ns in run.iter_numbers.values() for n in ns), default=None)
     # Group blocks of one timer group (same names) between two consecutive iteration lines.
-    groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
-    for idx, (values, _rank, _line, n_iter, _n_steps) in enumerate(run.ds_blocks):
-        groups.setdefault((tuple(values), n_iter), []).append(idx)
+    groups: dict[tuple[tuple[str, ...], str, int], list[int]] = {}
+    for idx, (values, _rank, _line, n_iter, _n_steps, key) in enumerate(run.ds_blocks):
+        groups.setdefault((tuple(values), key, n_iter), []).append(idx)
     assigned: dict[int, int | None] = {}
     mismatch = False
-    for (_names, j), idxs in groups.items():
+    for (names, key, j), idxs in groups.items():
         m = len(idxs)
+        numbers = run.iter_numbers.get(key, [])
         prev = numbers[j - 1] if j > 0 else None
         nxt = numbers[j] if j < len(numbers) else None
         for k, idx in enumerate(idxs, start=1):
             if pipeline:
-                values, _r, _l, _ni, n_steps = run.ds_blocks[idx]
+                values, _r, _l, _ni, n_steps, _key = run.ds_blocks[idx]
                 first = next(iter(values), "")
                 if first.startswith("pipe_"):
                     assigned[idx] = steps[n_steps - 1] if n_steps > 0 else None
                 else:
                     assigned[idx] = steps[n_steps] if n_steps < len(steps) else None
+            elif not numbers:
+                # Another stream prints the iteration lines: one block per iteration 1..N.
+                assigned[idx] = k if m == last else None
             elif prev is not None and nxt is not None:
                 assigned[idx] = prev + k if nxt - prev == m else None
                 mismatch |= nxt - prev != m
@@ -972,6 +1225,11 @@ def _attribute(run: _Run, pipeline: bool) -> tuple[list[TimerBlock], list[str]]:
                 assigned[idx] = prev + k
             else:
                 assigned[idx] = None
+        if not pipeline and not numbers and last is not None and m != last:
+            problems.append(
+                f"DeepSpeed timer group {names[0]}...: {m} blocks for {last} iterations "
+                "printed by another stream; left unattributed"
+            )
     if mismatch:
         problems.append(
             "some DeepSpeed timer blocks could not be matched to iterations (their count "
@@ -980,7 +1238,7 @@ def _attribute(run: _Run, pipeline: bool) -> tuple[list[TimerBlock], list[str]]:
         )
     blocks = [
         TimerBlock(source=source, values_ms=values, rank=rank, iteration=assigned.get(i), line=line)
-        for i, (values, rank, line, _ni, _ns) in enumerate(run.ds_blocks)
+        for i, (values, rank, line, _ni, _ns, _key) in enumerate(run.ds_blocks)
     ]
     return blocks, problems
 

@@ -267,15 +267,18 @@ def observe(run: LoadedRun, row: RunMetrics) -> Observation | None:
     if s.dp is None or s.zero_stage is None or s.gas is None:
         return None
     comm_ok = row.comm_ms is not None and "comm_ms" not in row.na_reasons
+    # PipelineEngine timers are the first stage's only (and its untimed remainder holds the
+    # tied-embedding all-reduce): they do not calibrate the busiest stage's compute.
+    flat = (s.pp or 1) == 1
     return Observation(
         name=run.name,
         setup=s,
         iter_ms=row.iter_ms_mean,
-        fwd_ms=row.fwd_ms,
-        bwd_ms=row.bwd_ms,
-        optimizer_ms=row.optimizer_ms,
-        comm_timer_ms=row.comm_ms if comm_ok and (s.pp or 1) == 1 else None,
-        other_ms=row.other_ms,
+        fwd_ms=row.fwd_ms if flat else None,
+        bwd_ms=row.bwd_ms if flat else None,
+        optimizer_ms=row.optimizer_ms if flat else None,
+        comm_timer_ms=row.comm_ms if comm_ok and flat else None,
+        other_ms=row.other_ms if flat else None,
         netbench=run.netbench,
         ci_half_ms=(row.iter_ms_ci95_hi - row.iter_ms_mean) if row.iter_ms_ci95_hi else None,
     )

@@ -163,14 +163,28 @@ def findings(group: list[RunMetrics]) -> list[str]:
                 "strategies are not tensor-memory savings"
             )
         out.append(text + ".")
-    for r in group:
-        if r.status != "completed":
-            out.append(
-                f"{r.name} {r.status}"
-                + (f" ({r.failure_kind})" if r.failure_kind else "")
-                + f": {r.failure_reason or 'no reason recorded'}."
-            )
+    out += [_not_completed(r) for r in group if r.status != "completed"]
     return out
+
+
+def _not_completed(r: RunMetrics) -> str:
+    """A run that did not complete: status, kind, where it stopped, why; never in a ratio."""
+    if r.last_iteration is None:
+        where = "before any logged iteration"
+    else:
+        where = f"last logged iteration {r.last_iteration}" + (
+            f" of {r.train_iters}" if r.train_iters else ""
+        )
+    return (
+        f"{r.name} {r.status}" + (f" ({r.failure_kind})" if r.failure_kind else "")
+        + f", {where}: {r.failure_reason or 'no reason recorded'}. Not in any ratio."
+    )  # fmt: skip
+
+
+def reference_line(group: list[RunMetrics]) -> str:
+    """Which run the group's ratios use, and why."""
+    why = next((r.baseline_why for r in group if r.baseline_why), None)
+    return f"Reference for speedups and savings: {why or 'none'}."
 
 
 READ_PROBLEMS = (
@@ -224,7 +238,7 @@ def render(
 
     md += ["## Results per model and setup", ""]
     for key, group in groups.items():
-        md += [f"### {key}", "", _context(group), ""]
+        md += [f"### {key}", "", _context(group), "", reference_line(group), ""]
         table = []
         for r in group:
             table.append(
@@ -275,6 +289,7 @@ def render(
         "",
     ]
     bd_rows = []
+    piped = any(r.pipe_wait_ms is not None or r.data_ms is not None for r in rows)
     for r in rows:
         if r.status != "completed" and r.iter_ms_mean is None:
             continue
@@ -288,25 +303,16 @@ def render(
                 _num(r.optimizer_ms, 1),
                 _num(r.comm_ms, 1)
                 + (notes.ref(r.na_reasons["comm_ms"]) if "comm_ms" in r.na_reasons else ""),
+                *([_num(r.data_ms, 1), _num(r.pipe_wait_ms, 1)] if piped else []),
                 _num(r.other_ms, 1),
                 ", ".join(f"{k}: {v}" for k, v in (r.breakdown_sources or {}).items()) or "-",
             ]
         )
-    md += _table(
-        [
-            "run",
-            "iteration",
-            "forward",
-            "backward",
-            "fwd+bwd",
-            "optimizer",
-            "comm",
-            "other",
-            "timers",
-        ],
-        bd_rows,
-    )
+    headers = ["run", "iteration", "forward", "backward", "fwd+bwd", "optimizer", "comm"]
+    headers += ["data", "pipe wait"] if piped else []
+    md += _table([*headers, "other", "timers"], bd_rows)
     md.append("")
+    md += pipeline_section(rows)
 
     md += ["## Memory efficiency", ""]
     mem_rows = [
@@ -463,6 +469,63 @@ def render(
     return "\n".join(md) + "\n"
 
 
+def pipeline_section(rows: list[RunMetrics]) -> list[str]:
+    """Pipeline runs whose PipelineEngine timers were printed: per-iteration figures, the
+    measured wait beside the bubble theory, and the untimed remainder in words."""
+    timed = [r for r in rows if r.pipe_wait_ms is not None or ((r.pp or 1) > 1 and r.fwd_ms)]
+    if not timed:
+        return []
+    md = [
+        "### Pipeline timers",
+        "",
+        "DeepSpeed's PipelineEngine prints its timers on global rank 0 (the first stage) every "
+        "steps_per_print steps, as totals over those steps (deepspeed/runtime/pipe/engine.py "
+        "_exec_optimizer_step and train_batch, timers.log with reset): each figure below is the "
+        "printed total / steps_per_print, mean over the prints after the first (warm-up).",
+        "",
+    ]
+    table = []
+    for r in timed:
+        table.append(
+            [
+                r.name,
+                _num(r.iter_ms_mean, 1),
+                _num(r.fwd_ms, 1),
+                _num(r.bwd_ms, 1),
+                _num(r.optimizer_ms, 1),
+                _num(r.data_ms, 1),
+                _num(r.pipe_wait_ms, 1),
+                f"{r.pipe_wait_share:.1%}" if r.pipe_wait_share is not None else "n/a",
+                f"{r.pipe_bubble_theory:.1%}" if r.pipe_bubble_theory is not None else "n/a",
+                _num(r.other_ms, 1),
+                _num(r.other_busbw_gbps, 3) or "n/a",
+            ]
+        )
+    md += _table(
+        ["run", "iteration", "fwd", "bwd", "step", "batch_input", "pipe wait",
+         "wait share", "bubble theory", "untimed", "untimed busbw Gbit/s"],
+        table,
+    )  # fmt: skip
+    md += [
+        "",
+        "ms per iteration. Pipe wait = pipe_send_output + pipe_recv_grad (the first stage's "
+        "blocking sends and receives); wait share = wait / (fwd + bwd + wait); bubble theory = "
+        "(p-1)/(m+p-1), p stages, m micro-batches per step, for balanced stages. Untimed = "
+        "iteration - every timer; its busbw is the bandwidth the untimed collectives' bytes "
+        "imply if they took all of it.",
+        "",
+    ]
+    for r in timed:
+        steps = (r.breakdown_sources or {}).get("steps_per_print")
+        if steps:
+            md.append(f"- {r.name}: steps_per_print {steps}.")
+        if "pipe_wait_ms" in r.na_reasons:
+            md.append(f"- {r.name}: {r.na_reasons['pipe_wait_ms']}.")
+        if r.other_named:
+            md.append(f"- {r.name}: {r.other_ms or 0:,.1f} ms/iteration {r.other_named}.")
+    return [*md, ""]
+
+
 def _scaling_qualitative(rows: list[RunMetrics]) -> list[str]:
     """Scaling notes without a calibrated model."""
     md = [
@@ -497,14 +560,20 @@ def recommendations(key: str, group: list[RunMetrics]) -> list[str]:
         return [f"- {key}: no completed timed run; nothing to recommend from data."]
     out = []
     best = min(timed, key=lambda r: r.iter_ms_mean or 0.0)
-    if best.baseline and best.name != best.baseline and (best.speedup_ci95_lo or 0.0) <= 1.0:
+    ref = next((r for r in timed if best.baseline and r.name == best.baseline), None)
+    if (
+        ref is not None
+        and best.name != ref.name
+        and best.speedup_ci95_lo is not None
+        and best.speedup_ci95_lo <= 1.0
+    ):
         out.append(
             f"- {key}: {best.name} has the lowest mean, but its speedup interval vs "
-            f"{best.baseline} ({best.speedup_ci95_lo or 0:.2f}-{best.speedup_ci95_hi or 0:.2f}) "
-            f"includes 1: no strategy is measurably faster than {best.baseline}; keep it, or "
+            f"{ref.name} ({best.speedup_ci95_lo:.2f}-{best.speedup_ci95_hi or 0:.2f}) "
+            f"includes 1: no strategy is measurably faster than {ref.name}; keep it, or "
             "collect more iterations to separate them."
         )
-        best = next(r for r in timed if r.name == best.baseline)
+        best = ref
     out.append(
         f"- {key}: for speed use **{best.strategy}** ({best.name}, "
         f"{best.iter_ms_mean:,.1f} ms/iteration)"
@@ -585,12 +654,20 @@ def _set_aside(out: Path) -> Path | None:
     return moved
 
 
-def build(logdir: Path, out: Path, baseline: str | None = None) -> list[RunMetrics]:
-    """Load, compute, write everything; returns the rows."""
-    runs = load.discover(logdir, exclude=[out])
+def summarize(
+    logdir: Path, exclude: list[Path], baseline: str | None = None
+) -> tuple[list[load.LoadedRun], list[RunMetrics], predict.ReportSections]:
+    """The runs under ``logdir``, their summary rows (with the cross-run and leave-one-out
+    figures) and the calibrated model's sections: everything the report shows."""
+    runs = load.discover(logdir, exclude=exclude)
     rows = metrics.compare([metrics.compute(r) for r in runs], baseline)
     model = predict.report_sections(runs, rows)
-    rows = predict.fill_rows(rows, model.loo)
+    return runs, predict.fill_rows(rows, model.loo), model
+
+
+def build(logdir: Path, out: Path, baseline: str | None = None) -> list[RunMetrics]:
+    """Load, compute, write everything; returns the rows."""
+    _runs, rows, model = summarize(logdir, [out], baseline)
     moved = _set_aside(out)
     if moved:
         print(f"previous report kept as {moved}", file=sys.stderr)

@@ -2,7 +2,9 @@
 
 Each entry of ``expected.json`` was read off the log text by hand (SOURCES.md says where each log
 comes from and what was cut). The parser must meet every recorded expectation: a missing parser
-module is a failure, not a skip, because parsing these formats is a requirement.
+module is a failure, not a skip, because parsing these formats is a requirement. The parser runs
+in strict mode here: an exception inside a line handler fails the test instead of becoming a
+problem string.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ def _parse_file(path: Path) -> list[Any]:
     # Imported here so that a missing parser fails each test with its reason instead of
     # aborting collection of the whole module.
     parse = importlib.import_module("analysis.parse")
-    return parse.parse_file(path)
+    with parse.strict():
+        return parse.parse_file(path)
 
 
 def _same(actual: Any, expected: Any) -> bool:

@@ -200,3 +200,87 @@ def test_inferred_figure_far_from_the_link_is_flagged():
     measured = replace(row, busbw_gbps_measured=0.094)
     assert metrics.inferred_warning(measured, 0.086) is None  # 100 Mbit/s: -8.5%
     assert metrics.inferred_warning(replace(row, link_mbit=None), 0.317) is None  # no reference
+
+
+# -- PipelineEngine timers (real two-node GPU logs, tests/fixtures/external/SOURCES.md) ---------
+
+GPU_PP = "gpu2node-2025-pp2-64m"
+# gpu2node-2025-pp2-64m_node0.log, the totals over 10 steps printed at steps 20..100 (the print
+# at step 10 is the warm-up): `fwd | bwd | step` and `pipe_send_output | pipe_recv_grad`;
+# `batch_input` from the `_microstep` lines.
+GPU_FWD = [287.48, 285.94, 285.57, 285.09, 285.14, 286.72, 285.86, 287.05, 286.78]
+GPU_BWD = [565.78, 565.52, 566.14, 565.97, 566.43, 567.18, 567.20, 567.40, 566.46]
+GPU_STEP = [107.53, 109.41, 109.96, 108.24, 106.06, 108.24, 108.45, 106.25, 107.79]
+GPU_BATCH = [26.09, 25.83, 26.19, 26.49, 25.83, 25.99, 25.96, 25.51, 25.65]
+GPU_SEND = [8.21, 8.23, 8.23, 8.28, 8.29, 8.25, 8.21, 8.18, 8.22]
+GPU_RECV = [1248.95, 1278.22, 1413.12, 1418.61, 1433.07, 1435.89, 1439.54, 1435.49, 1441.38]
+# gpu2node-2025-pp2-64m_node1.log: elapsed time per iteration (ms) at iterations 20..100.
+GPU_ITER = [668.8, 671.3, 685.2, 686.2, 687.2, 687.6, 689.1, 687.8, 688.1]
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def test_pipeline_engine_timers_per_iteration_wait_and_named_remainder(tmp_path):
+    """fwd/bwd/step = printed total / steps_per_print (10, counted between the `steps:` lines:
+    the log has no DeepSpeed config dump); wait = pipe_send_output + pipe_recv_grad beside
+    (p-1)/(m+p-1) = 1/5; the untimed rest is the tied-embedding all-reduce, 50304 x 512 fp16
+    gradients = 51,511,296 bytes between the two nodes."""
+    from pathlib import Path
+
+    from analysis import load
+
+    src = Path(__file__).parent / "fixtures" / "external"
+    for n in (0, 1):
+        (tmp_path / f"{GPU_PP}_node{n}.log").write_bytes(
+            (src / f"{GPU_PP}_node{n}.log").read_bytes()
+        )
+    (run,) = load.discover(tmp_path)
+    assert run.setup.steps_per_print == 10 and run.setup.gas == 4 and run.setup.pp == 2
+    assert "steps:" in run.setup.sources["steps_per_print"]
+    row = metrics.compute(run)
+    assert row.iter_ms_mean == pytest.approx(_mean(GPU_ITER))
+    assert row.fwd_ms == pytest.approx(_mean(GPU_FWD) / 10)
+    assert row.bwd_ms == pytest.approx(_mean(GPU_BWD) / 10)
+    assert row.optimizer_ms == pytest.approx(_mean(GPU_STEP) / 10)
+    assert row.data_ms == pytest.approx(_mean(GPU_BATCH) / 10)
+    wait = (_mean(GPU_SEND) + _mean(GPU_RECV)) / 10
+    assert row.pipe_wait_ms == pytest.approx(wait)
+    busy = (_mean(GPU_FWD) + _mean(GPU_BWD)) / 10
+    assert row.pipe_wait_share == pytest.approx(wait / (busy + wait))
+    assert row.pipe_bubble_theory == pytest.approx(1 / 5)
+    timed = busy + wait + (_mean(GPU_STEP) + _mean(GPU_BATCH)) / 10
+    assert row.other_ms == pytest.approx(_mean(GPU_ITER) - timed)
+    assert row.other_named is not None
+    assert "_exec_reduce_tied_grads, 51.5 MB" in row.other_named
+    # ring all-reduce over 2 ranks: 2(n-1)/n x S = S bytes on the wire per rank
+    assert row.other_busbw_gbps == pytest.approx(51_511_296 * 8 / (row.other_ms / 1e3) / 1e9)
+
+
+def test_pipeline_timers_without_steps_per_print_are_not_divided(tmp_path):
+    """`steps:` lines at 10 and 30 do not tell steps_per_print (10 or 20 would print both) and
+    there is no config: the totals cover an unknown number of steps, so no figure from them."""
+    from analysis import load
+
+    text = "\n".join(
+        [
+            "using world size: 2, data-parallel-size: 1, tensor-model-parallel size: 1, "
+            "pipeline-model-parallel size: 2",
+            "training ...",
+            "[Rank 0] time (ms) | fwd: 450.35 | bwd: 592.80 | step: 167.23",
+            "steps: 10 loss: 10.3759 iter time (s): 0.721 samples/sec: 11.097",
+            "[Rank 0] time (ms) | fwd: 287.48 | bwd: 565.78 | step: 107.53",
+            "steps: 30 loss: 9.7433 iter time (s): 0.671 samples/sec: 11.927",
+        ]
+    )
+    (tmp_path / "pp.log").write_text(text + "\n")
+    (run,) = load.discover(tmp_path)
+    assert run.setup.steps_per_print is None
+    row = metrics.compute(run)
+    assert row.iter_ms_mean == pytest.approx(671.0)
+    assert row.fwd_ms is None and row.pipe_wait_ms is None
+    assert "steps_per_print" in row.na_reasons["fwd_ms"]
+    assert run.parsed is not None
+    pool = metrics.pipeline_timers(run.parsed, 10)
+    assert pool["fwd"] == [pytest.approx(28.748)] and pool["step"] == [pytest.approx(10.753)]

@@ -12,12 +12,20 @@ from pathlib import Path
 
 import pytest
 
+from analysis import parse
 from analysis.parse import merge_runs, parse_file, parse_text, strip_prefix
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 REPO = Path(__file__).parents[1]
 
 needs_lab = pytest.mark.skipif(not LAB.is_dir(), reason=f"lab logs not found at {LAB}")
+
+
+@pytest.fixture(autouse=True)
+def _strict():
+    """A handler's exception fails the test instead of becoming a problem string."""
+    with parse.strict():
+        yield
 
 
 def _one(name: str):
@@ -227,6 +235,28 @@ def test_two_node_pair_and_merge(strategy):
     if strategy == "dp2":
         assert merged.iterations[0].elapsed_ms == 299.2
         assert ds[0].values_ms["fwd_microstep"] == 230.93
+
+
+@needs_lab
+@pytest.mark.parametrize("strategy", ["dp2", "zero2"])
+def test_node1_training_before_node0_setup_in_one_file(tmp_path, strategy):
+    """pdsh can print the last rank's iteration lines before rank 0's set-up lines (its
+    launcher command, argument dump, padded vocabulary): one run, nothing lost, and rank 0's
+    DeepSpeed blocks attributed as for per-node files."""
+    node0 = (LAB / f"2n_{strategy}_1000mbit_node0.log").read_text().splitlines()
+    node1 = (LAB / f"2n_{strategy}_1000mbit_node1.log").read_text().splitlines()
+    path = tmp_path / "pdsh.log"
+    path.write_text("\n".join([f"n1: {x}" for x in node1] + [f"n0: {x}" for x in node0]) + "\n")
+    runs = parse_file(path)
+    assert len(runs) == 1, [r.problems for r in runs]
+    run = runs[0]
+    pair = merge_runs([_one(f"2n_{strategy}_1000mbit_node{n}.log") for n in (0, 1)])
+    assert run.status == "completed"
+    for key in ("num_layers", "padded_vocab_size", "zero_stage", "world_size", "num_parameters"):
+        assert run.config[key] == pair.config[key], key
+    ds = [(t.iteration, t.values_ms) for t in run.timers if t.source == "deepspeed"]
+    assert ds == [(t.iteration, t.values_ms) for t in pair.timers if t.source == "deepspeed"]
+    assert ds[0][0] == 1 and ds[-1][0] == 30
 
 
 @needs_lab
@@ -803,3 +833,60 @@ def test_pdsh_ssh_exit_names_the_lost_node(tmp_path, code, kind):
         assert run.failure is not None and run.failure.kind == kind
         assert run.failure.message.startswith(f"10.200.49.2: ssh exited with exit code {code}")
         assert run.failure.line == 52
+
+
+# -- tracebacks printed as Python lists, hard-wrapped records ----------------------------------
+
+LIST_TB = (
+    "['Traceback (most recent call last):\\n', '  File \"pretrain_gpt.py\", line 356, in "
+    "<module>\\n    pretrain(train_valid_test_datasets_provider,\\n', 'RuntimeError: CUDA error: "
+    "an illegal memory access was encountered\\n']"
+)
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ["WARNING:megatron.core.utils:" + LIST_TB],
+        ["WARNING:megatron.core.utils:", LIST_TB],
+        ["node1: WARNING:megatron.core.utils:" + LIST_TB[:90], "node1: " + LIST_TB[90:]],
+    ],
+    ids=["one-line", "next-line", "wrapped-prefixed"],
+)
+def test_list_repr_traceback_is_a_failure(lines):
+    """``logger.warning(traceback.format_exception(...))`` prints the traceback as a list: the
+    run failed, with the last exception of the list as its message."""
+    run = parse_text("\n".join(["training ...", MDS, *lines]) + "\n")[0]
+    assert run.status == "failed"
+    assert run.failure.kind == "exception"
+    assert run.failure.message == (
+        "RuntimeError: CUDA error: an illegal memory access was encountered"
+    )
+
+
+def test_record_wrapped_over_several_lines_keeps_every_value():
+    """A record cut at a fixed width over three lines (every line but the last of one width),
+    and one word-wrapped with its timers glued on: all values are read."""
+
+    def values(text):
+        its = parse_text("training ...\n" + text + "\n")[0].iterations
+        return [(i.iteration, i.elapsed_ms, i.lm_loss, i.samples_per_s, i.tflops) for i in its]
+
+    width = 60
+    cut = [MDS[i : i + width] for i in range(0, len(MDS), width)]
+    assert len(cut) >= 3
+    assert values("\n".join(cut)) == values(MDS)
+    words = (MDS.rstrip(" |") + " | time (ms) | forward-compute: 12.30 | optimizer: 3.00").split(
+        " "
+    )
+    lines, line = [], ""
+    for word in words:
+        if len(line) + len(word) + 1 > 70:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    lines.append(line)
+    run = parse_text("\n".join(["training ...", *lines]) + "\n")[0]
+    assert run.iterations[0].lm_loss == pytest.approx(5.866232) and run.iterations[0].tflops == 0.01
+    assert [t.values_ms for t in run.timers] == [{"forward-compute": 12.3, "optimizer": 3.0}]

@@ -1,5 +1,7 @@
 """Property tests: the parser never raises, and launcher prefixes never change parsed values.
 
+They run in strict mode (``analysis.parse.strict``): an exception inside a line handler
+propagates and fails the property instead of becoming an ``internal parser error`` problem.
 Example counts are kept small enough for CI (whole file well under 60 s on 2 cores); each test
 prints how many examples ran (``pytest -s`` shows them).
 """
@@ -12,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from analysis import parse
 from analysis.parse import parse_text
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
@@ -66,6 +69,28 @@ def _count(name: str) -> None:
 def _report_counts():
     yield
     print("\nhypothesis examples run:", dict(sorted(COUNTS.items())))
+
+
+@pytest.fixture(autouse=True)
+def _strict():
+    with parse.strict():
+        yield
+
+
+def test_strict_mode_lets_a_handler_exception_through(monkeypatch):
+    """The premise of every property here: a handler bug is an exception in strict mode and a
+    problem string (the run still parsed) otherwise."""
+
+    def broken(self, *args, **kwargs):
+        raise ZeroDivisionError("injected")
+
+    monkeypatch.setattr(parse._Core, "_iteration_text", broken)
+    text = "training ...\n" + _ITER_LINES[0] + "\n"
+    with pytest.raises(ZeroDivisionError, match="injected"):
+        parse_text(text)
+    with parse.strict(False):
+        run = parse_text(text)[0]
+    assert any("internal parser error ZeroDivisionError('injected')" in p for p in run.problems)
 
 
 def _check(runs) -> None:

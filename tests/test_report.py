@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_metrics import DP2_WINDOWS, SETUP, dp2_parsed, loaded
 
 from analysis import load, report
@@ -109,3 +111,124 @@ def test_golden_lab_logs(tmp_path):
         golden.write_text(text)
     assert golden.exists(), "run with UPDATE_GOLDEN=1 to create the golden report"
     assert text == golden.read_text()
+
+
+# -- failed and incomplete runs never take part in a ratio ----------------------------------------
+
+STRATEGY_LAYOUT = {  # strategy -> (tp, pp, dp, zero stage) on 2 ranks
+    "baseline": (1, 1, 2, 0),
+    "zero1": (1, 1, 2, 1),
+    "zero2": (1, 1, 2, 2),
+    "pipeline": (1, 2, 1, 0),
+    "tensor": (2, 1, 1, 0),
+}
+
+
+def _run(name: str, strategy: str, status: str, windows, factor: float = 1.0, **kw):
+    tp, pp, dp, zero = STRATEGY_LAYOUT[strategy]
+    setup = load.RunSetup(**{**SETUP.__dict__, "strategy": strategy, "tp": tp, "pp": pp,
+                             "dp": dp, "zero_stage": zero, "train_iters": 30})  # fmt: skip
+    parsed = None
+    if windows is not None:
+        parsed = dp2_parsed(windows=[(i, ms * factor) for i, ms in windows], steps={})
+        parsed.status = status if status in ("completed", "failed", "incomplete") else "incomplete"
+    return load.LoadedRun(
+        name=name, path=name, kind="log_files", parsed=parsed, setup=setup, status=status, **kw
+    )  # fmt: skip
+
+
+def _rows(runs, baseline=None):
+    from analysis import metrics, predict
+
+    rows = metrics.compare([metrics.compute(r) for r in runs], baseline)
+    model = predict.report_sections(runs, rows)
+    rows = predict.fill_rows(rows, model.loo)
+    text = report.render(rows, "logs", [], model)
+    for key, group in report._groups(rows).items():
+        text += "\n".join(report.recommendations(key, group))
+    return rows, text
+
+
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
+def test_failed_baseline_after_three_iterations_is_never_a_reference(tmp_path, monkeypatch):
+    """The baseline logged iterations 1-3 (two steady windows: a time of its own) and then
+    died of OOM: no speedup uses it; the completed run with the fewest model-parallel ranks is
+    the reference, and the report says which and why; the failed run is listed with its
+    reason and last iteration, and the report is written (it used to raise StopIteration)."""
+    three = [(1, 300.0), (2, 210.0), (3, 212.0)]
+    runs = [
+        _run("base", "baseline", "failed", three, failure_kind="oom", failure_reason=OOM),
+        _run("z1", "zero1", "completed", DP2_WINDOWS, 1.05),
+        _run("pp", "pipeline", "completed", DP2_WINDOWS, 1.02),
+        _run("tp", "tensor", "completed", DP2_WINDOWS, 2.0),
+    ]
+    monkeypatch.setattr(load, "discover", lambda logdir, exclude=(): runs)
+    rows = {r.name: r for r in report.build(tmp_path, tmp_path / "report")}
+    assert rows["base"].iter_ms_mean is not None  # it has a time, but no ratio uses it
+    assert rows["base"].speedup is None and rows["base"].last_iteration == 3
+    assert {r.baseline for r in rows.values() if r.speedup is not None} == {"z1"}
+    assert rows["z1"].speedup == 1.0
+    assert rows["tp"].speedup == pytest.approx(1.05 / 2.0)
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert (
+        "Reference for speedups and savings: z1: the completed run with the fewest "
+        "model-parallel ranks (tp x pp = 1), because base, the baseline run, failed (oom)."
+    ) in text
+    assert f"base failed (oom), last logged iteration 3 of 30: {OOM}. Not in any ratio." in text
+
+
+def test_baseline_option_names_the_reference_unless_it_failed():
+    runs = [
+        _run("base", "baseline", "completed", DP2_WINDOWS),
+        _run("z1", "zero1", "completed", DP2_WINDOWS, 1.05),
+        _run("z2", "zero2", "failed", DP2_WINDOWS, 1.1, failure_kind="oom", failure_reason=OOM),
+    ]
+    rows, _ = _rows(runs, baseline="z1")
+    assert {r.baseline for r in rows if r.speedup is not None} == {"z1"}
+    assert rows[0].baseline_why == "z1: named by --baseline"
+    rows, text = _rows(runs, baseline="z2")
+    assert {r.baseline for r in rows if r.speedup is not None} == {"base"}
+    assert "base: the group's data-parallel baseline run" in text
+
+
+STATUSES = ["completed", "failed", "incomplete", "interrupted", "running", "missing"]
+WINDOW_SETS = [[], DP2_WINDOWS[:1], DP2_WINDOWS[:2], DP2_WINDOWS[:3], DP2_WINDOWS]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(list(STRATEGY_LAYOUT)),
+            st.sampled_from(STATUSES),
+            st.integers(0, len(WINDOW_SETS) - 1),
+            st.floats(0.5, 3.0),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.one_of(st.none(), st.integers(0, 7)),
+)
+def test_no_status_set_crashes_the_report_and_ratios_use_completed_runs(specs, named):
+    runs = []
+    for i, (strategy, status, w, factor) in enumerate(specs):
+        windows = None if status == "missing" else WINDOW_SETS[w]
+        runs.append(
+            _run(f"r{i}-{strategy}", strategy, "incomplete" if status == "missing" else status,
+                 windows, factor, failure_kind="oom" if status == "failed" else None,
+                 failure_reason=OOM if status == "failed" else None)
+        )  # fmt: skip
+    baseline = runs[named].name if named is not None and named < len(runs) else None
+    rows, text = _rows(runs, baseline)
+    by_name = {r.name: r for r in rows}
+    for r in rows:
+        if r.status != "completed":
+            assert r.speedup is None and r.mem_saving_pct is None
+            assert r.busbw_gbps_inferred is None
+            assert f"{r.name} {r.status}" in text and "Not in any ratio." in text
+        if r.speedup is not None:
+            ref = by_name[r.baseline or ""]
+            assert ref.status == "completed" and ref.setup_key == r.setup_key
+            assert r.status == "completed"

@@ -1,0 +1,262 @@
+"""A bare multi-node log says all that a run directory says, however its nodes are interleaved.
+
+Users bring one file: pdsh's (or srun's, torchrun's) interleaving of every node's output, with no
+``run.json``, ``.cmd`` or DeepSpeed config beside it. For every real multi-node run at hand, the
+node streams are interleaved again (by random blocks and by single lines in random order, under
+pdsh ``host: ``, srun `` 0: ``, ``[rankN]:`` and ``[defaultN]:`` prefixes), the sidecars are
+dropped, and each summary row of ``analysis.report`` must equal the run directory's row field by
+field. The runs:
+
+- the two-node runs of ``../shared/lab-logs`` (per-node logs with ``.cmd``/``.json``);
+- every run directory the test suite made before this module ran (real upstream runs: logs with
+  Megatron's argument dump, from two or more nodes), found under pytest's base temporary
+  directory; run the whole suite (or tests/test_e2e.py first) to include them;
+- the run directories under each path of ``INTERLEAVE_RUNS`` (``os.pathsep``-separated), e.g. a
+  lab matrix: ``INTERLEAVE_RUNS=/tmp/lab pytest tests/test_parse_interleave.py -s``.
+
+Exceptions, and only these: what only the run directory holds. ``run.json``'s interface
+counters (``wire_bytes_per_iter``, ``wire_over_model``), ``netbench.json`` (``busbw_gbps_measured``
+and what is computed from it: the inferred-bandwidth warning and the calibrated predictions),
+``run.json``'s link rate when no name states it (``link_mbit``, ``setup_key``, and again the
+warning and predictions, which use the link), and the bookkeeping fields (name, path, problems and
+the n/a reasons of the exempt fields). ``pytest -s`` prints the counts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis import parse, report
+from analysis._lines import split_prefix
+from analysis.load import _LINK_IN_NAME, _NODE_SUFFIX
+
+LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
+
+STYLES: dict[str, Callable[[int, str], str]] = {
+    "pdsh": lambda i, host: f"{host}: ",
+    "srun": lambda i, host: f" {i}: ",
+    "rank": lambda i, host: f"[rank{i}]:",
+    "default": lambda i, host: f"[default{i}]:",
+}
+"""Prefix of stream ``i`` (host name ``host``) in each launcher's style."""
+
+ALWAYS_EXEMPT = ("name", "path", "problems", "na_reasons")
+RUN_JSON_ONLY = ("wire_bytes_per_iter", "wire_over_model")
+NETBENCH_ONLY = ("busbw_gbps_measured", "busbw_inferred_warning", "predicted_iter_ms",
+                 "prediction_error")  # fmt: skip
+LINK_ONLY = ("link_mbit", "setup_key", "busbw_inferred_warning", "predicted_iter_ms",
+             "prediction_error")  # fmt: skip
+
+COUNTS: dict[str, int] = {"runs": 0, "interleavings": 0, "rows compared": 0, "fields compared": 0}
+
+
+@pytest.fixture(autouse=True)
+def _strict():
+    with parse.strict():
+        yield
+
+
+@dataclass
+class Source:
+    """Runs whose rows are compared together (one report: same groups, same baselines)."""
+
+    label: str
+    """Name in messages."""
+    reference: list[Path]
+    """Run directories, or per-node logs with their sidecars, as recorded."""
+    streams: dict[str, list[list[str]]]
+    """Run name -> its node streams (lines without launcher prefixes)."""
+    hosts: dict[str, list[str]]
+    """Run name -> host name of each stream ("" for the launching host's unprefixed lines)."""
+    exempt: dict[str, set[str]]
+    """Run name -> fields only the run directory can know."""
+
+
+def _read(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8", errors="replace").splitlines()
+
+
+def split_streams(lines: list[str]) -> tuple[list[list[str]], list[str]]:
+    """One log's lines by the node that printed them (outermost launcher prefix removed);
+    unprefixed lines (the launching host's runner) are a stream of their own, host ``""``."""
+    by_host: dict[str, list[str]] = {}
+    for line in lines:
+        key, _ = split_prefix(line)
+        host = key.split("|", 1)[0]
+        if host and line.startswith(f"{host}: "):
+            line = line[len(host) + 2 :]
+        else:
+            host = ""
+        by_host.setdefault(host, []).append(line)
+    hosts = sorted(by_host, key=lambda h: (h != "", h))
+    return [by_host[h] for h in hosts], hosts
+
+
+def _has_argument_dump(paths: list[Path]) -> bool:
+    return any("-- arguments --" in p.read_text(errors="replace") for p in paths)
+
+
+def lab_logs_source(root: Path) -> Source | None:
+    """The ``2n_*_node<N>.log`` pairs of the shared lab logs (with their sidecars)."""
+    pairs: dict[str, list[Path]] = {}
+    for log in sorted(root.glob("2n_*_node*.log")):
+        m = _NODE_SUFFIX.match(log.stem)
+        if m:
+            pairs.setdefault(m.group("stem"), []).append(log)
+    if not pairs:
+        return None
+    files = [f for logs in pairs.values() for log in logs for f in root.glob(f"{log.stem}.*")]
+    streams = {name: [_read(p) for p in logs] for name, logs in pairs.items()}
+    hosts = {name: [f"node{i}" for i in range(len(logs))] for name, logs in pairs.items()}
+    exempt = {name: _exempt(name, netbench=False) for name in pairs}
+    return Source("lab-logs", files, streams, hosts, exempt)
+
+
+def run_dir_source(label: str, run_dirs: list[Path]) -> Source | None:
+    """Run directories whose logs come from two or more nodes and hold Megatron's argument dump
+    (real upstream output), compared together; a name seen twice keeps its first directory."""
+    src = Source(label, [], {}, {}, {})
+    for run_dir in run_dirs:
+        try:
+            name = json.loads((run_dir / "run.json").read_text())["name"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        nodes = sorted(p for p in run_dir.glob("node*.log"))
+        launcher = run_dir / "launcher.log"
+        if name in src.streams:
+            continue
+        if len(nodes) >= 2 and _has_argument_dump(nodes):
+            streams, hosts = [_read(p) for p in nodes], [p.stem for p in nodes]
+        elif launcher.is_file() and _has_argument_dump([launcher]):
+            streams, hosts = split_streams(_read(launcher))
+            if sum(1 for h in hosts if h) < 2:
+                continue  # one machine: nothing to interleave
+        else:
+            continue
+        src.streams[name], src.hosts[name] = streams, hosts
+        src.exempt[name] = _exempt(name, netbench=(run_dir / "netbench.json").is_file())
+        src.reference.append(run_dir)
+    return src if src.reference else None
+
+
+def _exempt(name: str, netbench: bool) -> set[str]:
+    out = set(ALWAYS_EXEMPT) | set(RUN_JSON_ONLY)
+    if netbench:
+        out |= set(NETBENCH_ONLY)
+    if _LINK_IN_NAME.search(name) is None:
+        out |= set(LINK_ONLY)
+    return out
+
+
+def interleave(
+    streams: list[list[str]], hosts: list[str], rnd: random.Random, mode: str, style: str
+) -> list[str]:
+    """pdsh-style interleaving: every stream keeps its own order; ``mode`` ``line`` takes one
+    line of a random stream at a time, ``block`` a random run of 1-200 lines."""
+    prefixes = []
+    node = 0
+    for host in hosts:
+        if host:
+            prefixes.append(STYLES[style](node, host))
+            node += 1
+        else:
+            prefixes.append("")  # the launching host's own lines carry no prefix
+    pos = [0] * len(streams)
+    out: list[str] = []
+    while True:
+        live = [i for i, s in enumerate(streams) if pos[i] < len(s)]
+        if not live:
+            return out
+        i = rnd.choice(live)
+        n = 1 if mode == "line" else rnd.randint(1, 200)
+        out += [prefixes[i] + line for line in streams[i][pos[i] : pos[i] + n]]
+        pos[i] += n
+
+
+def _rows(logdir: Path) -> dict[str, dict[str, Any]]:
+    _runs, rows, _model = report.summarize(logdir, [])
+    assert len({r.name for r in rows}) == len(rows), [r.name for r in rows]
+    return {r.name: report.metrics.row_dict(r) for r in rows}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    return a == b
+
+
+def compare_source(src: Source, tmp: Path, seed: int, modes=("line", "block")) -> list[str]:
+    """Rows of every interleaving of ``src`` against its reference rows; mismatches in words."""
+    ref_dir = tmp / f"{src.label}-reference"
+    ref_dir.mkdir(parents=True)
+    for i, item in enumerate(src.reference):
+        if item.is_dir():
+            shutil.copytree(item, ref_dir / f"r{i}" / item.name)
+        else:
+            shutil.copy2(item, ref_dir / item.name)
+    reference = _rows(ref_dir)
+    rnd = random.Random(seed)
+    problems: list[str] = []
+    COUNTS["runs"] += len(src.streams)
+    for mode in modes:
+        for style in STYLES:
+            bare = tmp / f"{src.label}-{mode}-{style}"
+            bare.mkdir(parents=True)
+            for name, streams in src.streams.items():
+                lines = interleave(streams, src.hosts[name], rnd, mode, style)
+                (bare / f"{name}.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
+                COUNTS["interleavings"] += 1
+            rows = _rows(bare)
+            for name in src.streams:
+                want, got = reference.get(name), rows.get(name)
+                if want is None or got is None:
+                    problems.append(f"{src.label} {mode}/{style} {name}: row missing")
+                    continue
+                COUNTS["rows compared"] += 1
+                for field, value in want.items():
+                    if field in src.exempt[name]:
+                        continue
+                    COUNTS["fields compared"] += 1
+                    if not _same(value, got.get(field)):
+                        problems.append(
+                            f"{src.label} {mode}/{style} {name}.{field}: run directory "
+                            f"{value!r}, bare log {got.get(field)!r}"
+                        )
+    return problems
+
+
+def _suite_run_dirs(base: Path) -> list[Path]:
+    return sorted({p.parent for p in base.rglob("run.json") if "interleave" not in str(p)})
+
+
+@pytest.mark.skipif(not LAB.is_dir(), reason=f"lab logs not found at {LAB}")
+def test_bare_interleaved_logs_give_the_run_directory_rows(tmp_path, tmp_path_factory):
+    sources = [s for s in [lab_logs_source(LAB)] if s is not None]
+    suite = _suite_run_dirs(tmp_path_factory.getbasetemp())
+    for i, run_dir in enumerate(suite):
+        src = run_dir_source(f"suite{i}", [run_dir])
+        if src is not None:
+            sources.append(src)
+    for j, extra in enumerate(
+        p for p in os.environ.get("INTERLEAVE_RUNS", "").split(os.pathsep) if p
+    ):
+        dirs = sorted({p.parent for p in Path(extra).rglob("run.json")})
+        src = run_dir_source(f"extra{j}", dirs)
+        assert src is not None, f"INTERLEAVE_RUNS: no multi-node upstream run under {extra}"
+        sources.append(src)
+    problems: list[str] = []
+    for k, src in enumerate(sources):
+        problems += compare_source(src, tmp_path, seed=k)
+    print(f"\ninterleaving check: {len(sources)} source(s) ({', '.join(s.label for s in sources)})"
+          f"; {COUNTS}")  # fmt: skip
+    assert not problems, "\n".join(problems[:40])
