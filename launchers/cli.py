@@ -34,7 +34,14 @@ from launchers.render import (
     render_files,
     render_run_dir,
 )
-from launchers.session import LabSession, failed, lab_available, lab_session, run_specs
+from launchers.session import (
+    LabSession,
+    failed,
+    interleaved,
+    lab_available,
+    lab_session,
+    run_specs,
+)
 from launchers.spec import DEVICES, LAUNCHER_MODES, Cluster, RunSpec, SpecError, spec_hash
 
 HOSTFILE_DIR = Path(__file__).resolve().parent.parent / "hostfiles"
@@ -305,6 +312,9 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
     if args.dry_run:
         for spec in specs:
             print_dry_run(spec, req.logs)
+        if args.repeat > 1:
+            order = [f"{k}:{s.strategy.name}" for k, s in interleaved(specs, args.repeat)]
+            print(f"# {args.repeat} interleaved rounds, in this order: {' '.join(order)}")
         return 0
     for warning in preflight(specs[0], args.allow_other_upstream):
         print(f"warning: {warning}", file=sys.stderr)
@@ -319,7 +329,7 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
         try:
             rows = run_specs(specs, req.logs, force=args.force, stall_s=args.stall,
                              timeout_s=args.timeout, session=session,
-                             mem_limit_bytes=mem_limit)  # fmt: skip
+                             mem_limit_bytes=mem_limit, rounds=args.repeat)  # fmt: skip
         except KeyboardInterrupt:
             return 130
     bad = failed(rows)
@@ -382,6 +392,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # argument parsing
 
 
+MAX_ROUNDS = 100
+"""Largest ``--repeat``: a guard against a typo starting days of runs."""
+
+
+def _rounds(text: str) -> int:
+    """``--repeat`` value: an integer in 1..MAX_ROUNDS."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--repeat {text!r}: not an integer") from None
+    if not 1 <= n <= MAX_ROUNDS:
+        raise argparse.ArgumentTypeError(f"--repeat {n}: must be 1..{MAX_ROUNDS}")
+    return n
+
+
 def _common(p: argparse.ArgumentParser, execute: bool) -> None:
     p.add_argument("--model", required=True, help="model preset (see `list`)")
     p.add_argument(
@@ -407,6 +432,15 @@ def _options(p: argparse.ArgumentParser, execute: bool) -> None:
         "--dry-run", action="store_true", help="print launch.sh and ds_config.json; write nothing"
     )
     if execute:
+        p.add_argument(
+            "--repeat",
+            type=_rounds,
+            default=1,
+            metavar="N",
+            help="run N interleaved rounds (every strategy once per round), each run its own "
+            "run directory recorded as a repeat; the report's intervals then include the "
+            "run-to-run spread (default 1)",
+        )
         p.add_argument("--force", action="store_true", help="rerun identical completed runs")
         p.add_argument("--stall", type=float, help="seconds without output before a run is hung")
         p.add_argument("--timeout", type=float, help="seconds a whole run may take")
