@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
+import random
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from analysis.metrics import RunMetrics, describe, speedup_interval
+from analysis.repeats import repeat_sets, speedup_model
 from launchers import cli
 from launchers.hostfile import parse_hostfile_text
 from launchers.presets import resolve_spec
@@ -137,3 +142,114 @@ def test_dry_run_shows_the_interleaved_order(capsys) -> None:
                      "--repeat", "2", "--dry-run"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "# 2 interleaved rounds, in this order: 1:baseline 1:zero1 2:zero1 2:baseline" in out
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def run_row(name: str, windows: list[float], **kw: Any) -> RunMetrics:
+    """A RunMetrics row as metrics.compute makes it from steady-state windows."""
+    st = describe(windows)
+    base: dict[str, Any] = {f.name: None for f in fields(RunMetrics)}
+    base |= {"na_reasons": {}, "problems": []}
+    base |= {
+        "name": name,
+        "path": f"{name}/{kw.get('repeat_round') or 0}",
+        "strategy": name.split("-", 1)[-1],
+        "setup_key": "tiny / 2 nodes, 2 ranks / 100 Mbit/s",
+        "status": "completed",
+        "iter_ms_mean": st.mean,
+        "iter_ms_ci95_lo": st.ci_lo,
+        "iter_ms_ci95_hi": st.ci_hi,
+        "iter_ms_n": st.n,
+        "spec_hash": f"hash-{name}",
+    }
+    return RunMetrics(**(base | kw))
+
+
+@dataclass(frozen=True)
+class Truth:
+    """A synthetic machine whose spreads are known."""
+
+    ms: tuple[float, ...] = (300.0, 200.0, 260.0, 290.0, 310.0, 420.0)
+    """Median ms/iteration of each strategy (the first is the baseline)."""
+    round_sd: float = 0.15
+    """Log-scale sd of a round's drift, common to every strategy of the round."""
+    run_sd: float = 0.10
+    """Log-scale sd of one run against another (between-run spread)."""
+    window_sd: float = 0.05
+    """Relative sd of one logging window inside a run (within-run spread)."""
+    windows: int = 5
+    """Steady-state windows per run."""
+    run_sd_of: dict[int, float] | None = None
+    """Strategy index -> its own between-run sd (heteroscedastic machines)."""
+
+    def mean_of(self, s: int) -> float:
+        """Expected run mean of strategy s (log-normal mean of the round and run effects)."""
+        sd = (self.run_sd_of or {}).get(s, self.run_sd)
+        return self.ms[s] * math.exp((self.round_sd**2 + sd**2) / 2)
+
+
+def draw(truth: Truth, rounds: int, rng: random.Random, interleaved: bool = True) -> list:
+    """One repeated matrix: every strategy once per round, rows as the report sees them."""
+    rows = []
+    for k in range(1, rounds + 1):
+        drift = rng.gauss(0.0, truth.round_sd)
+        for s, ms in enumerate(truth.ms):
+            if not interleaved:  # back to back: each run meets its own state of the machine
+                drift = rng.gauss(0.0, truth.round_sd)
+            sd = (truth.run_sd_of or {}).get(s, truth.run_sd)
+            level = ms * math.exp(drift + rng.gauss(0.0, sd))
+            windows = [level * (1 + rng.gauss(0.0, truth.window_sd)) for _ in range(truth.windows)]
+            extra = {"repeat_group": "g", "repeat_round": k} if interleaved else {}
+            rows.append(run_row(f"tiny-s{s}", windows, **extra))
+    return rows
+
+
+def coverage(truth: Truth, rounds: int, draws: int, seed: int = 7, interleaved: bool = True):
+    """Share of draws whose 95% intervals hold the true value: (means, speedups, the per-run
+    within-run speedup interval of round 1 for comparison)."""
+    rng = random.Random(seed)
+    hit_mean = hit_ratio = hit_within = n_mean = n_ratio = 0
+    for _ in range(draws):
+        rows = draw(truth, rounds, rng, interleaved)
+        sets = repeat_sets(rows)
+        model = speedup_model(sets)
+        for s, rs in enumerate(sets):
+            est = rs.estimate
+            assert est is not None and est.ci_lo is not None and est.ci_hi is not None
+            n_mean += 1
+            hit_mean += est.ci_lo <= truth.mean_of(s) <= est.ci_hi
+            if s == 0:
+                continue
+            ratio = model.ratio(sets[0], rs)
+            assert ratio is not None and ratio.ci_lo is not None and ratio.ci_hi is not None
+            true = truth.ms[0] / truth.ms[s]
+            n_ratio += 1
+            hit_ratio += ratio.ci_lo <= true <= ratio.ci_hi
+            _, lo, hi = speedup_interval(sets[0].runs[0], rs.runs[0])
+            hit_within += (lo or 0) <= true <= (hi or 0)
+    return hit_mean / n_mean, hit_ratio / n_ratio, hit_within / n_ratio
+
+
+COVERAGE_DRAWS = 1000
+"""Synthetic matrices per case: the binomial sd of a 95% rate over 1000 x 6 intervals is
+~0.3% (twice that with the correlation inside a draw), well inside the +-3% tolerance."""
+
+
+@pytest.mark.parametrize(
+    ("case", "truth", "rounds", "interleaved"),
+    [
+        ("3 interleaved rounds", Truth(), 3, True),
+        ("2 interleaved rounds", Truth(), 2, True),
+        ("5 rounds, quiet machine", Truth(round_sd=0.02, run_sd=0.03), 5, True),
+        ("3 repeats back to back", Truth(), 3, False),
+        ("within-run noise dominates", Truth(round_sd=0.0, run_sd=0.01, window_sd=0.2), 3, True),
+    ],
+)
+def test_intervals_cover_the_true_value_at_their_nominal_rate(case, truth, rounds, interleaved):
+    means, ratios, within = coverage(truth, rounds, COVERAGE_DRAWS, interleaved=interleaved)
+    print(f"{case}: ms/iteration {means:.1%}, speedup {ratios:.1%}, "
+          f"one run's within-run speedup interval {within:.1%}")  # fmt: skip
+    assert abs(means - 0.95) <= 0.03, f"{case}: ms/iteration intervals cover {means:.1%}"
+    assert abs(ratios - 0.95) <= 0.03, f"{case}: speedup intervals cover {ratios:.1%}"
