@@ -539,7 +539,7 @@ def compute(run: LoadedRun) -> RunMetrics:
     row["na_reasons"] = na
     from analysis.repeats import identity  # repeats builds on this module's rows
 
-    row |= identity(run.run_json)
+    row |= identity(run.run_json, s)
 
     dims = (s.num_layers, s.hidden_size, s.seq_length, s.padded_vocab_size)
     if None not in dims:

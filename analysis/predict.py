@@ -679,7 +679,7 @@ def collapse_repeats(pairs: Sequence[tuple[Observation, RunMetrics]]) -> list[Ob
     never predicted from its own repeats."""
     from analysis.repeats import random_effects, set_key, within_variance
 
-    groups: dict[tuple[str, str, str], list[tuple[Observation, RunMetrics]]] = {}
+    groups: dict[tuple[str, str], list[tuple[Observation, RunMetrics]]] = {}
     for o, row in pairs:
         groups.setdefault(set_key(row), []).append((o, row))
     out = []

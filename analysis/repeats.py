@@ -31,14 +31,17 @@ A set with one run has no between-run interval: its figures keep the within-run 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from analysis.load import RunSetup
 from analysis.metrics import RunMetrics, t95
 
 RANDOM_EFFECTS_METHOD = (
@@ -54,10 +57,13 @@ UNPAIRED_METHOD = "unpaired (log t = strategy, residual pooled over the group)"
 """Speedup interval of repeats without rounds in common."""
 
 
-def identity(run_json: dict[str, Any] | None) -> dict[str, Any]:
-    """``spec_hash``, ``repeat_group`` and ``repeat_round`` of a run from its run.json.
+def identity(run_json: dict[str, Any] | None, setup: RunSetup | None = None) -> dict[str, Any]:
+    """``spec_hash``, ``repeat_group`` and ``repeat_round`` of a run.
 
-    A run without a run.json, or one not run as a repeat, has None for what it lacks; a
+    ``spec_hash`` is run.json's; a run without one (bare logs, older run directories) gets
+    ``setup:<digest>`` of its whole resolved setup, so logs of the same configuration (same
+    model, batch, layout, ZeRO stage, precision, iterations, cluster and link, whatever their
+    file names) are repeats of one spec. Not run as a repeat, a run has no group or round; a
     malformed ``"repeat"`` is ignored (the run then counts as an unpaired repeat).
     """
     doc = run_json or {}
@@ -65,6 +71,10 @@ def identity(run_json: dict[str, Any] | None) -> dict[str, Any]:
     group, rnd = rep.get("group"), rep.get("round")
     ok = isinstance(group, str) and isinstance(rnd, int) and not isinstance(rnd, bool)
     spec_hash = doc.get("spec_hash")
+    if not isinstance(spec_hash, str) and setup is not None:
+        fields_ = {k: v for k, v in asdict(setup).items() if k != "sources"}
+        text = json.dumps(fields_, sort_keys=True, default=str)
+        spec_hash = "setup:" + hashlib.sha256(text.encode()).hexdigest()[:16]
     return {
         "spec_hash": spec_hash if isinstance(spec_hash, str) else None,
         "repeat_group": group if ok else None,
@@ -142,10 +152,10 @@ def timed(row: RunMetrics) -> bool:
     return row.status == "completed" and row.iter_ms_mean is not None and row.iter_ms_mean > 0
 
 
-def set_key(row: RunMetrics) -> tuple[str, str, str]:
-    """Runs with the same key are repeats of one spec: setup group, name, spec hash (the name
-    alone for runs without run.json)."""
-    return row.setup_key, row.name, row.spec_hash or ""
+def set_key(row: RunMetrics) -> tuple[str, str]:
+    """Runs with the same key are repeats of one spec: setup group and spec hash (``identity``;
+    the name when neither run.json nor a resolved setup gave one)."""
+    return row.setup_key, row.spec_hash or f"name:{row.name}"
 
 
 @dataclass(frozen=True)
@@ -153,7 +163,8 @@ class RepeatSet:
     """The runs of one spec in one setup group: the unit of the report."""
 
     name: str
-    """Run name (``<model>-<strategy>``)."""
+    """Run name (``<model>-<strategy>``; the first run's, when bare logs of one spec are named
+    differently)."""
     strategy: str | None
     """Strategy."""
     setup_key: str
@@ -184,11 +195,17 @@ class RepeatSet:
 
 def repeat_sets(rows: Sequence[RunMetrics]) -> list[RepeatSet]:
     """Rows grouped into repeat sets, in the order of their first run."""
-    groups: dict[tuple[str, str, str], list[RunMetrics]] = {}
+    groups: dict[tuple[str, str], list[RunMetrics]] = {}
     for r in rows:
         groups.setdefault(set_key(r), []).append(r)
+    names: dict[tuple[str, str], int] = {}
+    for (setup, _), runs in groups.items():
+        names[(setup, runs[0].name)] = names.get((setup, runs[0].name), 0) + 1
     out = []
-    for (setup, name, spec), runs in groups.items():
+    for (setup, spec), runs in groups.items():
+        name = runs[0].name
+        if names[(setup, name)] > 1:  # two specs under one name: say which is which
+            name += f" (spec {spec.removeprefix('setup:')[:8]})"
         good = [r for r in runs if timed(r)]
         est = None
         if len(good) == 1:  # one run: its own (within-run) interval
@@ -200,7 +217,7 @@ def repeat_sets(rows: Sequence[RunMetrics]) -> list[RepeatSet]:
             means = [r.iter_ms_mean or 0.0 for r in good]
             est = random_effects(means, [within_variance(r) for r in good])
         strategy = next((r.strategy for r in runs if r.strategy), None)
-        out.append(RepeatSet(name, strategy, setup, spec or None, tuple(runs), est))
+        out.append(RepeatSet(name, strategy, setup, runs[0].spec_hash, tuple(runs), est))
     return out
 
 
@@ -321,7 +338,7 @@ class SpeedupModel:
     """Fit with a round term over the runs that share a round with another set."""
     unpaired: _Fit | None
     """Fit without a round term over every timed run."""
-    index: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    index: dict[tuple[str, str], int] = field(default_factory=dict)
     """Set key -> column."""
     rounds: dict[tuple[int, int], set[tuple[str, int]]] = field(default_factory=dict)
     """Set index pair -> rounds both ran in (``(group, round)``)."""
@@ -374,8 +391,8 @@ class SpeedupModel:
         return Ratio(math.exp(d), math.exp(d - half), math.exp(d + half), fit.df, method, pairs)
 
 
-def _key(s: RepeatSet) -> tuple[str, str, str]:
-    return s.setup_key, s.name, s.spec_hash or ""
+def _key(s: RepeatSet) -> tuple[str, str]:
+    return s.setup_key, s.spec_hash or f"name:{s.name}"
 
 
 def _geo(s: RepeatSet) -> float:
@@ -457,8 +474,12 @@ class GroupRepeats:
     ``metrics.compare``), the one with the most timed runs when several specs share that name."""
     model: SpeedupModel
     """The group's log-scale model."""
-    speedups: dict[str, Ratio]
-    """Set name -> baseline / set."""
+    speedups: dict[tuple[str, str], Ratio]
+    """Set key -> baseline / set."""
+
+    def speedup(self, s: RepeatSet) -> Ratio | None:
+        """Baseline / ``s``, or None (``s`` is the baseline, or untimed, or no baseline)."""
+        return self.speedups.get(_key(s))
 
     @property
     def repeated(self) -> bool:
@@ -475,7 +496,7 @@ def group_repeats(rows: Sequence[RunMetrics]) -> GroupRepeats:
     sets = repeat_sets(rows)
     names = [r.baseline for r in rows if timed(r) and r.baseline]
     base_name = statistics.mode(names) if names else None
-    candidates = [s for s in sets if s.name == base_name and s.estimate is not None]
+    candidates = [s for s in sets if s.runs[0].name == base_name and s.estimate is not None]
     base = max(candidates, key=lambda s: len(s.timed_runs)) if candidates else None
     model = speedup_model(sets)
     speedups = {}
@@ -483,7 +504,7 @@ def group_repeats(rows: Sequence[RunMetrics]) -> GroupRepeats:
         for s in sets:
             ratio = model.ratio(base, s) if s is not base else None
             if ratio is not None:
-                speedups[s.name] = ratio
+                speedups[_key(s)] = ratio
     key = rows[0].setup_key if rows else ""
     return GroupRepeats(key, tuple(sets), base, model, speedups)
 
@@ -530,7 +551,7 @@ def results_table(g: GroupRepeats) -> list[str]:
             lines.append(f"| {s.name} | {s.strategy or '?'} | {runs} | n/a | | | | | |")
             continue
         cv = f"{est.sd_between_runs:,.1f} ({est.cv:.1%})" if est.cv is not None else "one run"
-        ratio = g.speedups.get(s.name)
+        ratio = g.speedup(s)
         speed = (f"{ratio.value:.2f}x" + _interval(ratio.ci_lo, ratio.ci_hi, 2)) if ratio else ""
         kind = _ratio_kind(ratio) if ratio else ("baseline" if s is g.base else "")
         mean_kind = "" if s.between else " (within-run)"
@@ -579,13 +600,37 @@ def single_run_note(sets: Sequence[RepeatSet], s: RepeatSet) -> str:
     return text + f"; repeats recorded on this setup scattered by {cv:.1%} run to run ({where})."
 
 
-def speed_findings(g: GroupRepeats) -> list[str]:
-    """One statement per spec against the baseline, from the between-run interval."""
+def first_of_each(rows: Sequence[RunMetrics]) -> list[RunMetrics]:
+    """The first run of each repeat set among ``rows`` (one statement per spec, not per run)."""
+    seen: set[tuple[str, str]] = set()
     out = []
+    for r in rows:
+        if set_key(r) not in seen:
+            seen.add(set_key(r))
+            out.append(r)
+    return out
+
+
+def speed_findings(g: GroupRepeats) -> list[str]:
+    """Fastest and slowest mean over repeats, and one statement per spec against the baseline
+    from the between-run interval (nothing when no spec was repeated)."""
+    out: list[str] = []
+    ranked = g.ranked()
+    if not g.repeated or not ranked:
+        return out
+    if len(ranked) >= 2:
+        fast, slow = ranked[0], ranked[-1]
+        assert fast.estimate is not None and slow.estimate is not None
+        out.append(
+            f"Fastest mean over repeats: **{fast.name}** ({fast.strategy}) at "
+            f"{fast.estimate.mean:,.1f} ms/iteration ({fast.estimate.k} run(s)); slowest: "
+            f"**{slow.name}** ({slow.strategy}) at {slow.estimate.mean:,.1f} ms "
+            f"({slow.estimate.k} run(s))."
+        )
     if g.base is None:
         return out
     for s in g.ranked():
-        r = g.speedups.get(s.name)
+        r = g.speedup(s)
         if r is None or r.ci_lo is None or r.ci_hi is None:
             continue
         where = f"between-run 95% interval {r.ci_lo:.2f}-{r.ci_hi:.2f}, {_ratio_kind(r)}"
@@ -628,7 +673,7 @@ def speed_recommendation(key: str, g: GroupRepeats) -> list[str]:
         ]
     if best is base:
         runner = ranked[1] if len(ranked) > 1 else None
-        r = g.speedups.get(runner.name) if runner else None
+        r = g.speedup(runner) if runner else None
         if runner is None or r is None or not r.decided:
             vs = f" and {runner.name}" if runner else ""
             why = (
@@ -645,7 +690,9 @@ def speed_recommendation(key: str, g: GroupRepeats) -> list[str]:
             f"ms/iteration): the next fastest, {runner.name}, is slower ({r.value:.2f}x, "
             f"between-run interval {r.ci_lo:.2f}-{r.ci_hi:.2f})."
         ]
-    r = g.speedups[best.name]
+    r = g.speedup(best)
+    if r is None:
+        return []
     if not r.decided or r.value < 1.0:
         where = (
             f"interval {r.ci_lo:.2f}-{r.ci_hi:.2f}, {_ratio_kind(r)}"
@@ -683,7 +730,7 @@ def to_json(rows: Sequence[RunMetrics]) -> list[dict[str, Any]]:
     for group in groups.values():
         g = group_repeats(group)
         for s in g.sets:
-            est, ratio = s.estimate, g.speedups.get(s.name)
+            est, ratio = s.estimate, g.speedup(s)
             out.append(
                 {
                     "setup_key": s.setup_key,
@@ -730,7 +777,7 @@ def summary_line(key: str, g: GroupRepeats) -> str | None:
         f"- **{key}**: fastest mean {best.name} ({best.strategy}), {est.mean:,.1f} ms/iteration "
         f"over {est.k} repeat(s)" + _interval(est.ci_lo, est.ci_hi, 0)
     )
-    ratio = g.speedups.get(best.name)
+    ratio = g.speedup(best)
     if ratio is not None and g.base is not None:
         line += f", {ratio.value:.2f}x vs {g.base.name}" + _interval(ratio.ci_lo, ratio.ci_hi, 2)
         line += "" if ratio.decided else " (no measurable difference)"

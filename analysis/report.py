@@ -108,7 +108,8 @@ def findings(group: list[RunMetrics]) -> list[str]:
     """Statements that follow from the group's numbers (computed, never canned)."""
     out: list[str] = []
     timed = _timed(group)
-    if len(timed) >= 2:
+    g = repeats.group_repeats(group)
+    if len(timed) >= 2 and not g.repeated:  # with repeats: the sets' means (speed_findings)
         fastest = min(timed, key=lambda r: r.iter_ms_mean or 0.0)
         slowest = max(timed, key=lambda r: r.iter_ms_mean or 0.0)
         out.append(
@@ -117,7 +118,6 @@ def findings(group: list[RunMetrics]) -> list[str]:
             f"{slowest.iter_ms_mean:,.1f} ms "
             f"({(slowest.iter_ms_mean or 0) / (fastest.iter_ms_mean or 1):.2f}x)."
         )
-    g = repeats.group_repeats(group)
     out += repeats.speed_findings(g)
     for r in [] if g.repeated else timed:  # one run per spec: within-run intervals
         if r.speedup is None or r.name == r.baseline or r.speedup_ci95_lo is None:
@@ -148,8 +148,8 @@ def findings(group: list[RunMetrics]) -> list[str]:
                 )
         if r.other_ms is not None and r.iter_ms_mean and r.other_ms / r.iter_ms_mean >= 0.10:
             out.append(
-                f"{r.name}: {r.other_ms:,.1f} ms/iteration ({r.other_ms / r.iter_ms_mean:.0%}) "
-                "is not covered by any timer."
+                f"{repeats.label(r)}: {r.other_ms:,.1f} ms/iteration "
+                f"({r.other_ms / r.iter_ms_mean:.0%}) is not covered by any timer."
             )
     mems = [r for r in timed if r.peak_mem_mb is not None]
     if len(mems) >= 2:
@@ -524,7 +524,7 @@ def recommendations(key: str, group: list[RunMetrics]) -> list[str]:
         if r.comm_ms and r.iter_ms_mean and "comm_ms" not in r.na_reasons
         if r.comm_ms / r.iter_ms_mean >= 0.25
     ]
-    for r in dominated:
+    for r in repeats.first_of_each(dominated):  # repeats: one line per spec
         out.append(
             f"- {key}: communication dominates {r.name} ({r.comm_ms / (r.iter_ms_mean or 1):.0%} "
             "of the iteration): a faster link or fewer bytes (see the communication table) "

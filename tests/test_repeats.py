@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
+import shutil
+import statistics
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from analysis import report, repeats
 from analysis.metrics import RunMetrics, describe, speedup_interval
 from analysis.repeats import repeat_sets, speedup_model
 from launchers import cli
@@ -253,3 +257,149 @@ def test_intervals_cover_the_true_value_at_their_nominal_rate(case, truth, round
           f"one run's within-run speedup interval {within:.1%}")  # fmt: skip
     assert abs(means - 0.95) <= 0.03, f"{case}: ms/iteration intervals cover {means:.1%}"
     assert abs(ratios - 0.95) <= 0.03, f"{case}: speedup intervals cover {ratios:.1%}"
+
+
+# --------------------------------------------------------------------------- report, end to end
+
+LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
+_ELAPSED = re.compile(r"(elapsed time per iteration \(ms\): )([0-9.]+)")
+_LAB_RUNS = {"baseline": "2n_dp2_1000mbit", "pipeline": "2n_pp2_1000mbit", "zero2": "2n_zero2_1000mbit"}  # fmt: skip
+
+
+def _scaled(text: str, factor: float) -> str:
+    """Upstream's log text with every iteration time multiplied by ``factor``."""
+    return _ELAPSED.sub(lambda m: f"{m.group(1)}{float(m.group(2)) * factor:.1f}", text)
+
+
+def lab_matrix(
+    logs: Path, drift: list[float], jitter: dict[str, list[float]], interleaved: bool = True
+) -> None:
+    """Run directories of a repeated 2-node matrix made from the real lab logs (upstream's own
+    output, both nodes): round k's times are the lab run's times x drift[k] x jitter[s][k]."""
+    if not LAB.is_dir():
+        pytest.skip(f"lab logs not found at {LAB}")
+    for strategy, stem in _LAB_RUNS.items():
+        for k, d in enumerate(drift):
+            run_dir = logs / f"tiny-{strategy}" / f"2026010{k + 1}T000000Z"
+            run_dir.mkdir(parents=True)
+            for node in (0, 1):
+                text = (LAB / f"{stem}_node{node}.log").read_text()
+                (run_dir / f"node{node}.log").write_text(_scaled(text, d * jitter[strategy][k]))
+            (run_dir / "ds_config.json").write_text((LAB / f"{stem}_node0.json").read_text())
+            (run_dir / "launch.sh").write_text((LAB / f"{stem}_node0.cmd").read_text())
+            record: dict[str, Any] = {
+                "name": f"tiny-{strategy}",
+                "spec_hash": f"hash-{strategy}",
+                "network": {"link_mbit": 1000},
+                "outcome": {"status": "completed"},
+            }
+            if interleaved:
+                record["repeat"] = {"group": "r3-test", "round": k + 1, "rounds": len(drift)}
+            (run_dir / "run.json").write_text(json.dumps(record))
+
+
+DRIFT = [1.0, 1.4, 0.8]
+"""A machine whose speed changes by 75% between rounds (other tenants)."""
+JITTER = {"baseline": [1.0, 1.02, 0.99], "pipeline": [1.01, 0.99, 1.0], "zero2": [0.98, 1.0, 1.02]}
+
+
+def _report(logs: Path) -> tuple[str, dict[str, Any]]:
+    out = logs / "report"
+    report.build(logs, out)
+    return (out / "report.md").read_text(), json.loads((out / "summary.json").read_text())
+
+
+def test_report_pairs_interleaved_rounds_and_names_a_winner(tmp_path) -> None:
+    lab_matrix(tmp_path, DRIFT, JITTER)
+    text, summary = _report(tmp_path)
+    sets = {s["name"]: s for s in summary["repeats"]}
+    assert set(sets) == {"tiny-baseline", "tiny-pipeline", "tiny-zero2"}
+    base, zero2 = sets["tiny-baseline"], sets["tiny-zero2"]
+    assert base["runs_timed"] == 3 and len(base["runs"]) == 3
+    # Mean over repeats: the lab run's mean x the mean of the round factors.
+    lab_base = statistics.fmean([227.0, 224.0, 226.2, 225.6, 224.7])
+    factors = [d * j for d, j in zip(DRIFT, JITTER["baseline"], strict=True)]
+    assert base["iter_ms_mean"] == pytest.approx(lab_base * statistics.fmean(factors), rel=0.01)
+    assert base["iter_ms_ci95_lo"] < base["iter_ms_mean"] * 0.7, "the drift widens the mean's CI"
+    # The drift hits every strategy of a round alike: paired by round, the ratio is tight.
+    assert zero2["speedup_interval"] == repeats.PAIRED_METHOD
+    assert zero2["speedup_rounds_paired"] == 3 and zero2["speedup_df"] == 4
+    assert (
+        zero2["speedup_ci95_hi"] < 1.0 and zero2["speedup_ci95_hi"] / zero2["speedup_ci95_lo"] < 1.2
+    )
+    assert "| tiny-zero2 | zero2 | 3/3 (rounds 1, 2, 3) |" in text
+    assert "tiny-zero2 is slower than tiny-baseline" in text
+    assert "paired, 3 round(s), 4 df" in text
+    # Per-run speedups relate each round to the baseline of its own round.
+    runs = [r for r in summary["runs"] if r["name"] == "tiny-zero2"]
+    assert {r["repeat_round"] for r in runs} == {1, 2, 3}
+    for r in runs:
+        k = r["repeat_round"] - 1
+        lab_ratio = r["speedup"] * JITTER["zero2"][k] / JITTER["baseline"][k]
+        assert lab_ratio == pytest.approx(runs[0]["speedup"] * JITTER["zero2"][0] / JITTER["baseline"][0], rel=1e-3)  # fmt: skip
+    assert "| tiny-zero2 r2 |" in text, "each repeat labelled with its round"
+
+
+def test_the_same_runs_without_rounds_are_unpaired_and_wider(tmp_path) -> None:
+    lab_matrix(tmp_path / "a", DRIFT, JITTER)
+    lab_matrix(tmp_path / "b", DRIFT, JITTER, interleaved=False)
+    _, paired = _report(tmp_path / "a")
+    text, unpaired = _report(tmp_path / "b")
+    p = next(s for s in paired["repeats"] if s["name"] == "tiny-pipeline")
+    u = next(s for s in unpaired["repeats"] if s["name"] == "tiny-pipeline")
+    assert u["speedup_interval"] == repeats.UNPAIRED_METHOD and u["speedup_df"] == 6
+    assert u["speedup"] == pytest.approx(p["speedup"], rel=1e-9), "same runs, same estimate"
+    width = {
+        k: math.log(d["speedup_ci95_hi"] / d["speedup_ci95_lo"]) for k, d in (("u", u), ("p", p))
+    }
+    assert width["u"] > 5 * width["p"], f"log widths {width}: pairing removes the drift"
+    assert u["speedup_ci95_lo"] < 1.0 < u["speedup_ci95_hi"]
+    assert "no measurable difference" in text
+
+
+def test_single_run_says_within_run_only_and_quotes_recorded_repeats(tmp_path) -> None:
+    lab_matrix(tmp_path, DRIFT, JITTER)
+    # One more baseline run, another spec (more iterations), the same setup: it ran once.
+    src = tmp_path / "tiny-baseline" / "20260101T000000Z"
+    one = tmp_path / "tiny-baseline" / "20260201T000000Z"
+    shutil.copytree(src, one)
+    record = json.loads((one / "run.json").read_text())
+    record |= {"spec_hash": "other-spec-60-iterations"}
+    record.pop("repeat")
+    (one / "run.json").write_text(json.dumps(record))
+    text, summary = _report(tmp_path)
+    names = [s["name"] for s in summary["repeats"]]
+    repeated, single = "tiny-baseline (spec hash-bas)", "tiny-baseline (spec other-sp)"
+    assert {repeated, single} <= set(names), "two specs under one name are told apart"
+    note = next(line for line in text.splitlines() if "ran once" in line)
+    cv = next(s["iter_ms_sd_between_runs"] / s["iter_ms_mean"] for s in summary["repeats"]
+              if s["name"] == repeated)  # fmt: skip
+    assert note.startswith(f"- {single} ran once: its interval covers within-run noise only")
+    assert f"scattered by {cv:.1%} run to run ({repeated} repeated (3 runs))" in note
+
+
+def test_no_repeats_anywhere_says_so(tmp_path) -> None:
+    lab_matrix(tmp_path, [1.0], {s: [1.0] for s in _LAB_RUNS}, interleaved=False)
+    text, summary = _report(tmp_path)
+    assert "Each spec here ran once: the intervals above cover within-run noise only" in text
+    assert "no measurable difference can be claimed: one run per spec" in text
+    assert all(s["iter_ms_interval"] == "within-run only (one run)" for s in summary["repeats"])
+
+
+def test_failed_repeats_are_listed_not_estimated(tmp_path) -> None:
+    lab_matrix(tmp_path, DRIFT, JITTER)
+    bad = tmp_path / "tiny-zero2" / "20260102T000000Z"
+    record = json.loads((bad / "run.json").read_text())
+    record["outcome"] = {"status": "failed", "kind": "oom", "reason": "killed at the limit"}
+    (bad / "run.json").write_text(json.dumps(record))
+    # A baseline that failed in every round: no ratio against it, no crash.
+    for run_dir in (tmp_path / "tiny-baseline").iterdir():
+        record = json.loads((run_dir / "run.json").read_text())
+        record["outcome"] = {"status": "failed", "kind": "oom", "reason": "too big"}
+        (run_dir / "run.json").write_text(json.dumps(record))
+    text, summary = _report(tmp_path)
+    zero2 = next(s for s in summary["repeats"] if s["name"] == "tiny-zero2")
+    assert zero2["runs_timed"] == 2 and len(zero2["runs"]) == 3
+    assert "| tiny-zero2 | zero2 | 2/3 (rounds 1, 3) |" in text
+    base = next(s for s in summary["repeats"] if s["name"] == "tiny-baseline")
+    assert base["runs_timed"] == 0 and base["iter_ms_mean"] is None
