@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import random
 import re
 import shutil
 import statistics
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from analysis import report, repeats
+from analysis import repeats, report
 from analysis.metrics import RunMetrics, describe, speedup_interval
 from analysis.repeats import repeat_sets, speedup_model
 from launchers import cli
@@ -263,7 +265,11 @@ def test_intervals_cover_the_true_value_at_their_nominal_rate(case, truth, round
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 _ELAPSED = re.compile(r"(elapsed time per iteration \(ms\): )([0-9.]+)")
-_LAB_RUNS = {"baseline": "2n_dp2_1000mbit", "pipeline": "2n_pp2_1000mbit", "zero2": "2n_zero2_1000mbit"}  # fmt: skip
+_LAB_RUNS = {
+    "baseline": "2n_dp2_1000mbit",
+    "pipeline": "2n_pp2_1000mbit",
+    "zero2": "2n_zero2_1000mbit",
+}
 
 
 def _scaled(text: str, factor: float) -> str:
@@ -272,7 +278,11 @@ def _scaled(text: str, factor: float) -> str:
 
 
 def lab_matrix(
-    logs: Path, drift: list[float], jitter: dict[str, list[float]], interleaved: bool = True
+    logs: Path,
+    drift: list[float],
+    jitter: dict[str, list[float]],
+    interleaved: bool = True,
+    link_mbit: float = 1000.0,
 ) -> None:
     """Run directories of a repeated 2-node matrix made from the real lab logs (upstream's own
     output, both nodes): round k's times are the lab run's times x drift[k] x jitter[s][k]."""
@@ -290,7 +300,7 @@ def lab_matrix(
             record: dict[str, Any] = {
                 "name": f"tiny-{strategy}",
                 "spec_hash": f"hash-{strategy}",
-                "network": {"link_mbit": 1000},
+                "network": {"link_mbit": link_mbit},
                 "outcome": {"status": "completed"},
             }
             if interleaved:
@@ -333,10 +343,13 @@ def test_report_pairs_interleaved_rounds_and_names_a_winner(tmp_path) -> None:
     # Per-run speedups relate each round to the baseline of its own round.
     runs = [r for r in summary["runs"] if r["name"] == "tiny-zero2"]
     assert {r["repeat_round"] for r in runs} == {1, 2, 3}
-    for r in runs:
-        k = r["repeat_round"] - 1
-        lab_ratio = r["speedup"] * JITTER["zero2"][k] / JITTER["baseline"][k]
-        assert lab_ratio == pytest.approx(runs[0]["speedup"] * JITTER["zero2"][0] / JITTER["baseline"][0], rel=1e-3)  # fmt: skip
+    lab_ratios = [
+        r["speedup"]
+        * JITTER["zero2"][r["repeat_round"] - 1]
+        / JITTER["baseline"][r["repeat_round"] - 1]
+        for r in runs
+    ]
+    assert lab_ratios == pytest.approx([lab_ratios[0]] * 3, rel=1e-3), "the drift cancels"
     assert "| tiny-zero2 r2 |" in text, "each repeat labelled with its round"
 
 
@@ -403,3 +416,46 @@ def test_failed_repeats_are_listed_not_estimated(tmp_path) -> None:
     assert "| tiny-zero2 | zero2 | 2/3 (rounds 1, 3) |" in text
     base = next(s for s in summary["repeats"] if s["name"] == "tiny-baseline")
     assert base["runs_timed"] == 0 and base["iter_ms_mean"] is None
+
+
+# --------------------------------------------------------------------------- cross-rate benchmark
+
+
+def _load_benchmark():
+    spec = importlib.util.spec_from_file_location(
+        "cross_network", Path(__file__).parents[1] / "benchmarks" / "cross_network.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cross_rate_check_counts_inside_the_interval_or_within_the_limit() -> None:
+    bench = _load_benchmark()
+    wide = bench.Target(100.0, 60.0, 140.0, 3, 0.16)
+    single = bench.Target(100.0, 98.0, 102.0, 1, None)
+    assert bench.Check("zero2", wide, 135.0).inside and bench.Check("zero2", wide, 135.0).right(0.2)
+    assert not bench.Check("zero2", single, 115.0).inside
+    assert bench.Check("zero2", single, 115.0).right(0.2), "within 20%"
+    assert not bench.Check("zero2", single, 125.0).right(0.2)
+    assert bench.Check("zero2", wide, 125.0).error == pytest.approx(0.25)
+
+
+def test_cross_rate_benchmark_prints_errors_beside_the_targets_spread(tmp_path, capsys) -> None:
+    bench = _load_benchmark()
+    lab_matrix(tmp_path / "fast", DRIFT, JITTER, link_mbit=1000.0)
+    lab_matrix(tmp_path / "slow", [1.0, 1.2, 0.9], JITTER, link_mbit=100.0)
+    targets, link = bench.measured(tmp_path / "slow")
+    assert link == 100.0 and set(targets) == {"baseline", "pipeline", "zero2"}
+    base = targets["baseline"]
+    assert base.runs == 3 and base.cv is not None and base.ci_lo < base.mean_ms < base.ci_hi
+    status = bench.main([str(tmp_path / "fast"), str(tmp_path / "slow")])
+    out = capsys.readouterr().out
+    assert "measured ms [95% CI]" in out and "run-to-run" in out
+    assert f"{base.cv:.1%} (3)" in out, "the target's spread beside the error"
+    summary = next(line for line in out.splitlines() if "predictions:" in line)
+    assert summary.startswith("2 calibration/target pair(s), 6 predictions: ")
+    assert "targets' median run-to-run spread" in summary
+    assert status == (0 if " 6 right" in summary else 1)
