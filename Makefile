@@ -95,8 +95,11 @@ $(RUN_TARGETS):
 $(ALL_TARGETS):
 	$(PYTHON) -m launchers matrix --model $(patsubst all-%,%,$@) --strategies $(CORE) $(RUN_FLAGS)
 
+# Up to REPEAT (default 2) interleaved rounds, each started only when it fits in DEMO_MIN minutes.
+DEMO_MIN    ?= 10
 demo:
-	$(PYTHON) -m launchers demo --logs $(LOGS) $(if $(NET),--net $(NET))
+	$(PYTHON) -m launchers demo --logs $(LOGS) $(if $(NET),--net $(NET)) \
+		$(if $(REPEAT),--repeat $(REPEAT)) --budget-min $(DEMO_MIN)
 
 report:
 	$(PYTHON) -m analysis.report $(LOGS) $(if $(OUT),--out $(OUT)) $(if $(BASELINE),--baseline $(BASELINE))

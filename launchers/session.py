@@ -375,12 +375,15 @@ def run_specs(
     render: Callable[[RunSpec, Path], Path] | None = None,
     mem_limit_bytes: int | None = None,
     rounds: int = 1,
+    deadline: float | None = None,
 ) -> list[MatrixRow]:
     """Run every spec in turn; never stop at a failed run; stop at Ctrl-C/SIGTERM.
 
     ``mem_limit_bytes`` runs each run's local processes in a memory cgroup of that size.
     ``rounds`` > 1 runs the specs in interleaved rounds (``interleaved``), each run recorded
-    as a repeat (``repeat_record``).
+    as a repeat (``repeat_record``). ``deadline`` (``time.monotonic()``) bounds the rounds after
+    the first: a round that would end after it, judged by the mean duration of the rounds so
+    far, is not started (and said so).
     """
     from launchers.execute import DEFAULT_STALL_S, run
     from launchers.render import render_run_dir
@@ -393,9 +396,17 @@ def run_specs(
     adapted = [session.adapt(s) if session is not None else s for s in specs]
     group = repeat_group([spec_hash(s) for s in adapted], rounds, force) if rounds > 1 else ""
     pending = interleaved(adapted, rounds)
+    started, current = time.monotonic(), 1
     try:
         while pending:
-            k, spec = pending.pop(0)
+            k, spec = pending[0]
+            if k != current and deadline is not None:  # round k is about to start
+                current, per_round = k, (time.monotonic() - started) / (k - 1)
+                if time.monotonic() + per_round > deadline:
+                    print(f"rounds {k}-{rounds} not started: a round takes ~{per_round:.0f} s "
+                          "here, past the time budget", flush=True)  # fmt: skip
+                    break
+            pending.pop(0)
             repeat = Repeat(group, k, rounds) if rounds > 1 else None
             rnd = k if repeat else None
             label = f"{spec.name} (round {k}/{rounds})" if repeat else spec.name
@@ -460,8 +471,9 @@ def print_summary(rows: Sequence[MatrixRow]) -> None:
         )
     Console(width=160).print(table)
     for name, times in round_spread(rows).items():
-        print(f"{name}: {len(times)} rounds timed, {min(times):.1f}-{max(times):.1f} ms/iteration "
-              f"(max/min {max(times) / min(times):.2f}); `make report` gives the intervals")  # fmt: skip
+        print(f"{name}: {len(times)} rounds timed, {min(times):.1f}-{max(times):.1f} "
+              f"ms/iteration (max/min {max(times) / min(times):.2f}); `make report` gives the "
+              "intervals")  # fmt: skip
 
 
 def round_spread(rows: Sequence[MatrixRow]) -> dict[str, list[float]]:

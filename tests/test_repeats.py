@@ -10,6 +10,7 @@ import re
 import shutil
 import statistics
 import sys
+import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -459,3 +460,27 @@ def test_cross_rate_benchmark_prints_errors_beside_the_targets_spread(tmp_path, 
     assert summary.startswith("2 calibration/target pair(s), 6 predictions: ")
     assert "targets' median run-to-run spread" in summary
     assert status == (0 if " 6 right" in summary else 1)
+
+
+def test_a_round_that_would_pass_the_deadline_is_not_started(tmp_path, capsys) -> None:
+    logs = tmp_path / "logs"
+    render, order = _scripted()
+
+    def slow(spec, logs_root: Path) -> Path:
+        run_dir = render(spec, logs_root)
+        script = (run_dir / "launch.sh").read_text()
+        (run_dir / "launch.sh").write_text("sleep 1\n" + script)
+        return run_dir
+
+    deadline = time.monotonic() + 3.0  # round 1 (two runs) takes > 2 s: round 2 would not fit
+    rows = run_specs(_specs(["baseline", "zero1"]), logs, stall_s=30, render=slow, rounds=3,
+                     deadline=deadline)  # fmt: skip
+    assert order == [("baseline", 1), ("zero1", 1)]
+    assert [r.status for r in rows] == ["completed", "completed"], "nothing counted as failed"
+    assert "rounds 2-3 not started: a round takes ~" in capsys.readouterr().out
+
+
+def test_demo_repeats_within_its_budget_by_default() -> None:
+    args = cli.build_parser().parse_args(["demo"])
+    assert (args.repeat, args.budget_min) == (cli.DEMO_ROUNDS, cli.DEMO_BUDGET_MIN) == (2, 10.0)
+    assert cli.build_parser().parse_args(["demo", "--repeat", "1"]).repeat == 1
