@@ -541,7 +541,7 @@ def console_table(rows: list[RunMetrics]) -> None:
     table = Table(title="Megatron-DeepSpeed runs")
     cols: list[tuple[str, Callable[[RunMetrics], str]]] = [
         ("setup", lambda r: r.setup_key),
-        ("run", lambda r: r.name),
+        ("run", repeats.label),
         ("strategy", lambda r: r.strategy or "?"),
         ("status", lambda r: r.status),
         ("ms/iter", lambda r: _num(r.iter_ms_mean, 1) or "n/a"),
