@@ -18,6 +18,9 @@ NET         ?=
 LAB_NODES   ?= 2
 DELAY_MS    ?=
 LOSS_PCT    ?=
+# Interleaved rounds of a run or matrix (round 1 runs every strategy, then round 2, ...); each
+# repeat is its own run directory and the report's intervals include the run-to-run spread.
+REPEAT      ?=
 # Extra spec overrides, space separated: SET="train_iters=20 precision=bf16".
 SET         ?=
 # Non-empty: rerun runs already completed with an identical spec.
@@ -43,7 +46,7 @@ RUN_FLAGS = --hosts $(HOSTS) --logs $(LOGS) \
 	$(if $(DEVICE),--device $(DEVICE)) \
 	$(if $(NET),--net $(NET) --lab-nodes $(LAB_NODES)) \
 	$(if $(DELAY_MS),--delay-ms $(DELAY_MS)) $(if $(LOSS_PCT),--loss-pct $(LOSS_PCT)) \
-	$(foreach kv,$(SET),--set $(kv)) $(if $(FORCE),--force) \
+	$(foreach kv,$(SET),--set $(kv)) $(if $(FORCE),--force) $(if $(REPEAT),--repeat $(REPEAT)) \
 	$(if $(STALL),--stall $(STALL)) $(if $(TIMEOUT),--timeout $(TIMEOUT)) \
 	$(if $(MEM_LIMIT),--mem-limit $(MEM_LIMIT)) $(if $(SKIP_DOCTOR),--skip-doctor)
 
@@ -108,8 +111,11 @@ $(RUN_TARGETS):
 $(ALL_TARGETS):
 	$(PYTHON) -m launchers matrix --model $(patsubst all-%,%,$@) --strategies $(CORE) $(RUN_FLAGS)
 
+# Up to REPEAT (default 2) interleaved rounds, each started only when it fits in DEMO_MIN minutes.
+DEMO_MIN    ?= 10
 demo:
-	$(PYTHON) -m launchers demo --logs $(LOGS) $(if $(NET),--net $(NET))
+	$(PYTHON) -m launchers demo --logs $(LOGS) $(if $(NET),--net $(NET)) \
+		$(if $(REPEAT),--repeat $(REPEAT)) --budget-min $(DEMO_MIN)
 
 report:
 	$(PYTHON) -m analysis.report $(LOGS) $(if $(OUT),--out $(OUT)) $(if $(BASELINE),--baseline $(BASELINE))

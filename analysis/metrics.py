@@ -626,6 +626,13 @@ class RunMetrics:
     """Leave-one-out prediction of ``iter_ms_mean`` from the other runs (analysis.predict)."""
     prediction_error: float | None = None
     """(predicted - measured) / measured, signed (analysis.predict leave-one-out)."""
+    spec_hash: str | None = None
+    """run.json ``spec_hash``: runs of one setup group with the same name and hash are repeats
+    of one spec (analysis.repeats)."""
+    repeat_group: str | None = None
+    """run.json ``repeat.group``: the repeated matrix the run was a round of."""
+    repeat_round: int | None = None
+    """run.json ``repeat.round`` (1-based)."""
     na_reasons: dict[str, str] = field(default_factory=dict)
     """Column -> why it is None (or why it should be read with care)."""
     problems: list[str] = field(default_factory=list)
@@ -690,6 +697,9 @@ def compute(run: LoadedRun) -> RunMetrics:
     }
     row |= {f.name: None for f in fields(RunMetrics) if f.name not in row}
     row["na_reasons"] = na
+    from analysis.repeats import identity  # repeats builds on this module's rows
+
+    row |= identity(run.run_json, s)
 
     dims = (s.num_layers, s.hidden_size, s.seq_length, s.padded_vocab_size)
     if None not in dims:

@@ -254,7 +254,10 @@ class Observation:
     netbench: dict[str, Any] | None = None
     """netbench.json of the run directory."""
     ci_half_ms: float | None = None
-    """Half-width of the 95% interval of ``iter_ms`` (None with one window)."""
+    """Half-width of the 95% interval of ``iter_ms`` (None with one window): between-run when
+    ``repeats`` > 1."""
+    repeats: int = 1
+    """Runs of one spec averaged into this observation (``collapse_repeats``)."""
 
 
 def observe(run: LoadedRun, row: RunMetrics) -> Observation | None:
@@ -659,14 +662,55 @@ def calibrate(observations: Iterable[Observation]) -> Calibration:
 
 
 def observations_from(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics]) -> list[Observation]:
-    """Observations of the runs that can calibrate (rows in the same order or matched by name)."""
-    by_name = {r.name: r for r in rows}
-    out = []
+    """Observations of the runs that can calibrate (rows matched by path), the repeats of one
+    spec collapsed into their mean (``collapse_repeats``)."""
+    by_path = {r.path: r for r in rows}
+    pairs = []
     for run in runs:
-        row = by_name.get(run.name)
+        row = by_path.get(run.path)
         o = observe(run, row) if row is not None else None
-        if o is not None:
-            out.append(o)
+        if o is not None and row is not None:
+            pairs.append((o, row))
+    return collapse_repeats(pairs)
+
+
+def collapse_repeats(pairs: Sequence[tuple[Observation, RunMetrics]]) -> list[Observation]:
+    """One observation per repeat set (``analysis.repeats.set_key``): every figure the mean
+    over its runs, ``ci_half_ms`` the between-run half-width (``analysis.repeats``). A model
+    calibrated on one run of a noisy machine learns that run's luck; the mean of the repeats is
+    what the configuration costs there. Leave-one-out then leaves a whole set out, so a run is
+    never predicted from its own repeats."""
+    from analysis.repeats import random_effects, set_key, within_variance
+
+    groups: dict[tuple[str, str], list[tuple[Observation, RunMetrics]]] = {}
+    for o, row in pairs:
+        groups.setdefault(set_key(row), []).append((o, row))
+    out = []
+    for members in groups.values():
+        if len(members) == 1:
+            out.append(members[0][0])
+            continue
+        obs = [o for o, _ in members]
+        est = random_effects([o.iter_ms for o in obs], [within_variance(r) for _, r in members])
+
+        def mean(attr: str, obs: list[Observation] = obs) -> float | None:
+            values = [getattr(o, attr) for o in obs if getattr(o, attr) is not None]
+            return statistics.fmean(values) if values else None
+
+        out.append(
+            replace(
+                obs[0],
+                iter_ms=est.mean,
+                fwd_ms=mean("fwd_ms"),
+                bwd_ms=mean("bwd_ms"),
+                optimizer_ms=mean("optimizer_ms"),
+                comm_timer_ms=mean("comm_timer_ms"),
+                other_ms=mean("other_ms"),
+                netbench=next((o.netbench for o in obs if o.netbench), None),
+                ci_half_ms=(est.ci_hi - est.mean) if est.ci_hi is not None else None,
+                repeats=len(obs),
+            )
+        )
     return out
 
 
@@ -837,6 +881,8 @@ class LooResult:
     """Its measured steady-state ms per iteration."""
     prediction: Prediction
     """Prediction calibrated on the other runs."""
+    repeats: int = 1
+    """Runs whose mean ``measured_ms`` is."""
 
     @property
     def error(self) -> float | None:
@@ -856,17 +902,18 @@ def leave_one_out(observations: Sequence[Observation]) -> list[LooResult]:
             if x.name != o.name and _layout_key(x.setup)[:8] == _layout_key(o.setup)[:8]
         ]
         cal = calibrate(same_model)
-        out.append(LooResult(o.name, o.iter_ms, predict(o.setup, cal)))
+        out.append(LooResult(o.name, o.iter_ms, predict(o.setup, cal), o.repeats))
     return out
 
 
 def fill_rows(rows: Sequence[RunMetrics], loo: Sequence[LooResult]) -> list[RunMetrics]:
-    """Rows with ``predicted_iter_ms`` and ``prediction_error`` (leave-one-out) filled."""
-    by_name = {r.name: r for r in loo}
+    """Rows with ``predicted_iter_ms`` and ``prediction_error`` (leave-one-out) filled; the
+    error of a repeat is against the mean of its repeats."""
+    by_name = {(r.name, r.prediction.setup.setup_key): r for r in loo}
     out = []
     for row in rows:
         na = dict(row.na_reasons)
-        res = by_name.get(row.name)
+        res = by_name.get((row.name, row.setup_key))
         if res is None or res.prediction.iter_ms is None:
             why = res.prediction.reason if res else None
             na["predicted_iter_ms"] = why or "not a completed timed run with a known layout"
@@ -877,6 +924,7 @@ def fill_rows(rows: Sequence[RunMetrics], loo: Sequence[LooResult]) -> list[RunM
             f"leave-one-out ({p.method}"
             + (f" on {', '.join(p.anchors)}" if p.anchors else "")
             + "): calibrated on the other runs of this model"
+            + (f"; error vs the mean of its {res.repeats} repeats" if res.repeats > 1 else "")
         )
         out.append(
             replace(row, predicted_iter_ms=p.iter_ms, prediction_error=res.error, na_reasons=na)
@@ -1315,6 +1363,7 @@ def to_json(w: WhatIf) -> dict[str, Any]:
         "leave_one_out": [
             {
                 "name": r.name,
+                "repeats": r.repeats,
                 "measured_ms": r.measured_ms,
                 "predicted_ms": r.prediction.iter_ms,
                 "error": r.error,
@@ -1563,7 +1612,8 @@ def report_sections(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics]) -> Re
         "the prediction (its time minus its modelled communication plus the target's).",
         "",
         *_calibration_lines(cal),
-        "Leave-one-out: each run predicted from the other runs of the same model and batch.",
+        "Leave-one-out: each run (the mean of its repeats, when repeated) predicted from the "
+        "other runs of the same model and batch.",
         "",
     ]
     table = []
@@ -1571,7 +1621,8 @@ def report_sections(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics]) -> Re
         p = r.prediction
         how = p.method + (f" on {', '.join(p.anchors)}" if p.anchors else "")
         err = f"{r.error:+.1%}" if r.error is not None else "n/a"
-        table.append([r.name, how, f"{r.measured_ms:,.1f}", _ms(p.iter_ms), err])
+        name = r.name + (f" (mean of {r.repeats})" if r.repeats > 1 else "")
+        table.append([name, how, f"{r.measured_ms:,.1f}", _ms(p.iter_ms), err])
     md += _md_table(["run", "predicted from", "measured ms", "predicted ms", "error"], table)
     md.append("")
     for r in loo:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from analysis import load, metrics, predict
+from analysis import load, metrics, predict, repeats
 from analysis.metrics import RunMetrics
 
 
@@ -108,7 +108,8 @@ def findings(group: list[RunMetrics]) -> list[str]:
     """Statements that follow from the group's numbers (computed, never canned)."""
     out: list[str] = []
     timed = _timed(group)
-    if len(timed) >= 2:
+    g = repeats.group_repeats(group)
+    if len(timed) >= 2 and not g.repeated:  # with repeats: the sets' means (speed_findings)
         fastest = min(timed, key=lambda r: r.iter_ms_mean or 0.0)
         slowest = max(timed, key=lambda r: r.iter_ms_mean or 0.0)
         out.append(
@@ -117,7 +118,8 @@ def findings(group: list[RunMetrics]) -> list[str]:
             f"{slowest.iter_ms_mean:,.1f} ms "
             f"({(slowest.iter_ms_mean or 0) / (fastest.iter_ms_mean or 1):.2f}x)."
         )
-    for r in timed:
+    out += repeats.speed_findings(g)
+    for r in [] if g.repeated else timed:  # one run per spec: within-run intervals
         if r.speedup is None or r.name == r.baseline or r.speedup_ci95_lo is None:
             continue
         if r.speedup_ci95_lo > 1.0:
@@ -134,20 +136,20 @@ def findings(group: list[RunMetrics]) -> list[str]:
             out.append(
                 f"{r.name} vs {r.baseline}: {r.speedup:.2f}x, interval "
                 f"{r.speedup_ci95_lo:.2f}-{r.speedup_ci95_hi:.2f} includes 1: no measurable "
-                "difference with these samples."
+                "difference with these samples (within-run interval: one run each)."
             )
     for r in timed:
         if r.comm_ms is not None and r.iter_ms_mean and "comm_ms" not in r.na_reasons:
             share = r.comm_ms / r.iter_ms_mean
             if share >= 0.15:
                 out.append(
-                    f"{r.name}: timed communication is {share:.0%} of the iteration "
+                    f"{repeats.label(r)}: timed communication is {share:.0%} of the iteration "
                     f"({r.comm_ms:,.1f} of {r.iter_ms_mean:,.1f} ms)."
                 )
         if r.other_ms is not None and r.iter_ms_mean and r.other_ms / r.iter_ms_mean >= 0.10:
             out.append(
-                f"{r.name}: {r.other_ms:,.1f} ms/iteration ({r.other_ms / r.iter_ms_mean:.0%}) "
-                "is not covered by any timer."
+                f"{repeats.label(r)}: {r.other_ms:,.1f} ms/iteration "
+                f"({r.other_ms / r.iter_ms_mean:.0%}) is not covered by any timer."
             )
     mems = [r for r in timed if r.peak_mem_mb is not None]
     if len(mems) >= 2:
@@ -176,7 +178,7 @@ def _not_completed(r: RunMetrics) -> str:
             f" of {r.train_iters}" if r.train_iters else ""
         )
     return (
-        f"{r.name} {r.status}" + (f" ({r.failure_kind})" if r.failure_kind else "")
+        f"{repeats.label(r)} {r.status}" + (f" ({r.failure_kind})" if r.failure_kind else "")
         + f", {where}: {r.failure_reason or 'no reason recorded'}. Not in any ratio."
     )  # fmt: skip
 
@@ -215,7 +217,9 @@ def render(
     for key, group in groups.items():
         timed = _timed(group)
         failed = [r for r in group if r.status != "completed"]
-        if timed:
+        if (line := repeats.summary_line(key, repeats.group_repeats(group))) is not None:
+            md.append(line + f"; {len(timed)} timed run(s), {len(failed)} not completed.")
+        elif timed:
             best = min(timed, key=lambda r: r.iter_ms_mean or 0.0)
             line = (
                 f"- **{key}**: fastest {best.name} ({best.strategy}), "
@@ -233,7 +237,10 @@ def render(
     unread = [(r, found) for r, found in unread if found]
     if unread:
         md += ["## Runs that could not be read fully", ""]
-        md += [f"- {r.name} (`{r.path}`, {r.status}): {'; '.join(found)}." for r, found in unread]
+        md += [
+            f"- {repeats.label(r)} (`{r.path}`, {r.status}): {'; '.join(found)}."
+            for r, found in unread
+        ]
         md.append("")
 
     md += ["## Results per model and setup", ""]
@@ -243,7 +250,7 @@ def render(
         for r in group:
             table.append(
                 [
-                    r.name,
+                    repeats.label(r),
                     r.strategy or "?",
                     r.status,
                     cell(r, "peak_mem_mb", notes, 0),
@@ -267,13 +274,14 @@ def render(
             "(Megatron-DeepSpeed megatron/utils.py throughput_calculator formula).",
             "",
         ]
+        md += repeats.results_table(repeats.group_repeats(group))
         for finding in findings(group):
             md.append(f"- {finding}")
         md.append("")
         md += ["Which iterations fed each number:", ""]
         for r in group:
             md.append(
-                f"- {r.name}: {r.steady_iterations or 'none'}; spread: "
+                f"- {repeats.label(r)}: {r.steady_iterations or 'none'}; spread: "
                 f"{r.iter_ms_std_source or 'n/a'}; TFLOPs printed "
                 f"{_num(r.tflops_printed, 3) or 'n/a'} vs recomputed {_num(r.tflops, 4) or 'n/a'}"
                 f" ({r.tflops_check or 'no comparison'}); "
@@ -295,7 +303,7 @@ def render(
             continue
         bd_rows.append(
             [
-                r.name,
+                repeats.label(r),
                 _num(r.iter_ms_mean, 1) or cell(r, "iter_ms_mean", notes),
                 _num(r.fwd_ms, 1) or ("" if r.fwd_bwd_ms else cell(r, "fwd_ms", notes)),
                 _num(r.bwd_ms, 1),
@@ -317,7 +325,7 @@ def render(
     md += ["## Memory efficiency", ""]
     mem_rows = [
         [
-            r.name,
+            repeats.label(r),
             cell(r, "peak_mem_mb", notes, 1),
             _num(r.peak_reserved_mb, 1) or "n/a",
             r.mem_kind or "n/a",
@@ -348,7 +356,7 @@ def render(
     md += ["## Communication overhead per strategy", ""]
     comm_rows = [
         [
-            r.name,
+            repeats.label(r),
             cell(r, "comm_bytes_per_iter", notes, 0),
             _num(r.comm_bytes_dp, 0),
             _num(r.comm_bytes_pp, 0),
@@ -376,7 +384,9 @@ def render(
     ]
     for r in rows:
         if r.collectives:
-            md.append(f"- {r.name}: " + "; ".join(_collective_text(c) for c in r.collectives))
+            md.append(
+                f"- {repeats.label(r)}: " + "; ".join(_collective_text(c) for c in r.collectives)
+            )
     md.append("")
 
     md += ["## Network bandwidth analysis", ""]
@@ -386,7 +396,7 @@ def render(
             continue
         bw_rows.append(
             [
-                r.name,
+                repeats.label(r),
                 f"{r.link_mbit / 1000:g}" if r.link_mbit else "n/a",
                 cell(r, "busbw_gbps_timers", notes, 3),
                 _num(r.busbw_gbps_timers_allgather, 3) or "n/a",
@@ -419,10 +429,10 @@ def render(
     for r in rows:
         for col in ("busbw_gbps_timers", "busbw_gbps_inferred"):
             if getattr(r, col) is not None and col in r.na_reasons:
-                md.append(f"- {r.name} {col}: {r.na_reasons[col]}")
+                md.append(f"- {repeats.label(r)} {col}: {r.na_reasons[col]}")
     for r in rows:
         if r.busbw_inferred_warning:
-            md.append(f"- **{r.name}: inferred figure is not the link's bandwidth**: "
+            md.append(f"- **{repeats.label(r)}: inferred figure is not the link's bandwidth**: "
                       f"{r.busbw_inferred_warning}")  # fmt: skip
     md.append("")
 
@@ -439,7 +449,7 @@ def render(
     md += ["## Configuration", ""]
     cfg = [
         [
-            r.name,
+            repeats.label(r),
             r.model or "?",
             r.strategy or "?",
             f"{r.tp}/{r.pp}/{r.dp}",
@@ -457,7 +467,7 @@ def render(
     md += ["", "## Hardware and provenance", ""]
     for r in rows:
         md.append(
-            f"- {r.name}: `{r.path}`, {r.nodes if r.nodes is not None else '?'} node(s), "
+            f"- {repeats.label(r)}: `{r.path}`, {r.nodes if r.nodes is not None else '?'} node(s), "
             f"{r.world_size} ranks, device {r.device or '?'}"
             + (f"; problems: {'; '.join(r.problems)}" if r.problems else "")
         )
@@ -558,35 +568,7 @@ def recommendations(key: str, group: list[RunMetrics]) -> list[str]:
     timed = _timed(group)
     if not timed:
         return [f"- {key}: no completed timed run; nothing to recommend from data."]
-    out = []
-    best = min(timed, key=lambda r: r.iter_ms_mean or 0.0)
-    ref = next((r for r in timed if best.baseline and r.name == best.baseline), None)
-    if (
-        ref is not None
-        and best.name != ref.name
-        and best.speedup_ci95_lo is not None
-        and best.speedup_ci95_lo <= 1.0
-    ):
-        out.append(
-            f"- {key}: {best.name} has the lowest mean, but its speedup interval vs "
-            f"{ref.name} ({best.speedup_ci95_lo:.2f}-{best.speedup_ci95_hi or 0:.2f}) "
-            f"includes 1: no strategy is measurably faster than {ref.name}; keep it, or "
-            "collect more iterations to separate them."
-        )
-        best = ref
-    out.append(
-        f"- {key}: for speed use **{best.strategy}** ({best.name}, "
-        f"{best.iter_ms_mean:,.1f} ms/iteration)"
-        + (
-            ""
-            if best.speedup is None or best.speedup_ci95_lo is None
-            else (
-                f"; its speedup interval vs {best.baseline} is "
-                f"{best.speedup_ci95_lo:.2f}-{best.speedup_ci95_hi:.2f}"
-            )
-        )
-        + "."
-    )
+    out = repeats.speed_recommendation(key, repeats.group_repeats(group))
     mems = [r for r in timed if r.peak_mem_mb is not None]
     if mems:
         low = min(mems, key=lambda r: r.peak_mem_mb or 0.0)
@@ -605,7 +587,7 @@ def recommendations(key: str, group: list[RunMetrics]) -> list[str]:
         if r.comm_ms and r.iter_ms_mean and "comm_ms" not in r.na_reasons
         if r.comm_ms / r.iter_ms_mean >= 0.25
     ]
-    for r in dominated:
+    for r in repeats.first_of_each(dominated):  # repeats: one line per spec
         out.append(
             f"- {key}: communication dominates {r.name} ({r.comm_ms / (r.iter_ms_mean or 1):.0%} "
             "of the iteration): a faster link or fewer bytes (see the communication table) "
@@ -622,7 +604,7 @@ def console_table(rows: list[RunMetrics]) -> None:
     table = Table(title="Megatron-DeepSpeed runs")
     cols: list[tuple[str, Callable[[RunMetrics], str]]] = [
         ("setup", lambda r: r.setup_key),
-        ("run", lambda r: r.name),
+        ("run", repeats.label),
         ("strategy", lambda r: r.strategy or "?"),
         ("status", lambda r: r.status),
         ("ms/iter", lambda r: _num(r.iter_ms_mean, 1) or "n/a"),
@@ -661,6 +643,7 @@ def summarize(
     figures) and the calibrated model's sections: everything the report shows."""
     runs = load.discover(logdir, exclude=exclude)
     rows = metrics.compare([metrics.compute(r) for r in runs], baseline)
+    rows = repeats.same_round_speedups(rows)
     model = predict.report_sections(runs, rows)
     return runs, predict.fill_rows(rows, model.loo), model
 
@@ -678,7 +661,7 @@ def build(logdir: Path, out: Path, baseline: str | None = None) -> list[RunMetri
     figures = [p.relative_to(out).as_posix() for p in write_figures(frame, out / "figures")]
     label = logdir.name or str(logdir)
     (out / "report.md").write_text(render(rows, label, figures, model))
-    summary = {"runs": [metrics.row_dict(r) for r in rows]}
+    summary = {"runs": [metrics.row_dict(r) for r in rows], "repeats": repeats.to_json(rows)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     frame.to_csv(out / "summary.csv", index=False)
     return rows

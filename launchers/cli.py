@@ -11,6 +11,7 @@ import contextlib
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -37,7 +38,14 @@ from launchers.render import (
     render_run_dir,
 )
 from launchers.sbatch import SBATCH_NAME, check_inside_allocation, render_sbatch
-from launchers.session import LabSession, failed, lab_available, lab_session, run_specs
+from launchers.session import (
+    LabSession,
+    failed,
+    interleaved,
+    lab_available,
+    lab_session,
+    run_specs,
+)
 from launchers.spec import DEVICES, LAUNCHER_MODES, Cluster, RunSpec, SpecError, spec_hash
 
 HOSTFILE_DIR = Path(__file__).resolve().parent.parent / "hostfiles"
@@ -340,6 +348,9 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
     if args.dry_run:
         for spec in specs:
             print_dry_run(spec, req.logs, **_slurm_dry_run(args))
+        if args.repeat > 1:
+            order = [f"{k}:{s.strategy.name}" for k, s in interleaved(specs, args.repeat)]
+            print(f"# {args.repeat} interleaved rounds, in this order: {' '.join(order)}")
         return 0
     for warning in preflight(specs[0], args.allow_other_upstream):
         print(f"warning: {warning}", file=sys.stderr)
@@ -360,7 +371,8 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
         try:
             rows = run_specs(specs, req.logs, force=args.force, stall_s=args.stall,
                              timeout_s=_executor_timeout(args), session=session,
-                             mem_limit_bytes=mem_limit)  # fmt: skip
+                             mem_limit_bytes=mem_limit, rounds=args.repeat,
+                             deadline=getattr(args, "deadline", None))  # fmt: skip
         except KeyboardInterrupt:
             return 130
     bad = failed(rows)
@@ -408,8 +420,24 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     return _run_many(args, expand_strategies(args.strategies))
 
 
+DEMO_ROUNDS = 2
+"""Interleaved rounds ``make demo`` runs when its time budget allows: two give the report
+between-run intervals (pooled over the six strategies, 5 degrees of freedom)."""
+
+DEMO_BUDGET_MIN = 10.0
+"""Minutes ``make demo`` may take; a round that would not fit is not started."""
+
+REPORT_RESERVE_S = 30.0
+"""Seconds kept for the report at the end of the demo's budget."""
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    """tiny x the core strategies on an emulated 2-node cluster (or 2 local ranks), then report."""
+    """tiny x the core strategies on an emulated 2-node cluster (or 2 local ranks), then report.
+
+    Up to ``--repeat`` interleaved rounds (default ``DEMO_ROUNDS``): round 2 onwards only when
+    the rounds so far say it ends within ``--budget-min``.
+    """
+    args.deadline = time.monotonic() + args.budget_min * 60 - REPORT_RESERVE_S
     args.model, args.strategies = "tiny", "core"
     if args.net and args.net != "none" and not args.dry_run:
         ok, why = lab_available(ssh=args.launcher != "no_ssh")
@@ -438,6 +466,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # argument parsing
 
 
+MAX_ROUNDS = 100
+"""Largest ``--repeat``: a guard against a typo starting days of runs."""
+
+
+def _rounds(text: str) -> int:
+    """``--repeat`` value: an integer in 1..MAX_ROUNDS."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--repeat {text!r}: not an integer") from None
+    if not 1 <= n <= MAX_ROUNDS:
+        raise argparse.ArgumentTypeError(f"--repeat {n}: must be 1..{MAX_ROUNDS}")
+    return n
+
+
 def _common(p: argparse.ArgumentParser, execute: bool) -> None:
     p.add_argument("--model", required=True, help="model preset (see `list`)")
     p.add_argument(
@@ -463,6 +506,15 @@ def _options(p: argparse.ArgumentParser, execute: bool) -> None:
         "--dry-run", action="store_true", help="print launch.sh and ds_config.json; write nothing"
     )
     if execute:
+        p.add_argument(
+            "--repeat",
+            type=_rounds,
+            default=1,
+            metavar="N",
+            help="run N interleaved rounds (every strategy once per round), each run its own "
+            "run directory recorded as a repeat; the report's intervals then include the "
+            "run-to-run spread (default 1)",
+        )
         p.add_argument("--force", action="store_true", help="rerun identical completed runs")
         p.add_argument("--stall", type=float, help="seconds without output before a run is hung")
         p.add_argument("--timeout", type=float, help="seconds a whole run may take")
@@ -528,7 +580,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--hosts", default=str(HOSTFILE_DIR / "localhost"), help="hostfile (default: localhost)"
     )
     _options(demo, execute=True)
-    demo.set_defaults(func=cmd_demo, net="100mbit")
+    demo.add_argument(
+        "--budget-min",
+        type=float,
+        default=DEMO_BUDGET_MIN,
+        help=f"minutes the demo may take: rounds after the first start only when they fit "
+        f"(default {DEMO_BUDGET_MIN:g})",
+    )
+    demo.set_defaults(func=cmd_demo, net="100mbit", repeat=DEMO_ROUNDS)
     return parser
 
 

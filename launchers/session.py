@@ -6,6 +6,12 @@ resolved spec is skipped unless forced; Ctrl-C stops the current run (recorded a
 and the matrix. At the end it prints a summary table (run, status, reason, ms per iteration) and
 reports whether any run failed.
 
+Repeated (``rounds`` > 1), the matrix runs in interleaved rounds: round 1 runs every strategy,
+then round 2, and so on, each round starting one strategy further along the list, so that a
+drift of the machine (other tenants, thermal state) hits every strategy alike and no strategy
+always runs first. Every repeat is its own run directory; run.json's ``"repeat"`` says which
+repeated matrix (``group``) and which ``round`` it belongs to (``repeat_record``).
+
 With a lab (``--net``), the runs go to an emulated cluster (``launchers.lab``): by default the
 real ``deepspeed --hostfile`` launcher on this host reaches every node through pdsh over ssh,
 exactly as on a cluster; ``--launcher no_ssh`` starts ``launch.sh <node_rank>`` inside each
@@ -60,6 +66,8 @@ class MatrixRow:
     """Steady-state mean ms per iteration (first logging window dropped), when it ran."""
     run_dir: Path | None = None
     """Its run directory."""
+    round: int | None = None
+    """Round of a repeated matrix (None when not repeated)."""
 
 
 def steady_iter_ms(run_dir: Path) -> float | None:
@@ -77,8 +85,12 @@ def steady_iter_ms(run_dir: Path) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def completed_twin(spec: RunSpec, logs: Path) -> Path | None:
-    """A completed run directory of this spec's name with the same spec hash, if any."""
+def completed_twin(spec: RunSpec, logs: Path, repeat: Repeat | None = None) -> Path | None:
+    """A completed run directory of this spec's name with the same spec hash, if any.
+
+    With ``repeat``, only a run of the same repeated matrix and round counts: the earlier
+    rounds of the same spec are the other repeats, not twins.
+    """
     from launchers.spec import spec_hash
 
     wanted = spec_hash(spec)
@@ -88,9 +100,62 @@ def completed_twin(spec: RunSpec, logs: Path) -> Path | None:
             if (
                 doc.get("spec_hash") == wanted
                 and (doc.get("outcome") or {}).get("status") == "completed"
+                and (repeat is None or Repeat.of(doc) == repeat)
             ):
                 return record.parent
     return None
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """Where a run sits in a repeated matrix: run.json's ``"repeat"``."""
+
+    group: str
+    """Shared by every run of one repeated matrix; derived from its specs and round count, so
+    the same command resumes an interrupted matrix (a forced one gets a new group)."""
+    round: int
+    """1-based round: round k runs every strategy once before round k + 1 starts."""
+    rounds: int
+    """Rounds the matrix was asked for."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.round <= self.rounds:
+            raise ValueError(f"round({self.round}) must be in 1..rounds({self.rounds})")
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> Repeat | None:
+        """The ``"repeat"`` of a run.json document, or None (not a repeat, or malformed)."""
+        doc = record.get("repeat")
+        if not isinstance(doc, dict):
+            return None
+        try:
+            return cls(str(doc["group"]), int(doc["round"]), int(doc["rounds"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def repeat_group(spec_hashes: Sequence[str], rounds: int, force: bool = False) -> str:
+    """Id of a repeated matrix: ``r<rounds>-<digest of its specs>`` (plus the UTC time when
+    forced, so a forced matrix is a new group rather than a second copy of each round)."""
+    import hashlib
+
+    digest = hashlib.sha256("\n".join([str(rounds), *spec_hashes]).encode()).hexdigest()[:12]
+    stamp = time.strftime("-%Y%m%dT%H%M%SZ", time.gmtime()) if force else ""
+    return f"r{rounds}-{digest}{stamp}"
+
+
+def repeat_record(run_dir: Path, repeat: Repeat) -> None:
+    """Write the repeat grouping into the run's run.json (``"repeat"``)."""
+    from launchers.execute import update_run_json
+
+    update_run_json(run_dir, repeat={"group": repeat.group, "round": repeat.round,
+                                     "rounds": repeat.rounds})  # fmt: skip
+
+
+def interleaved(specs: Sequence[RunSpec], rounds: int) -> list[tuple[int, RunSpec]]:
+    """(round, spec) in run order: every spec once per round, round k starting at spec k."""
+    n = len(specs)
+    return [(k + 1, specs[(k + i) % n]) for k in range(rounds) for i in range(n)]
 
 
 # --- the emulated cluster -------------------------------------------------------------------
@@ -350,30 +415,52 @@ def run_specs(
     session: LabSession | None = None,
     render: Callable[[RunSpec, Path], Path] | None = None,
     mem_limit_bytes: int | None = None,
+    rounds: int = 1,
+    deadline: float | None = None,
 ) -> list[MatrixRow]:
     """Run every spec in turn; never stop at a failed run; stop at Ctrl-C/SIGTERM.
 
     ``mem_limit_bytes`` runs each run's local processes in a memory cgroup of that size.
+    ``rounds`` > 1 runs the specs in interleaved rounds (``interleaved``), each run recorded
+    as a repeat (``repeat_record``). ``deadline`` (``time.monotonic()``) bounds the rounds after
+    the first: a round that would end after it, judged by the mean duration of the rounds so
+    far, is not started (and said so).
     """
     from launchers.execute import DEFAULT_STALL_S, run
     from launchers.render import render_run_dir
+    from launchers.spec import spec_hash
 
+    if rounds < 1:
+        raise ValueError(f"rounds({rounds}) must be >= 1")
     render = render or render_run_dir
     rows: list[MatrixRow] = []
-    pending = list(specs)
+    adapted = [session.adapt(s) if session is not None else s for s in specs]
+    group = repeat_group([spec_hash(s) for s in adapted], rounds, force) if rounds > 1 else ""
+    pending = interleaved(adapted, rounds)
+    started, current = time.monotonic(), 1
     try:
         while pending:
-            spec = pending.pop(0)
-            if session is not None:
-                spec = session.adapt(spec)
-            twin = None if force else completed_twin(spec, logs)
+            k, spec = pending[0]
+            if k != current and deadline is not None:  # round k is about to start
+                current, per_round = k, (time.monotonic() - started) / (k - 1)
+                if time.monotonic() + per_round > deadline:
+                    print(f"rounds {k}-{rounds} not started: a round takes ~{per_round:.0f} s "
+                          "here, past the time budget", flush=True)  # fmt: skip
+                    break
+            pending.pop(0)
+            repeat = Repeat(group, k, rounds) if rounds > 1 else None
+            rnd = k if repeat else None
+            label = f"{spec.name} (round {k}/{rounds})" if repeat else spec.name
+            twin = None if force else completed_twin(spec, logs, repeat)
             if twin is not None:
-                print(f"{spec.name}: skipped, identical spec completed in {twin} (FORCE=1 reruns)")
+                print(f"{label}: skipped, identical spec completed in {twin} (FORCE=1 reruns)")
                 rows.append(MatrixRow(spec.name, "skipped", f"completed in {twin}",
-                                      steady_iter_ms(twin), twin))  # fmt: skip
+                                      steady_iter_ms(twin), twin, rnd))  # fmt: skip
                 continue
             run_dir = render(spec, logs)
-            print(run_dir, flush=True)
+            if repeat is not None:
+                repeat_record(run_dir, repeat)
+            print(f"{run_dir}" + (f" (round {k}/{rounds})" if repeat else ""), flush=True)
             hooks = session.hooks(spec, run_dir) if session is not None else {}
             try:
                 outcome = run(
@@ -387,19 +474,20 @@ def run_specs(
                     outcome = session.settle(run_dir, outcome)
             except KeyboardInterrupt:
                 rows.append(MatrixRow(spec.name, "interrupted", "stopped by the user",
-                                      steady_iter_ms(run_dir), run_dir))  # fmt: skip
+                                      steady_iter_ms(run_dir), run_dir, rnd))  # fmt: skip
                 raise
             except Exception as exc:  # recorded in run.json by the executor; the matrix goes on
                 reason = f"other: the executor could not run it: {type(exc).__name__}: {exc}"
                 print(f"{run_dir}: failed ({reason})", file=sys.stderr, flush=True)
-                rows.append(MatrixRow(spec.name, "failed", reason, None, run_dir))
+                rows.append(MatrixRow(spec.name, "failed", reason, None, run_dir, rnd))
                 continue
             reason = "" if outcome.status == "completed" else f"{outcome.kind}: {outcome.reason}"
             print(f"{run_dir}: {outcome.status}" + (f" ({reason})" if reason else ""), flush=True)
             rows.append(MatrixRow(spec.name, outcome.status, reason,
-                                  steady_iter_ms(run_dir), run_dir))  # fmt: skip
+                                  steady_iter_ms(run_dir), run_dir, rnd))  # fmt: skip
     except KeyboardInterrupt:
-        rows += [MatrixRow(s.name, "not run", "matrix interrupted") for s in pending]
+        rows += [MatrixRow(s.name, "not run", "matrix interrupted",
+                           round=k if rounds > 1 else None) for k, s in pending]  # fmt: skip
         print_summary(rows)
         raise
     print_summary(rows)
@@ -418,13 +506,26 @@ def print_summary(rows: Sequence[MatrixRow]) -> None:
     for r in rows:
         style = {"completed": "green", "skipped": "cyan"}.get(r.status, "red")
         table.add_row(  # reasons quote logs: '[...]' there is text, not rich markup
-            escape(r.name),
+            escape(r.name + (f" (round {r.round})" if r.round else "")),
             f"[{style}]{escape(r.status)}[/]",
             f"{r.iter_ms:.1f}" if r.iter_ms is not None else "n/a",
             escape(r.reason),
             escape(str(r.run_dir or "")),
         )
     Console(width=160).print(table)
+    for name, times in round_spread(rows).items():
+        print(f"{name}: {len(times)} rounds timed, {min(times):.1f}-{max(times):.1f} "
+              f"ms/iteration (max/min {max(times) / min(times):.2f}); `make report` gives the "
+              "intervals")  # fmt: skip
+
+
+def round_spread(rows: Sequence[MatrixRow]) -> dict[str, list[float]]:
+    """Steady ms/iteration of each repeated run name over its rounds (2 or more timed)."""
+    times: dict[str, list[float]] = {}
+    for r in rows:
+        if r.round is not None and r.iter_ms is not None:
+            times.setdefault(r.name, []).append(r.iter_ms)
+    return {name: t for name, t in times.items() if len(t) >= 2}
 
 
 def failed(rows: Sequence[MatrixRow]) -> list[MatrixRow]:
