@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from launchers import _doctor_probe
+from launchers import _doctor_probe, gpu
 from launchers.spec import Cluster, RunPaths, RunSpec
 
 CACHE_TTL_S = 300.0
@@ -503,8 +503,6 @@ def _accelerator(facts: dict[str, Any], slots: int, exp: Expectation) -> Finding
 
 
 def _cuda(facts: dict[str, Any], exp: Expectation) -> Finding:
-    from launchers import gpu
-
     if exp.request.device != "cuda":
         return Finding("cuda", "n/a", "-")
     cuda = facts.get("cuda") or {}
@@ -875,31 +873,26 @@ def lab_labels(session: Any) -> dict[str, str]:
     return {n.address: f"{n.name} ({n.address})" for n in session.lab.nodes}
 
 
-def run_doctor(
-    spec: RunSpec,
+def doctor_for(
+    cluster: Cluster,
+    paths: RunPaths,
+    device: str,
+    launcher: str,
     logs: Path,
     session: Any = None,
     *,
+    need_wgrad: bool,
     use_cache: bool = True,
-    out: Callable[[str], None] = print,
 ) -> Report:
-    """Doctor the nodes of ``spec``'s cluster, from the cache when a pass is recent."""
-    from launchers import gpu
-
-    route = route_for(spec.launcher, session)
-    request = request_for(spec.paths, spec.device, logs, ifnames_for(session))
-    need_wgrad = gpu.gradient_accumulation_fusion(spec)
-    key = cache_key(spec.cluster, request, spec.paths.python, route, need_wgrad)
+    """Doctor ``cluster`` for runs with these paths, device and launcher (or on ``session``'s
+    lab); from the cache when a pass is recent and ``use_cache``; a pass is stored."""
+    route = route_for(launcher, session)
+    request = request_for(paths, device, logs, ifnames_for(session))
+    key = cache_key(cluster, request, paths.python, route, need_wgrad)
     report = load_cached(key) if use_cache else None
     if report is None:
-        report = diagnose(
-            spec.cluster,
-            request,
-            spec.paths.python,
-            route,
-            need_wgrad=need_wgrad,
-            labels=lab_labels(session),
-        )
+        report = diagnose(cluster, request, paths.python, route, need_wgrad=need_wgrad,
+                          labels=lab_labels(session))  # fmt: skip
         store(key, report)
     return report
 
@@ -921,8 +914,9 @@ def check_before_run(
     Called before any run directory is made. The specs of one request share cluster, device,
     launcher and paths; the strictest (one that keeps gradient-accumulation fusion) is checked.
     """
-    spec = next((s for s in specs if _keeps_fusion(s)), specs[0])
-    report = run_doctor(spec, logs, session, out=out)
+    spec = next((s for s in specs if gpu.gradient_accumulation_fusion(s)), specs[0])
+    report = doctor_for(spec.cluster, spec.paths, spec.device, spec.launcher, logs, session,
+                        need_wgrad=gpu.gradient_accumulation_fusion(spec))  # fmt: skip
     if report.ok:
         age = f", cached {time.time() - report.cached_at:.0f} s ago" if report.cached_at else ""
         warnings = report.problems()
@@ -941,12 +935,6 @@ def check_before_run(
         f"{bad[0].label}: {first.check}: {first.fix} (fix the nodes above, or pass --skip-doctor "
         "to start anyway)"
     )
-
-
-def _keeps_fusion(spec: RunSpec) -> bool:
-    from launchers import gpu
-
-    return gpu.gradient_accumulation_fusion(spec)
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -972,7 +960,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     Always probes (and refreshes the cache the runs use); a lab hostfile brings a lab up for the
     check and down after it.
     """
-    from launchers import gpu
     from launchers.hostfile import load_hostfile
     from launchers.presets import detect_device, parse_overrides
 
@@ -982,13 +969,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     need = device == "cuda" and not adjustments
 
     def once(cluster: Cluster, session: Any, launcher: str) -> Report:
-        route = route_for(launcher, session)
-        request = request_for(paths, device, Path(args.logs), ifnames_for(session))
-        report = diagnose(
-            cluster, request, paths.python, route, need_wgrad=need, labels=lab_labels(session)
-        )
-        store(cache_key(cluster, request, paths.python, route, need), report)
-        return report
+        return doctor_for(cluster, paths, device, launcher, Path(args.logs), session,
+                          need_wgrad=need, use_cache=False)  # fmt: skip
 
     lab = _lab_of(args.hosts) or ((args.lab_nodes, args.net) if args.net else None)
     if lab is not None:

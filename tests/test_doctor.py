@@ -578,3 +578,20 @@ def test_lab_node_unreachable_over_ssh(lab) -> None:
     cell = only_node1_fails(report, "reach")
     assert "Connection refused" in cell.fix and "recreate the lab" in cell.fix
     assert all(f.status == "n/a" for f in report.nodes[1].findings[1:])
+
+
+@lab_only
+@pytest.mark.root
+def test_lab_without_ssh_is_checked_inside_its_namespaces() -> None:
+    """``--launcher no_ssh`` labs start each node with ``ip netns exec``: the doctor does too."""
+    from launchers.session import lab_session
+
+    with lab_session(2, "none", ssh=False) as session:
+        route = doctor.route_for("no_ssh", session)
+        assert route.transport == "lab-netns"
+        req = doctor.request_for(PATHS, "cpu", ROOT / "logs", doctor.ifnames_for(session))
+        report = doctor.diagnose(session.cluster(), req, sys.executable, route,
+                                 labels=doctor.lab_labels(session))  # fmt: skip
+    print("\n" + report.render())
+    assert report.ok, report.render()
+    assert report.route.startswith("ip netns exec (lab ")
