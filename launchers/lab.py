@@ -77,6 +77,15 @@ SSHD = "/usr/sbin/sshd"
 INSTALL_HINT = "apt-get install -y iproute2 openssh-server openssh-client pdsh"
 """Debian packages the lab needs (iproute2 for ip/tc; the rest for the ssh path)."""
 
+MTU = 1500
+"""MTU of every lab link (the veth default); each packet on the wire is at most this plus 14."""
+
+FRAME_BYTES = MTU + 14
+"""Largest packet tbf sees on a lab link: an MTU-sized IP packet plus its Ethernet header."""
+
+DEFAULT_BURST_MS = 1.0
+"""Default tbf bucket, ms at the link rate (see ``LinkShape.burst_bytes``)."""
+
 _ID_RE = re.compile(r"^[a-z0-9]{1,6}$")
 _RATE_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>kbit|mbit|gbit)(?:/s|ps)?\s*$", re.I)
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -124,6 +133,9 @@ class LinkShape:
     """One-way delay added to every packet a node sends, ms (node-to-node RTT is twice this)."""
     loss_pct: float = 0.0
     """Percentage of packets a node sends that are dropped (0 <= loss < 100)."""
+    burst_ms: float = DEFAULT_BURST_MS
+    """tbf bucket as time at the rate, ms (how long the link may run above the rate after an
+    idle spell); the bucket never holds less than two full frames."""
 
     def __post_init__(self) -> None:
         if self.rate_mbit is not None and not self.rate_mbit > 0:
@@ -132,11 +144,19 @@ class LinkShape:
             raise ValueError(f"delay_ms({self.delay_ms}) must be within 0..60000")
         if not 0 <= self.loss_pct < 100:
             raise ValueError(f"loss_pct({self.loss_pct}) must be within 0 <= loss < 100")
+        if not 0 < self.burst_ms <= 1000:
+            raise ValueError(f"burst_ms({self.burst_ms}) must be within 0 < burst <= 1000")
 
     @classmethod
-    def parse(cls, rate: str, delay_ms: float = 0.0, loss_pct: float = 0.0) -> LinkShape:
-        """Build from a rate spelling (``100mbit``, ``1gbit``, ``none``) plus delay and loss."""
-        return cls(rate_mbit=parse_rate(rate), delay_ms=delay_ms, loss_pct=loss_pct)
+    def parse(
+        cls,
+        rate: str,
+        delay_ms: float = 0.0,
+        loss_pct: float = 0.0,
+        burst_ms: float = DEFAULT_BURST_MS,
+    ) -> LinkShape:
+        """Build from a rate spelling (``100mbit``, ``1gbit``, ``none``) plus the other fields."""
+        return cls(parse_rate(rate), delay_ms=delay_ms, loss_pct=loss_pct, burst_ms=burst_ms)
 
     @property
     def label(self) -> str:
@@ -152,18 +172,33 @@ class LinkShape:
         )
         return base + extra
 
+    def burst_bytes(self) -> int:
+        """``tbf`` bucket size, bytes: ``burst_ms`` of traffic at the rate, at least 2 frames.
+
+        The bucket bounds how far a link runs ahead of its rate after an idle spell (a
+        collective after compute): a message of the bucket's size leaves at host speed, a larger
+        one pays the rate for the rest. It need not hold the veth's 64 KiB offload super-packets:
+        tbf splits a GSO packet larger than its bucket into frames of at most the MTU, each paying
+        the rate (``tbf_segment``; the interface counters then see frames). It must hold one frame
+        with its headers (tbf drops larger non-GSO packets) and cover the scheduling delay of
+        tbf's timer at the rate. Measured on a loaded 2-core machine: 1 ms keeps a bulk TCP
+        stream at the rate (100 Mbit/s: 95.9 Mbit/s of payload, 1448/1514 of the rate being
+        95.6; 1 Gbit/s: 933, where the 125 KB bucket passes super-packets whole); below a
+        super-packet at 1 Gbit/s (0.25 ms) the per-frame cost of this machine capped it at 563.
+        """
+        if self.rate_mbit is None:
+            return 0
+        return max(2 * FRAME_BYTES, int(self.rate_mbit * 1e6 / 8 * self.burst_ms / 1e3))
+
     def tbf_args(self) -> list[str]:
         """``tbf`` parameters for this rate (empty when unshaped).
 
-        The bucket holds at least 64 KiB (a full GSO super-packet of the veth) and 4 ms of
-        traffic at the rate, so timer granularity does not cap high rates; ``latency 50ms`` bounds
-        the queue like a switch buffer would.
+        ``burst``: ``burst_bytes``; ``latency 50ms`` bounds the queue like a switch buffer would.
         """
         if self.rate_mbit is None:
             return []
-        burst = max(64 * 1024, int(self.rate_mbit * 1e6 / 8 * 0.004))
-        return ["tbf", "rate", f"{round(self.rate_mbit * 1000)}kbit", "burst", str(burst),
-                "latency", "50ms"]  # fmt: skip
+        return ["tbf", "rate", f"{round(self.rate_mbit * 1000)}kbit", "burst",
+                str(self.burst_bytes()), "latency", "50ms"]  # fmt: skip
 
     def netem_args(self) -> list[str]:
         """``netem`` parameters for delay and loss (empty when neither is set)."""
@@ -387,6 +422,10 @@ def existing_labs() -> list[str]:
     for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
         if path.is_dir() and (lab_id := lab_id_of(path.name)) and path.name != lab_id:
             found.add(lab_id)
+    for root, _ in cpu_controller_roots():
+        for path in (root / CPU_CGROUP_PARENT).glob(f"{PREFIX}*"):
+            if path.is_dir() and (lab_id := lab_id_of(path.name)) and path.name != lab_id:
+                found.add(lab_id)
     return sorted(found)
 
 
@@ -439,10 +478,167 @@ def remove_lab(lab_id: str) -> list[str]:
             problems.append(f"ip netns del {ns}: {proc.stderr.strip()}")
     if bridge_name(lab_id) in list_links():
         _run(["ip", "link", "del", bridge_name(lab_id)], check=False)
+    problems += remove_cgroups(lab_id)
     shutil.rmtree(state_dir_of(lab_id), ignore_errors=True)
     left = [n for n in list_namespaces() + list_links() if _is_of_lab(n, lab_id)]
     if left:
         problems.append(f"still present after teardown: {', '.join(left)}")
+    return problems
+
+
+# ----------------------------------------------------------------------------- CPU budget
+
+CPU_CGROUP_PARENT = "mds-bench-lab"
+"""Our directory under the cpu controller's root; one child per lab node (``mdsl<id>-n<i>``)."""
+
+CPU_BUDGET_NODES = 4
+"""Default budget: the machine's cores divided by this many nodes (0.5 core each on 2 cores),
+the same whatever the lab's node count, so that a node of a 4-node lab computes as fast as one of
+a 2-node lab, as separate machines would. Labs of more nodes than this oversubscribe the cores."""
+
+CFS_PERIOD_US = 100_000
+"""Scheduler period the quota is given in (the kernel's default, 100 ms)."""
+
+JOIN_CGROUP = 'echo $$ > "$0" && exec "$@"'
+"""``sh -c`` script: move this shell into the cgroup whose ``cgroup.procs`` is ``$0``, then exec
+the command (its pid, and every child it forks, stay in the group)."""
+
+
+def default_node_cpus() -> float:
+    """Cores per node when none is asked: ``os.cpu_count() / CPU_BUDGET_NODES``."""
+    return (os.cpu_count() or 1) / CPU_BUDGET_NODES
+
+
+def cpu_controller_roots(mounts: str | None = None) -> list[tuple[Path, Literal[1, 2]]]:
+    """Where the cpu controller can be used: cgroup v2 mounts whose root offers ``cpu``, then
+    cgroup v1 hierarchies mounted with the ``cpu`` option (from ``/proc/mounts``)."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return []
+    v2: list[tuple[Path, Literal[1, 2]]] = []
+    v1: list[tuple[Path, Literal[1, 2]]] = []
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        path, kind, options = Path(fields[1]), fields[2], fields[3].split(",")
+        if kind == "cgroup2":
+            with contextlib.suppress(OSError):
+                if "cpu" in (path / "cgroup.controllers").read_text().split():
+                    v2.append((path, 2))
+        elif kind == "cgroup" and "cpu" in options:
+            v1.append((path, 1))
+    return v2 + v1
+
+
+def cpu_limit_lines(cpus: float, version: Literal[1, 2]) -> dict[str, str]:
+    """Control files and values giving ``cpus`` cores: v2 ``cpu.max`` = "quota period", v1
+    ``cpu.cfs_period_us`` then ``cpu.cfs_quota_us`` (both in µs per ``CFS_PERIOD_US``)."""
+    if not cpus > 0:
+        raise ValueError(f"cpus({cpus}) must be > 0")
+    quota = max(1000, round(cpus * CFS_PERIOD_US))
+    if version == 2:
+        return {"cpu.max": f"{quota} {CFS_PERIOD_US}"}
+    return {"cpu.cfs_period_us": str(CFS_PERIOD_US), "cpu.cfs_quota_us": str(quota)}
+
+
+@dataclass(frozen=True)
+class CpuCgroup:
+    """A cgroup limiting one lab node to a number of cores (CFS bandwidth control)."""
+
+    path: Path
+    """The node's cgroup directory."""
+    version: Literal[1, 2]
+    """cgroup v2 (``cpu.max``) or v1 (``cpu.cfs_quota_us``)."""
+    cpus: float
+    """Cores the node's processes may use together, per scheduler period."""
+
+    @classmethod
+    def create(cls, name: str, cpus: float) -> CpuCgroup:
+        """Make ``<cpu root>/mds-bench-lab/<name>`` with the limit set, or raise LabError."""
+        problems = []
+        roots = cpu_controller_roots()
+        for root, version in roots:
+            parent = root / CPU_CGROUP_PARENT
+            path = parent / name
+            try:
+                if version == 2:
+                    _write_control(root / "cgroup.subtree_control", "+cpu")
+                    parent.mkdir(exist_ok=True)
+                    _write_control(parent / "cgroup.subtree_control", "+cpu")
+                else:
+                    parent.mkdir(exist_ok=True)
+                path.mkdir()
+                for control, value in cpu_limit_lines(cpus, version).items():
+                    _write_control(path / control, value)
+                return cls(path, version, cpus)
+            except OSError as err:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+                problems.append(f"{root}: {err.strerror or err}")
+        raise LabError(
+            "a CPU budget per node needs a writable cpu cgroup (root, and cgroup v2 with the cpu "
+            "controller or cgroup v1's cpu hierarchy): "
+            + ("; ".join(problems) or "no cpu controller mounted (see /proc/mounts)")
+            + "; or run the lab without a budget (node_cpus=None, --node-cpus 0)"
+        )
+
+    def join(self, argv: Sequence[str]) -> list[str]:
+        """argv that moves itself into this group, then runs ``argv`` (children inherit it).
+
+        On cgroup v2 a process is in one group only: a memory cgroup the executor puts it in
+        first (``--mem-limit``) is left by this move.
+        """
+        return ["sh", "-c", JOIN_CGROUP, str(self.path / "cgroup.procs"), *argv]
+
+    def stat(self) -> dict[str, int]:
+        """``cpu.stat`` counters (periods, throttled periods and time; v2 also usage)."""
+        out: dict[str, int] = {}
+        with contextlib.suppress(OSError):
+            for line in (self.path / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if value.strip().isdigit():
+                    out[key] = int(value)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """The group as run.json records it."""
+        return {"cgroup": str(self.path), "cgroup_version": self.version, "cpu_stat": self.stat()}
+
+
+def _write_control(path: Path, value: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(value)
+
+
+def _cgroup_pids(path: Path) -> list[int]:
+    with contextlib.suppress(OSError):
+        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
+    return []
+
+
+def remove_cgroups(lab_id: str) -> list[str]:
+    """Remove the CPU cgroups of lab ``lab_id`` (killing what is left in them); the problems."""
+    problems = []
+    for root, _ in cpu_controller_roots():
+        for path in sorted((root / CPU_CGROUP_PARENT).glob(f"{PREFIX}{lab_id}-n*")):
+            if not path.is_dir() or not _is_of_lab(path.name, lab_id):
+                continue
+            for pid in _cgroup_pids(path):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while True:
+                try:
+                    path.rmdir()
+                    break
+                except OSError as err:
+                    if time.monotonic() > deadline:
+                        problems.append(f"cgroup {path}: {err.strerror or err}")
+                        break
+                    time.sleep(0.05)
     return problems
 
 
@@ -524,6 +720,11 @@ class Lab:
     follows) and at interpreter exit. ``ssh=True`` runs sshd inside every node so the real
     ``deepspeed --hostfile`` launcher reaches the nodes through pdsh; ``ssh=False`` is for
     ``deepspeed --no_ssh`` per node through ``wrap``.
+
+    ``node_cpus``: cores each node may use (a cgroup per node with a CFS quota, holding the
+    node's sshd and every process ``wrap`` starts, and so everything they start): ``"auto"``
+    (default) gives ``default_node_cpus()`` where a cpu cgroup can be made and no budget (said in
+    ``describe``) where not; a number requires it; None gives no budget (nodes share the cores).
     """
 
     def __init__(
@@ -532,9 +733,15 @@ class Lab:
         shape: LinkShape | None = None,
         name: str | None = None,
         ssh: bool = True,
+        node_cpus: float | Literal["auto"] | None = "auto",
     ) -> None:
         if not 2 <= nodes <= MAX_NODES:
             raise ValueError(f"nodes({nodes}) must be within 2..{MAX_NODES}")
+        if node_cpus != "auto" and node_cpus is not None and not 0 < node_cpus <= 1024:
+            raise ValueError(f"node_cpus({node_cpus}) must be > 0 (cores), 'auto' or None")
+        self.node_cpus = node_cpus
+        self.cgroups: list[CpuCgroup] = []
+        self.cpu_note = ""
         self.node_count = nodes
         self.shape = shape or LinkShape()
         self.requested_name = check_lab_id(name) if name is not None else None
@@ -567,6 +774,7 @@ class Lab:
                 self._claim_id_and_subnet()
                 self._is_up = True
                 self._create_network()
+                self._create_cgroups()
             if self.ssh:
                 self._start_ssh()
         except BaseException:
@@ -655,6 +863,37 @@ class Lab:
                     raise LabError(f"command failed: {shlex.join(argv)}\n{proc.stderr.strip()}")
                 self.shaping_commands.append(shlex.join(argv))
 
+    def _create_cgroups(self) -> None:
+        """One CPU cgroup per node (``node_cpus``), or the reason there is none."""
+        if self.node_cpus is None:
+            self.cpu_note = "no budget asked: the nodes share the machine's cores"
+            return
+        cpus = default_node_cpus() if self.node_cpus == "auto" else float(self.node_cpus)
+        try:
+            for node in self.nodes:
+                self.cgroups.append(CpuCgroup.create(node.namespace, cpus))
+        except LabError as err:
+            if self.node_cpus != "auto":
+                raise
+            for group in self.cgroups:
+                with contextlib.suppress(OSError):
+                    group.path.rmdir()
+            self.cgroups = []
+            self.cpu_note = f"no budget: {err}"
+            print(f"lab {self.name}: nodes share the machine's cores ({err})", file=sys.stderr)
+            return
+        self.cpu_note = (
+            f"{cpus:g} cores per node, the same whatever the node count "
+            f"({os.cpu_count()} on this machine)"
+        )
+
+    def in_node_cgroup(self, node_index: int, argv: Sequence[str]) -> list[str]:
+        """argv that joins node ``node_index``'s CPU cgroup, then runs ``argv`` (no budget:
+        ``argv`` itself)."""
+        if not self.cgroups:
+            return list(argv)
+        return self.cgroups[node_index].join(argv)
+
     # -- ssh
 
     @property
@@ -686,19 +925,10 @@ class Lab:
             config.write_text(self._sshd_config(node, host_key), encoding="utf-8")
             log = open(self.state_dir / f"sshd.{node.name}.log", "ab")  # noqa: SIM115
             with log:
+                sshd = ["ip", "netns", "exec", node.namespace, SSHD, "-D", "-e", "-f", str(config)]
                 self._sshd.append(
                     subprocess.Popen(
-                        [
-                            "ip",
-                            "netns",
-                            "exec",
-                            node.namespace,
-                            SSHD,
-                            "-D",
-                            "-e",
-                            "-f",
-                            str(config),
-                        ],
+                        self.in_node_cgroup(node.index, sshd),
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=log,
@@ -831,7 +1061,8 @@ class Lab:
         if not argv or "=" in argv[0]:
             raise ValueError(f"argv must start with a program name, got {list(argv)[:1]}")
         assigns = [f"{key}={value}" for key, value in self.node_env(env).items()]
-        return ["ip", "netns", "exec", self.nodes[node_index].namespace, "env", *assigns, *argv]
+        inside = ["ip", "netns", "exec", self.nodes[node_index].namespace, "env", *assigns, *argv]
+        return self.in_node_cgroup(node_index, inside)
 
     def hostfile_text(self, slots: int = 1) -> str:
         """DeepSpeed hostfile of this lab (node addresses as host names)."""
@@ -892,8 +1123,9 @@ class Lab:
     def counters(self) -> dict[str, dict[str, int]]:
         """Byte and packet counters of every node's interface, read inside its namespace.
 
-        Bytes include the Ethernet/IP/TCP headers; packets are as the kernel sees them, which
-        with the veth's segmentation offload means super-packets of up to 64 KiB, not frames.
+        Bytes include the Ethernet/IP/TCP headers. Packets are as the kernel sees them: frames
+        (at most the MTU) where the tbf bucket is smaller than a 64 KiB offload super-packet
+        (``LinkShape.burst_bytes``: below about 500 Mbit/s), super-packets above and unshaped.
         """
         self._require_nodes()
         result: dict[str, dict[str, int]] = {}
@@ -930,6 +1162,26 @@ class Lab:
                 for n in self.nodes
             ],
             "shaping": list(self.shaping_commands),
+            "burst_bytes": self.shape.burst_bytes() or None,
+            "burst_ms": self.shape.burst_ms if self.shape.rate_mbit is not None else None,
+            "node_cpu": self.describe_cpu(),
+        }
+
+    def describe_cpu(self) -> dict[str, Any]:
+        """run.json's ``network.node_cpu``: the cores each node may use (None: no budget), how,
+        and each node's ``cpu.stat`` (throttled periods show the budget binding)."""
+        cpus = self.cgroups[0].cpus if self.cgroups else None
+        return {
+            "cpus": cpus,
+            "machine_cpus": os.cpu_count(),
+            "mechanism": (
+                f"cgroup v{self.cgroups[0].version} CFS quota "
+                f"{cpu_limit_lines(cpus, self.cgroups[0].version)} per node"
+                if self.cgroups and cpus
+                else None
+            ),
+            "note": self.cpu_note,
+            "nodes": {n.name: g.describe() for n, g in zip(self.nodes, self.cgroups, strict=False)},
         }
 
 
@@ -954,6 +1206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--link", default="none", help="rate: 100mbit, 1gbit, none (default none)")
     up.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay per node, ms")
     up.add_argument("--loss-pct", type=float, default=0.0, help="packet loss per node, percent")
+    up.add_argument("--burst-ms", type=float, default=DEFAULT_BURST_MS,
+                    help=f"tbf bucket, ms at the rate (default {DEFAULT_BURST_MS:g})")  # fmt: skip
     up.add_argument("--name", default=None, help="lab id, 1-6 of a-z0-9 (default: random)")
     up.add_argument("--no_ssh", "--no-ssh", action="store_true", help="no sshd in the nodes")
     down = sub.add_parser("down", help="remove a lab by name, or every lab of ours with --all")
@@ -977,7 +1231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{PREFIX}{lab_id}: " + ("removed" if not problems else "; ".join(problems)))
             status |= bool(problems)
         return status
-    shape = LinkShape.parse(args.link, args.delay_ms, args.loss_pct)
+    shape = LinkShape.parse(args.link, args.delay_ms, args.loss_pct, args.burst_ms)
     with Lab(args.nodes, shape, name=args.name, ssh=not args.no_ssh) as lab:
         hostfile = lab.write_hostfile()
         print(json.dumps(lab.describe(), indent=2))

@@ -95,15 +95,37 @@ def test_tc_commands_rate_only_shapes_both_ends_with_tbf() -> None:
     shape = LinkShape.parse("100mbit")
     up = shape.tc_commands("eth0", "mdslab-n0", uplink=True)
     down = shape.tc_commands("mdslab-v0", None, uplink=False)
-    tbf = ["tbf", "rate", "100000kbit", "burst", "65536", "latency", "50ms"]
+    # 1 ms at 100 Mbit/s: 12500 bytes, well under a 64 KiB offload super-packet.
+    tbf = ["tbf", "rate", "100000kbit", "burst", "12500", "latency", "50ms"]
     assert up == [["tc", "-n", "mdslab-n0", "qdisc", "replace", "dev", "eth0", "root", "handle",
                    "1:", *tbf]]  # fmt: skip
     assert down == [["tc", "qdisc", "replace", "dev", "mdslab-v0", "root", "handle", "1:", *tbf]]
 
 
-def test_tc_burst_scales_with_rate() -> None:
-    # 4 ms at 1 Gbit/s = 500000 bytes, above the 64 KiB floor.
-    assert LinkShape(1000).tbf_args()[4] == "500000"
+@pytest.mark.parametrize(
+    ("shape", "burst"),
+    [
+        (LinkShape(1000), 125_000),  # 1 ms at 1 Gbit/s
+        (LinkShape(100), 12_500),
+        (LinkShape(100, burst_ms=0.5), 6_250),
+        (LinkShape(10), 3_028),  # 1 ms is 1250 bytes: the floor of two full frames
+        (LinkShape(0.5), 3_028),
+    ],
+    ids=["1gbit", "100mbit", "100mbit-0.5ms", "10mbit-floor", "500kbit-floor"],
+)
+def test_tc_burst_is_time_at_the_rate_with_a_frame_floor(shape: LinkShape, burst: int) -> None:
+    assert shape.burst_bytes() == burst
+    args = shape.tbf_args()
+    assert args[args.index("burst") + 1] == str(burst)
+    assert burst >= 2 * (labmod.MTU + 14)
+
+
+def test_burst_of_unshaped_link_and_bounds() -> None:
+    assert LinkShape().burst_bytes() == 0 and LinkShape().tbf_args() == []
+    assert LinkShape.parse("1gbit", burst_ms=2).burst_bytes() == 250_000
+    for bad in (0, -1, 1001):
+        with pytest.raises(ValueError, match=rf"burst_ms\({bad}\) must be within"):
+            LinkShape(100, burst_ms=bad)
 
 
 def test_tc_commands_delay_and_loss_only_on_uplink() -> None:
@@ -216,6 +238,8 @@ def _require_lab(ssh: bool = False) -> None:
 
 def _ours(lab_id: str) -> list[str]:
     names = labmod.list_namespaces() + labmod.list_links()
+    for root, _ in labmod.cpu_controller_roots():
+        names += [p.name for p in (root / labmod.CPU_CGROUP_PARENT).glob("mdsl*") if p.is_dir()]
     return [name for name in names if lab_id_of(name) == lab_id and name.startswith("mdsl")]
 
 
@@ -358,8 +382,96 @@ def test_describe_and_hostfile(lab100: Lab) -> None:
 @pytest.mark.root
 def test_wrap_runs_inside_the_node_namespace(lab100: Lab) -> None:
     argv = lab100.wrap(1, ["sh", "-c", "echo $GLOO_SOCKET_IFNAME $MDS_X"], {"MDS_X": "y"})
-    assert argv[:4] == ["ip", "netns", "exec", lab100.nodes[1].namespace]
+    start = argv.index("ip")  # after the cgroup join, when the lab has a CPU budget
+    assert argv[start : start + 4] == ["ip", "netns", "exec", lab100.nodes[1].namespace]
     assert subprocess.run(argv, capture_output=True, text=True).stdout.split() == ["eth0", "y"]
+
+
+def _cgroup_of(text: str) -> str:
+    """The cpu controller's line of /proc/<pid>/cgroup (v1 ``N:cpu:/path``, v2 ``0::/path``)."""
+    lines = [ln.split(":", 2) for ln in text.splitlines()]
+    v1 = [path for _, ctrl, path in lines if "cpu" in ctrl.split(",")]
+    return (v1 or [path for num, ctrl, path in lines if num == "0"])[0]
+
+
+@pytest.mark.root
+def test_every_node_process_is_in_its_node_cgroup(lab100: Lab) -> None:
+    if not lab100.cgroups:
+        pytest.skip(f"no CPU budget on this machine: {lab100.cpu_note}")
+    cpu = lab100.describe()["node_cpu"]
+    assert cpu["cpus"] == labmod.default_node_cpus() and "CFS quota" in cpu["mechanism"]
+    for node, group in zip(lab100.nodes, lab100.cgroups, strict=True):
+        want = f"/{labmod.CPU_CGROUP_PARENT}/{node.namespace}"
+        # ssh: the node's sshd is in the group, so is everything pdsh starts through it.
+        show = ["cat", "/proc/self/cgroup"]
+        for argv in (lab100.ssh_argv(node.index, show), lab100.wrap(node.index, show)):
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
+            assert _cgroup_of(out.stdout).endswith(want), (argv[0], out.stdout)
+        assert group.path.name == node.namespace and group.cpus == cpu["cpus"]
+        assert str(group.path) == cpu["nodes"][node.name]["cgroup"]
+
+
+BUSY = """
+import os, resource, sys, time
+wall = float(sys.argv[1])
+start = time.monotonic()
+child = os.fork()
+while time.monotonic() - start < wall:
+    pass
+if child == 0:
+    os._exit(0)
+os.waitpid(child, 0)
+used = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF,
+           resource.RUSAGE_CHILDREN) for f in ("ru_utime", "ru_stime"))
+print(used, time.monotonic() - start)
+"""
+
+
+@pytest.mark.root
+def test_cpu_budget_caps_what_a_node_computes() -> None:
+    """Two busy processes in a node of 0.1 core get 0.1 core between them, however idle the
+    machine (the bound is an upper one: other jobs can only take more away)."""
+    _require_lab()
+    if not labmod.cpu_controller_roots():
+        pytest.skip("no cpu cgroup controller mounted on this machine")
+    with Lab(nodes=2, shape=LinkShape.parse("100mbit"), ssh=False, node_cpus=0.1) as lab:
+        before = lab.cgroups[0].stat()
+        argv = lab.wrap(0, [sys.executable, "-c", BUSY, "3"])
+        used, wall = map(float, subprocess.run(argv, capture_output=True, text=True,
+                                                timeout=60, check=True).stdout.split())  # fmt: skip
+        after = lab.cgroups[0].stat()
+        assert lab.describe()["node_cpu"]["cpus"] == 0.1
+    assert used <= 0.1 * wall * 1.25 + 0.05, f"{used:.2f} s of CPU in {wall:.2f} s at 0.1 core"
+    assert after["nr_throttled"] > before.get("nr_throttled", 0)
+
+
+def test_cpu_limit_lines_and_bounds() -> None:
+    assert labmod.cpu_limit_lines(0.5, 2) == {"cpu.max": "50000 100000"}
+    assert labmod.cpu_limit_lines(1.5, 1) == {"cpu.cfs_period_us": "100000",
+                                              "cpu.cfs_quota_us": "150000"}  # fmt: skip
+    assert labmod.cpu_limit_lines(0.001, 2) == {"cpu.max": "1000 100000"}  # the kernel's floor
+    with pytest.raises(ValueError, match="cpus"):
+        labmod.cpu_limit_lines(0, 2)
+    with pytest.raises(ValueError, match=r"node_cpus\(-1\)"):
+        Lab(nodes=2, node_cpus=-1)
+
+
+def test_cpu_controller_roots_prefer_v2_then_v1(tmp_path: Path) -> None:
+    v2 = tmp_path / "unified"
+    v2.mkdir()
+    (v2 / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "cgroup.controllers").write_text("hugetlb\n")
+    mounts = (
+        f"cgroup {tmp_path}/cpu cgroup rw,relatime,cpu 0 0\n"
+        f"cgroup {tmp_path}/cpuacct cgroup rw,relatime,cpuacct 0 0\n"
+        f"cgroup2 {bare} cgroup2 rw 0 0\n"
+        f"cgroup2 {v2} cgroup2 rw 0 0\n"
+        "tmpfs /run tmpfs rw 0 0\n"
+    )
+    assert labmod.cpu_controller_roots(mounts) == [(v2, 2), (tmp_path / "cpu", 1)]
+    assert labmod.cpu_controller_roots("") == []
 
 
 @pytest.mark.root
@@ -394,7 +506,8 @@ def test_teardown_after_exception_leaves_nothing() -> None:
     _require_lab(ssh=True)
     with pytest.raises(RuntimeError, match="boom"), Lab(nodes=2) as lab:
         lab_id = lab.id
-        assert len(_ours(lab_id)) == 2 + 2 + 1  # namespaces, ports, bridge
+        cgroups = 2 if lab.cgroups else 0
+        assert len(_ours(lab_id)) == 2 + 2 + 1 + cgroups  # namespaces, ports, bridge, cgroups
         raise RuntimeError("boom")
     assert _ours(lab_id) == []
     assert not labmod.state_dir_of(lab_id).exists()
