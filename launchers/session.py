@@ -147,6 +147,8 @@ class LabSession:
     """(iteration, counters) sampled during the current run."""
     start: dict[str, dict[str, int]] | None = None
     """Counters when the current run started."""
+    slots: int = 1
+    """Ranks per node."""
 
     @property
     def label(self) -> str:
@@ -157,7 +159,7 @@ class LabSession:
         """The lab's hostfile as a ``Cluster`` (one slot per node)."""
         from launchers.hostfile import parse_hostfile_text
 
-        return parse_hostfile_text(self.lab.hostfile_text(slots=1), f"lab {self.lab.name}")
+        return parse_hostfile_text(self.lab.hostfile_text(slots=self.slots), f"lab {self.lab.name}")
 
     def adapt(self, spec: RunSpec) -> RunSpec:
         """The spec as it runs on this lab."""
@@ -284,16 +286,27 @@ class LabSession:
 
 @contextlib.contextmanager
 def lab_session(
-    nodes: int, net: str, delay_ms: float = 0.0, loss_pct: float = 0.0, ssh: bool = True
+    nodes: int,
+    net: str,
+    delay_ms: float = 0.0,
+    loss_pct: float = 0.0,
+    ssh: bool = True,
+    slots: int = 1,
+    node_cpus: float | str | None = "auto",
 ) -> Iterator[LabSession]:
-    """Bring a lab up for a session and always tear it down (also on errors and signals)."""
+    """Bring a lab up for a session and always tear it down (also on errors and signals).
+
+    ``slots`` ranks per node; ``node_cpus`` as ``launchers.lab.Lab`` takes it.
+    """
     from launchers.lab import Lab, LinkShape
 
     shape = LinkShape.parse(net, delay_ms, loss_pct)
-    with Lab(nodes=nodes, shape=shape, ssh=ssh) as lab:
-        print(f"lab {lab.name}: {nodes} nodes, link {shape.label}, "
+    with Lab(nodes=nodes, shape=shape, ssh=ssh, node_cpus=node_cpus) as lab:  # type: ignore[arg-type]
+        cpus = lab.describe_cpu()["cpus"]
+        print(f"lab {lab.name}: {nodes} nodes x {slots} ranks, link {shape.label}, "
+              f"{f'{cpus:g} cores' if cpus else 'no CPU budget'} per node, "
               f"{'pdsh over ssh' if ssh else 'per-node --no_ssh'}", flush=True)  # fmt: skip
-        yield LabSession(lab=lab, ssh=ssh)
+        yield LabSession(lab=lab, ssh=ssh, slots=slots)
 
 
 # --- the matrix ------------------------------------------------------------------------------
