@@ -16,6 +16,15 @@ Shaping (``tc``), per node link, like a switch port of a full-duplex NIC:
   asked, with ``tbf`` (rate) under it;
 - downlink (bridge -> node): egress of the bridge port ``mdsl<id>-v<i>``: ``tbf`` only.
 
+Every tbf bucket holds 1 ms at the rate (``LinkShape.burst_bytes``), so a message sent after an
+idle spell, as a collective after compute, pays the rate past its first millisecond; offload
+packets are limited to half the bucket (``LinkShape.segment_bytes``, ``ip link set ...
+gso_max_size``) so that a small bucket costs no throughput.
+
+CPU: each node gets the same budget whatever the node count (``default_node_cpus``: this
+machine's cores / 4), a cgroup per node with a CFS quota holding the node's sshd and every
+process ``Lab.wrap`` starts, and so all they start; ``describe()["node_cpu"]`` records it.
+
 Shaping both directions (rather than only the uplink, or an ifb on ingress) keeps every node's
 receive side at the link rate too, which matters with more than two nodes (two senders into one
 receiver); an ifb would need a redirect filter per port for the same result. ``delay_ms`` and
@@ -82,6 +91,12 @@ MTU = 1500
 
 FRAME_BYTES = MTU + 14
 """Largest packet tbf sees on a lab link: an MTU-sized IP packet plus its Ethernet header."""
+
+MSS = MTU - 52
+"""TCP payload per frame: MTU minus IPv4 (20) and TCP (20 + 12 of timestamps) headers."""
+
+GSO_MAX_BYTES = 65536
+"""The veth's default (and largest usual) offload packet, bytes."""
 
 DEFAULT_BURST_MS = 1.0
 """Default tbf bucket, ms at the link rate (see ``LinkShape.burst_bytes``)."""
@@ -178,17 +193,41 @@ class LinkShape:
         The bucket bounds how far a link runs ahead of its rate after an idle spell (a
         collective after compute): a message of the bucket's size leaves at host speed, a larger
         one pays the rate for the rest. It need not hold the veth's 64 KiB offload super-packets:
-        tbf splits a GSO packet larger than its bucket into frames of at most the MTU, each paying
-        the rate (``tbf_segment``; the interface counters then see frames). It must hold one frame
-        with its headers (tbf drops larger non-GSO packets) and cover the scheduling delay of
-        tbf's timer at the rate. Measured on a loaded 2-core machine: 1 ms keeps a bulk TCP
-        stream at the rate (100 Mbit/s: 95.9 Mbit/s of payload, 1448/1514 of the rate being
-        95.6; 1 Gbit/s: 933, where the 125 KB bucket passes super-packets whole); below a
-        super-packet at 1 Gbit/s (0.25 ms) the per-frame cost of this machine capped it at 563.
+        the lab limits them to half the bucket (``segment_bytes``), and tbf would split a larger
+        one into frames itself. It must hold one frame with its headers (tbf drops larger
+        non-offload packets) and cover the scheduling delay of tbf's timer at the rate (high
+        resolution timers, but a loaded machine runs them late). Bulk TCP payload rates measured
+        on a 2-core machine under a load of 6-13 (1448/1514 of the rate is the most TCP gets):
+        100 Mbit/s: 95.9 Mbit/s at 1 ms, 91.6-93.1 at 0.5 ms, 90.4-94.5 at 0.25 ms; 1 Gbit/s:
+        910-940 at 1 ms, 831-868 at 0.5 ms, 775-912 at 0.25 ms. Hence the default of 1 ms.
         """
         if self.rate_mbit is None:
             return 0
         return max(2 * FRAME_BYTES, int(self.rate_mbit * 1e6 / 8 * self.burst_ms / 1e3))
+
+    def segment_bytes(self) -> int:
+        """Largest packet a node's stack hands the shaped link: half the bucket, between one
+        frame and the veth's 64 KiB (``segmentation_commands``).
+
+        tbf would split a larger offload super-packet into frames itself (``tbf_segment``),
+        but then every frame costs a trip through veth, bridge and the receiver's stack: with a
+        0.25 ms bucket at 1 Gbit/s a bulk stream reached 408-474 Mbit/s that way on a loaded
+        2-core machine, 775-912 with 15 KB segments. Packets of half the bucket keep that cost
+        low and never need splitting; 0 when unshaped (the veth's defaults stay).
+        """
+        if self.rate_mbit is None:
+            return 0
+        return min(GSO_MAX_BYTES, max(MTU, self.burst_bytes() // 2))
+
+    def segmentation_commands(self, dev: str, netns: str | None) -> list[list[str]]:
+        """``ip link`` argv limiting ``dev``'s offload packets to ``segment_bytes`` (empty when
+        unshaped). Sockets read the limit when they connect: set before any traffic."""
+        size = self.segment_bytes()
+        if not size:
+            return []
+        segs = max(1, size // MSS)
+        return [["ip", *(["-n", netns] if netns else []), "link", "set", "dev", dev,
+                 "gso_max_size", str(size), "gso_max_segs", str(segs)]]  # fmt: skip
 
     def tbf_args(self) -> list[str]:
         """``tbf`` parameters for this rate (empty when unshaped).
@@ -750,6 +789,7 @@ class Lab:
         self.subnet: ipaddress.IPv4Network | None = None
         self.nodes: tuple[LabNode, ...] = ()
         self.shaping_commands: list[str] = []
+        self.segmentation: list[str] = []
         self._sshd: list[subprocess.Popen] = []
         self._is_up = False
 
@@ -831,6 +871,7 @@ class Lab:
         _disable_ipv6_here(br)
         _run(["ip", "addr", "add", f"{self.host_address}/24", "dev", br])
         _run(["ip", "link", "set", br, "up"])
+        self._limit_segments(br, None)  # the host's own traffic to the nodes (ssh)
         for node in self.nodes:
             ns = node.namespace
             _run(["ip", "netns", "add", ns])
@@ -848,6 +889,8 @@ class Lab:
             _run(["ip", "link", "set", node.host_interface, "up"])
             _run(["ip", "-n", ns, "addr", "add", f"{node.address}/24", "dev", node.interface])
             _run(["ip", "-n", ns, "link", "set", node.interface, "up"])
+            self._limit_segments(node.interface, ns)
+            self._limit_segments(node.host_interface, None)
             for argv in [
                 *self.shape.tc_commands(node.interface, ns, uplink=True),
                 *self.shape.tc_commands(node.host_interface, None, uplink=False),
@@ -862,6 +905,16 @@ class Lab:
                 if proc.returncode != 0:
                     raise LabError(f"command failed: {shlex.join(argv)}\n{proc.stderr.strip()}")
                 self.shaping_commands.append(shlex.join(argv))
+
+    def _limit_segments(self, dev: str, netns: str | None) -> None:
+        """Apply ``LinkShape.segmentation_commands``; where this iproute2 or kernel cannot, say
+        so in ``describe`` (tbf then splits super-packets itself: right, only dearer)."""
+        for argv in self.shape.segmentation_commands(dev, netns):
+            proc = _run(argv, check=False)
+            if proc.returncode == 0:
+                self.segmentation.append(shlex.join(argv))
+            else:
+                self.segmentation.append(f"failed: {shlex.join(argv)}: {proc.stderr.strip()}")
 
     def _create_cgroups(self) -> None:
         """One CPU cgroup per node (``node_cpus``), or the reason there is none."""
@@ -1123,9 +1176,9 @@ class Lab:
     def counters(self) -> dict[str, dict[str, int]]:
         """Byte and packet counters of every node's interface, read inside its namespace.
 
-        Bytes include the Ethernet/IP/TCP headers. Packets are as the kernel sees them: frames
-        (at most the MTU) where the tbf bucket is smaller than a 64 KiB offload super-packet
-        (``LinkShape.burst_bytes``: below about 500 Mbit/s), super-packets above and unshaped.
+        Bytes include the Ethernet/IP/TCP headers. Packets are as the kernel sees them: offload
+        packets of up to ``LinkShape.segment_bytes`` (half the tbf bucket) on a shaped link, of
+        up to 64 KiB unshaped; not frames.
         """
         self._require_nodes()
         result: dict[str, dict[str, int]] = {}
@@ -1162,6 +1215,7 @@ class Lab:
                 for n in self.nodes
             ],
             "shaping": list(self.shaping_commands),
+            "segmentation": list(self.segmentation),
             "burst_bytes": self.shape.burst_bytes() or None,
             "burst_ms": self.shape.burst_ms if self.shape.rate_mbit is not None else None,
             "node_cpu": self.describe_cpu(),

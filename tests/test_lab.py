@@ -120,6 +120,27 @@ def test_tc_burst_is_time_at_the_rate_with_a_frame_floor(shape: LinkShape, burst
     assert burst >= 2 * (labmod.MTU + 14)
 
 
+@pytest.mark.parametrize(
+    ("shape", "size", "segs"),
+    [
+        (LinkShape(100), 6_250, 4),  # half of 12.5 KB: 4 segments of 1448 B
+        (LinkShape(1000), 62_500, 43),
+        (LinkShape(1000, burst_ms=0.25), 15_625, 10),
+        (LinkShape(10000), 65_536, 45),  # never above the veth's 64 KiB
+        (LinkShape(10), 1_514, 1),  # the 2-frame bucket: one frame per packet
+    ],
+    ids=["100mbit", "1gbit", "1gbit-0.25ms", "10gbit", "10mbit"],
+)
+def test_offload_packets_are_at_most_half_the_bucket(shape: LinkShape, size: int, segs: int):
+    assert shape.segment_bytes() == size
+    assert size <= shape.burst_bytes() or size == labmod.MTU + 14
+    assert shape.segmentation_commands("eth0", "ns") == [
+        ["ip", "-n", "ns", "link", "set", "dev", "eth0", "gso_max_size", str(size),
+         "gso_max_segs", str(segs)]]  # fmt: skip
+    assert shape.segmentation_commands("v0", None)[0][:5] == ["ip", "link", "set", "dev", "v0"]
+    assert LinkShape().segmentation_commands("eth0", None) == []
+
+
 def test_burst_of_unshaped_link_and_bounds() -> None:
     assert LinkShape().burst_bytes() == 0 and LinkShape().tbf_args() == []
     assert LinkShape.parse("1gbit", burst_ms=2).burst_bytes() == 250_000
@@ -373,6 +394,13 @@ def test_describe_and_hostfile(lab100: Lab) -> None:
     assert info["rate_mbit"] == 100.0 and info["link"] == "100mbit"
     assert [n["address"] for n in info["nodes"]] == [n.address for n in lab100.nodes]
     assert len(info["shaping"]) == 4 and all("tbf" in cmd for cmd in info["shaping"])
+    # Bridge, then each node's two veth ends: offload packets of at most half the bucket.
+    assert len(info["segmentation"]) == 5
+    assert all("gso_max_size 6250" in cmd for cmd in info["segmentation"]), info["segmentation"]
+    assert info["burst_bytes"] == 12_500 and info["burst_ms"] == 1.0
+    shown = subprocess.run(["ip", "-n", lab100.nodes[0].namespace, "-d", "link", "show", "eth0"],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "gso_max_size 6250 " in shown
     json.dumps(info)
     lines = [ln for ln in lab100.hostfile_text().splitlines() if not ln.startswith("#")]
     assert lines == [f"{n.address} slots=1" for n in lab100.nodes]
