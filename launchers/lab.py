@@ -83,8 +83,8 @@ SSH_PORT = 22
 SSHD = "/usr/sbin/sshd"
 """sshd must be started by absolute path (it re-executes itself)."""
 
-INSTALL_HINT = "apt-get install -y iproute2 openssh-server openssh-client pdsh"
-"""Debian packages the lab needs (iproute2 for ip/tc; the rest for the ssh path)."""
+INSTALL_HINT = "apt-get install -y iproute2 openssh-server openssh-client pdsh util-linux"
+"""Debian packages the lab needs (iproute2 for ip/tc; the rest, unshare too, for the ssh path)."""
 
 MTU = 1500
 """MTU of every lab link (the veth default); each packet on the wire is at most this plus 14."""
@@ -538,6 +538,13 @@ a 2-node lab, as separate machines would. Labs of more nodes than this oversubsc
 CFS_PERIOD_US = 100_000
 """Scheduler period the quota is given in (the kernel's default, 100 ms)."""
 
+PID_NAMESPACE = ["unshare", "--pid", "--mount-proc", "--kill-child"]
+"""Each node's sshd runs as PID 1 of its own PID namespace (with its own /proc), as on a machine
+of its own: DeepSpeed's pdsh runner stops a run with ``pdsh -w <nodes> pkill -f '<python> -u -m
+deepspeed.launcher.launch'``, which in a shared PID namespace also kills every other lab's
+launchers and the host's pdsh (their command lines match). ``--kill-child``: when ``unshare``
+is stopped, its sshd (and so the whole namespace) goes too."""
+
 JOIN_CGROUP = 'echo $$ > "$0" && exec "$@"'
 """``sh -c`` script: move this shell into the cgroup whose ``cgroup.procs`` is ``$0``, then exec
 the command (its pid, and every child it forks, stay in the group)."""
@@ -744,7 +751,7 @@ def check_prerequisites(ssh: bool) -> None:
     """Raise LabError naming what is missing to run a lab (root, ip, tc, sshd, ssh, pdsh)."""
     if os.geteuid() != 0:
         raise LabError("the lab needs root (network namespaces, veth, tc): run it with sudo")
-    tools = ["ip", "tc"] + (["ssh", "ssh-keygen", "pdsh"] if ssh else [])
+    tools = ["ip", "tc"] + (["ssh", "ssh-keygen", "pdsh", "unshare"] if ssh else [])
     missing = [tool for tool in tools if shutil.which(tool) is None]
     if ssh and not os.access(SSHD, os.X_OK):
         missing.append(SSHD)
@@ -978,7 +985,8 @@ class Lab:
             config.write_text(self._sshd_config(node, host_key), encoding="utf-8")
             log = open(self.state_dir / f"sshd.{node.name}.log", "ab")  # noqa: SIM115
             with log:
-                sshd = ["ip", "netns", "exec", node.namespace, SSHD, "-D", "-e", "-f", str(config)]
+                sshd = ["ip", "netns", "exec", node.namespace, *PID_NAMESPACE,
+                        SSHD, "-D", "-e", "-f", str(config)]  # fmt: skip
                 self._sshd.append(
                     subprocess.Popen(
                         self.in_node_cgroup(node.index, sshd),
@@ -996,6 +1004,17 @@ class Lab:
                     f"ssh into {node.name} ({node.address}) failed: {proc.stderr.strip()}; "
                     f"see {self.state_dir}/sshd.{node.name}.log"
                 )
+
+    def daemon_pids(self) -> list[int]:
+        """The lab's own processes inside the nodes (each sshd and its ``unshare`` parent): what
+        a sweep of leftovers must spare."""
+        pids = []
+        for proc in self._sshd:
+            pids.append(proc.pid)
+            with contextlib.suppress(OSError):
+                children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text()
+                pids += [int(pid) for pid in children.split()]
+        return pids
 
     def _wait_for_sshd(self, node: LabNode, proc: subprocess.Popen, timeout: float = 10) -> None:
         deadline = time.monotonic() + timeout

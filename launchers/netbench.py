@@ -246,7 +246,10 @@ def _tail(path: Path, lines: int = 15) -> str:
 def run_on_lab(
     lab: Any, out: Path, options: Mapping[str, str], timeout_s: float = 1800
 ) -> dict[str, Any]:
-    """Run the benchmark across a running ``launchers.lab.Lab``; return netbench.json's content.
+    """Run the benchmark across a running ``launchers.lab.Lab``; write and return netbench.json.
+
+    The file gets the lab's description (link, shaping, CPU budget) and interface counters
+    beside rank 0's results, for callers that read it rather than the return value (sessions).
 
     With ssh (the lab's default) the host runs ``deepspeed --hostfile`` and pdsh reaches the
     nodes; without, each node runs ``deepspeed --no_ssh --node_rank i`` inside its namespace.
@@ -281,6 +284,7 @@ def run_on_lab(
         },
     }
     doc["elapsed_s"] = round(time.time() - started, 3)
+    write_result(out, doc)
     return doc
 
 

@@ -223,7 +223,7 @@ class LabSession:
         the stop to the nodes over ssh; a node whose link is down never gets it, so its ranks
         would outlive the run. Returns what had to be stopped (node, pid, command).
         """
-        keep = {p.pid for p in getattr(self.lab, "_sshd", [])}
+        keep = set(self.lab.daemon_pids())
         found: list[dict[str, Any]] = []
         for sig in (signal.SIGTERM, signal.SIGKILL):
             alive = []

@@ -415,6 +415,53 @@ def test_wrap_runs_inside_the_node_namespace(lab100: Lab) -> None:
     assert subprocess.run(argv, capture_output=True, text=True).stdout.split() == ["eth0", "y"]
 
 
+@pytest.mark.root
+def test_a_pkill_in_one_node_reaches_no_other_node(lab100: Lab) -> None:
+    """DeepSpeed's pdsh runner stops a run with ``pkill -f <launch command>`` on every node: in
+    a lab that must not kill what matches in other nodes, other labs, or on the host."""
+    marker = f"mdsl-pkill-probe-{lab100.id}"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)", marker]
+    host = subprocess.Popen(sleeper)
+    other = subprocess.Popen(lab100.ssh_argv(1, sleeper))
+    try:
+        deadline = time.monotonic() + 20
+        while len(labmod._lines(["pgrep", "-f", marker])) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        argv = lab100.ssh_argv(0, ["ps", "-e", "-o", "pid=,comm="])
+        ps = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+        assert "python" not in ps and "sshd" in ps  # node 0 sees its own processes only
+        subprocess.run(lab100.ssh_argv(0, ["pkill", "-f", marker]), timeout=30)
+        time.sleep(1)
+        assert host.poll() is None and other.poll() is None, "a pkill in node0 reached them"
+    finally:
+        host.kill()
+        other.kill()
+        subprocess.run(lab100.ssh_argv(1, ["pkill", "-f", marker]), timeout=30)
+
+
+@pytest.mark.root
+def test_session_sweep_stops_leftovers_and_spares_the_sshd(lab100: Lab) -> None:
+    from launchers.session import LabSession
+
+    stray = subprocess.Popen(
+        lab100.ssh_argv(1, [sys.executable, "-c", "import time; time.sleep(60)"])
+    )
+    ns = lab100.nodes[1].namespace
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(
+        "time.sleep" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        for pid in labmod._namespace_pids(ns)
+        if Path(f"/proc/{pid}/cmdline").exists()
+    ):
+        time.sleep(0.2)
+    found = LabSession(lab=lab100, ssh=True).sweep(grace_s=3)
+    stray.wait(timeout=30)
+    assert any("time.sleep" in f["command"] for f in found), found
+    assert all(Path(f"/proc/{pid}").exists() for pid in lab100.daemon_pids())
+    assert len(lab100.daemon_pids()) == 2 * len(lab100.nodes)  # unshare + sshd per node
+    subprocess.run(lab100.ssh_argv(1, ["true"]), timeout=30, check=True)
+
+
 def _cgroup_of(text: str) -> str:
     """The cpu controller's line of /proc/<pid>/cgroup (v1 ``N:cpu:/path``, v2 ``0::/path``)."""
     lines = [ln.split(":", 2) for ln in text.splitlines()]

@@ -205,6 +205,9 @@ def test_lab_per_node_path_without_ssh(tmp_path: Path) -> None:
         doc = run_on_lab(lab, tmp_path, options, timeout_s=300)
     _check_doc(doc, ["sendrecv"], 2)
     assert doc["network"]["transport"] == "netns-exec"
+    # Written as returned (sessions read the file): with the lab and its counters.
+    on_disk = json.loads((tmp_path / "netbench.json").read_text())
+    assert on_disk["network"]["link"] == "1gbit" and on_disk["counters"]["delta"]["node0"]
     assert (tmp_path / "node0.log").exists() and (tmp_path / "node1.log").exists()
 
 
