@@ -217,8 +217,10 @@ def test_lab_small_messages_after_a_pause_pay_the_link(tmp_path: Path) -> None:
 
     No size may beat the link by more than 15% on average (a bucket of 64 KiB let 64 KiB go
     through at 2.3x the rate); from 64 KiB on, not even the fastest pass may (the bucket, 1 ms
-    = 12.5 KB, is then a fifth of the message or less). The median must keep 0.6 of the rate:
-    loose, because other jobs on a shared 2-core machine add delay, never speed.
+    = 12.5 KB, is then a fifth of the message or less), and the fastest pass must reach 0.8 of
+    the rate (a link slower than its rate). Bounds on the fastest pass hold on a busy machine:
+    other jobs add delay to some passes, never speed (under a load of 18 the median 64 KiB pass
+    fell to 0.41 of the rate, the fastest stayed at 0.95).
     """
     _require_lab(ssh=True)
     _, options = parse_cli(["--after-pause", "--max-iters", "20"])
@@ -233,6 +235,4 @@ def test_lab_small_messages_after_a_pause_pay_the_link(tmp_path: Path) -> None:
         assert row["busbw_gbps"] <= 1.15 * rate, f"{size} B: mean busbw {row['busbw_gbps']:.4f}"
         if size >= 64 << 10:
             best = size * 8 / row["time_ms_min"] / 1e6
-            assert best <= 1.15 * rate, f"{size} B: fastest pass at {best:.4f} Gbit/s"
-            median = size * 8 / row["time_ms_median"] / 1e6
-            assert median >= 0.6 * rate, f"{size} B: median busbw {median:.4f} Gbit/s"
+            assert 0.8 * rate <= best <= 1.15 * rate, f"{size} B: fastest at {best:.4f} Gbit/s"
