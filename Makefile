@@ -16,6 +16,10 @@ DEVICE      ?=
 # (e.g. 100mbit, 1gbit, none). Needs root and iproute2. Overrides HOSTS.
 NET         ?=
 LAB_NODES   ?= 2
+# Ranks per emulated node, and cores per emulated node (default: this machine's cores / 4, the
+# same whatever LAB_NODES; 0: no budget, the nodes share the cores).
+LAB_SLOTS   ?= 1
+NODE_CPUS   ?=
 DELAY_MS    ?=
 LOSS_PCT    ?=
 # Interleaved rounds of a run or matrix (round 1 runs every strategy, then round 2, ...); each
@@ -44,7 +48,8 @@ CORE        := baseline,pipeline,tensor,zero1,zero2,zero3
 RUN_FLAGS = --hosts $(HOSTS) --logs $(LOGS) \
 	$(if $(DRY_RUN),--dry-run) $(if $(LAUNCHER),--launcher $(LAUNCHER)) \
 	$(if $(DEVICE),--device $(DEVICE)) \
-	$(if $(NET),--net $(NET) --lab-nodes $(LAB_NODES)) \
+	$(if $(NET),--net $(NET) --lab-nodes $(LAB_NODES) --lab-slots $(LAB_SLOTS)) \
+	$(if $(NODE_CPUS),--node-cpus $(NODE_CPUS)) \
 	$(if $(DELAY_MS),--delay-ms $(DELAY_MS)) $(if $(LOSS_PCT),--loss-pct $(LOSS_PCT)) \
 	$(foreach kv,$(SET),--set $(kv)) $(if $(FORCE),--force) $(if $(REPEAT),--repeat $(REPEAT)) \
 	$(if $(STALL),--stall $(STALL)) $(if $(TIMEOUT),--timeout $(TIMEOUT)) \

@@ -117,6 +117,9 @@ class RunSetup:
     """Inter-node link rate, Mbit/s (run.json network, else the run name, e.g. ``1000mbit``)."""
     latency_ms: float | None = None
     """Emulated one-way latency, ms, when known."""
+    node_cpus: float | None = None
+    """Cores each node may use, when capped (the lab's per-node CPU budget, run.json
+    ``network.node_cpu.cpus``); None when the nodes' compute is not known to be bounded."""
     sources: dict[str, str] = field(default_factory=dict)
     """Field name -> where its value came from (``run.json``, ``cmd``, ``ds_config``, ``log``,
     ``name``, ``derived``)."""
@@ -320,6 +323,10 @@ def resolve_setup(
     for key in ("latency_ms", "delay_ms"):
         if isinstance(network.get(key), int | float):
             put("latency_ms", float(network[key]), "run.json network")
+    node_cpu = network.get("node_cpu")
+    cpus = node_cpu.get("cpus") if isinstance(node_cpu, dict) else None
+    if isinstance(cpus, int | float) and cpus > 0:
+        put("node_cpus", float(cpus), "run.json network")
 
     if cmd:
         flags = _cmd_flags(cmd)

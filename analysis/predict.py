@@ -307,6 +307,24 @@ class ComputeFit:
     """Forward ms per layer and micro-batch of the first calibration run's model (for reading)."""
     bwd_ms_per_layer_mb: float
     """Backward ms per layer and micro-batch, same model."""
+    cpu_share: float | None = None
+    """Cores per rank the figures are for (``cpu_share`` of the first run; the others' times
+    scaled to it), None when a run's nodes had no known CPU budget (then nothing is scaled)."""
+
+
+def cpu_share(setup: RunSetup) -> float | None:
+    """Cores one rank may use: its node's CPU budget over the node's ranks, at most 1 (a rank
+    computes on one thread); None without a known budget (``RunSetup.node_cpus``)."""
+    if not setup.node_cpus or not setup.nodes or not setup.world_size:
+        return None
+    return min(1.0, setup.node_cpus * setup.nodes / setup.world_size)
+
+
+def _compute_scale(from_share: float | None, setup: RunSetup) -> float:
+    """Factor from compute measured at ``from_share`` cores per rank to ``setup``'s (1 when
+    either is unknown): compute bound by a CPU budget takes 1/share as long."""
+    to_share = cpu_share(setup)
+    return from_share / to_share if from_share and to_share else 1.0
 
 
 @dataclass(frozen=True)
@@ -623,14 +641,19 @@ def fit_compute(
         pools.setdefault(compute_kind(o.setup), []).append((o, gflop, inside or 0.0))
     fits: dict[str, ComputeFit] = {}
     for kind, pool in pools.items():
-        fwd = sum(o.fwd_ms or 0.0 for o, _, _ in pool)
-        bwd = sum(o.bwd_ms or 0.0 for o, _, _ in pool)
+        shares = [cpu_share(o.setup) for o, _, _ in pool]
+        share = shares[0] if None not in shares else None
+        # Each run's busy time at the first run's cores per rank (1 without known budgets).
+        k = [_compute_scale(share, o.setup) ** -1 if share else 1.0 for o, _, _ in pool]
+        fwd = sum((o.fwd_ms or 0.0) * f for (o, _, _), f in zip(pool, k, strict=True))
+        bwd = sum((o.bwd_ms or 0.0) * f for (o, _, _), f in zip(pool, k, strict=True))
         inside = sum(i for _, _, i in pool)
         gflop = sum(g for _, g, _ in pool)
         # In-timer communication split by the layer's 2 forward + 2 backward all-reduces.
         fwd, bwd = max(fwd - inside / 2, 0.0), max(bwd - inside / 2, 0.0)
         mparams = sum(updated_parameters(o.setup) / 1e6 for o, _, _ in pool)
-        opt = sum(o.optimizer_ms or 0.0 for o, _, _ in pool) / mparams
+        opt = sum((o.optimizer_ms or 0.0) * f for (o, _, _), f in zip(pool, k, strict=True))
+        opt /= mparams
         ref = pool[0][0].setup
         ref_gflop = 2 * layer_macs(ref.hidden_size or 0, ref.seq_length or 0, ref.ffn_hidden_size)
         ref_gflop *= (ref.micro_batch_size or 1) / 1e9
@@ -639,10 +662,13 @@ def fit_compute(
             fwd_ms_per_gflop=fwd / gflop,
             bwd_ms_per_gflop=bwd / gflop,
             optimizer_ms_per_mparam=opt,
-            other_ms=statistics.fmean(o.other_ms or 0.0 for o, _, _ in pool),
+            other_ms=statistics.fmean(
+                (o.other_ms or 0.0) * f for (o, _, _), f in zip(pool, k, strict=True)
+            ),
             runs=tuple(o.name for o, _, _ in pool),
             fwd_ms_per_layer_mb=fwd / gflop * ref_gflop,
             bwd_ms_per_layer_mb=bwd / gflop * ref_gflop,
+            cpu_share=share,
         )
     return fits
 
@@ -802,7 +828,8 @@ def predict(setup: RunSetup, cal: Calibration, exclude: Sequence[str] = ()) -> P
     for o in anchors:
         own, _ = comm_time(o.setup, cal.intra, cal.inter)
         if own is not None:
-            estimates.append(o.iter_ms - own + target_comm)
+            scale = _compute_scale(cpu_share(o.setup), setup)
+            estimates.append((o.iter_ms - own) * scale + target_comm)
     if estimates:
         names = tuple(o.name for o in anchors)
         halves = [o.ci_half_ms for o in anchors if o.ci_half_ms is not None]
@@ -844,17 +871,24 @@ def predict(setup: RunSetup, cal: Calibration, exclude: Sequence[str] = ()) -> P
             f"a measured {kind} run would replace this"
         )
     gflop, _ = flops_per_microbatch(setup)
-    per_mb = gflop / 1e9 * (fit.fwd_ms_per_gflop + fit.bwd_ms_per_gflop)
+    scale = _compute_scale(fit.cpu_share, setup)
+    if scale != 1.0:
+        notes.append(
+            f"compute x {scale:.2f}: {fit.cpu_share:g} cores per rank in the calibration runs, "
+            f"{cpu_share(setup):g} here (node CPU budget / ranks per node)"
+        )
+    per_mb = gflop / 1e9 * (fit.fwd_ms_per_gflop + fit.bwd_ms_per_gflop) * scale
     m, p = setup.gas or 1, setup.pp or 1
     compute = per_mb * m
     bubble = per_mb * (p - 1)
-    opt = fit.optimizer_ms_per_mparam * updated_parameters(setup) / 1e6
+    opt = fit.optimizer_ms_per_mparam * updated_parameters(setup) / 1e6 * scale
     if p > 1:
         notes.append(
             f"pipeline: bubble (p-1)/(m+p-1) = {bubble_fraction(p, m):.3f}; 'other' taken from "
             "non-pipeline runs (the PipelineEngine prints no step timers)"
         )
-    total = compute + bubble + opt + fit.other_ms + target_comm
+    other = fit.other_ms * scale
+    total = compute + bubble + opt + other + target_comm
     return Prediction(
         label(setup),
         setup,
@@ -864,7 +898,7 @@ def predict(setup: RunSetup, cal: Calibration, exclude: Sequence[str] = ()) -> P
         compute,
         bubble,
         opt,
-        fit.other_ms,
+        other,
         target_comm,
         mem,
         (f"compute fit '{fit.kind}' from {', '.join(fit.runs)}", *notes),

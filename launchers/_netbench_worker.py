@@ -95,10 +95,19 @@ def _max_over_ranks(values: list[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
-def _timed(run: Callable[[], None], count: int, device: torch.device) -> list[float]:
-    """Seconds of ``count`` passes of ``run`` on this rank, each started after a barrier."""
+def _timed(
+    run: Callable[[], None], count: int, device: torch.device, pause_s: float = 0.0
+) -> list[float]:
+    """Seconds of ``count`` passes of ``run`` on this rank, each started after a barrier.
+
+    ``pause_s`` > 0 sleeps that long before each pass (before the barrier, so the ranks still
+    start together), as a training step computes between its collectives: a shaper that lets
+    a burst through after an idle spell shows here, and not in back-to-back passes.
+    """
     times = []
     for _ in range(count):
+        if pause_s > 0:
+            time.sleep(pause_s)
         dist.barrier()
         start = time.perf_counter()
         run()
@@ -131,11 +140,12 @@ def measure(
     warmup, iters = plan_iterations(
         estimate_s, args.budget_s, args.warmup, args.min_iters, args.max_iters
     )
-    warm = _timed(run, warmup, device)
+    pause_s = args.pause_ms / 1e3
+    warm = _timed(run, warmup, device, pause_s)
     if iters is None:
         (warm_s,) = _max_over_ranks([max(warm, default=0.0)], device)
-        iters = choose_iters(warm_s, args.budget_s, args.min_iters, args.max_iters)
-    times = _max_over_ranks(_timed(run, iters, device), device)
+        iters = choose_iters(warm_s + pause_s, args.budget_s, args.min_iters, args.max_iters)
+    times = _max_over_ranks(_timed(run, iters, device, pause_s), device)
     seconds = statistics.fmean(times)
     algbw, busbw = bandwidths(op, nbytes, seconds, world)
     return {
@@ -151,6 +161,7 @@ def measure(
         "time_ms_min": min(times) * 1e3,
         "time_ms_max": max(times) * 1e3,
         "warmup": warmup,
+        "pause_ms": args.pause_ms,
     }
 
 
@@ -168,8 +179,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-iters", default=50, type=int)
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     parser.add_argument("--timeout-s", default=600, type=float, help="per-collective timeout")
+    parser.add_argument(
+        "--pause-ms", default=0.0, type=float, help="sleep before each call, ms (like compute)"
+    )
     args, _unknown = parser.parse_known_args(argv)  # launchers add --local_rank
     args.ops = [op.strip() for op in args.ops.split(",") if op.strip()]
+    if not 0 <= args.pause_ms <= 60_000:
+        parser.error(f"--pause-ms {args.pause_ms:g} must be within 0..60000")
     for op in args.ops:
         if op not in OPS:
             parser.error(f"unknown op {op!r}; valid: {', '.join(OPS)}")
@@ -229,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "torch": torch.__version__,
             "dtype": str(DTYPE).removeprefix("torch."),
+            "pause_ms": args.pause_ms,
         }
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "netbench.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")

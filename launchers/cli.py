@@ -242,6 +242,8 @@ def _lab_session(args: argparse.Namespace) -> Iterator[LabSession | None]:
         args.loss_pct or 0.0,
         launcher=lab_launcher(args.launcher),
         time_limit_s=args.timeout,
+        slots=args.lab_slots,
+        node_cpus="auto" if args.node_cpus is None else (args.node_cpus or None),
     ) as session:
         yield session
 
@@ -267,7 +269,7 @@ def _executor_timeout(args: argparse.Namespace) -> float | None:
 
 def _dry_run_cluster(args: argparse.Namespace) -> Cluster:
     """For ``--net --dry-run``: the lab's hostfile shape with placeholder addresses."""
-    lines = [f"10.200.0.{i + 1} slots=1" for i in range(args.lab_nodes)]
+    lines = [f"10.200.0.{i + 1} slots={args.lab_slots}" for i in range(args.lab_nodes)]
     text = "# emulated lab: addresses are assigned when the lab starts\n" + "\n".join(lines)
     return parse_hostfile_text(text + "\n", "lab (dry run)")
 
@@ -344,7 +346,9 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
                          network=f"emulated {args.lab_nodes} nodes x {args.net}")
                  for s in strategies]  # fmt: skip
     else:
-        specs = [_resolve(req, args.model, s) for s in strategies]
+        # A lab's hosts exist once it is up, its shape (nodes x slots) already: check that.
+        shape = replace(req, cluster=_dry_run_cluster(args)) if args.net else req
+        specs = [_resolve(shape, args.model, s) for s in strategies]
     if args.dry_run:
         for spec in specs:
             print_dry_run(spec, req.logs, **_slurm_dry_run(args))
@@ -531,6 +535,12 @@ def _options(p: argparse.ArgumentParser, execute: bool) -> None:
         )
         p.add_argument("--net", help="run in an emulated cluster with links of this rate")
         p.add_argument("--lab-nodes", type=int, default=2, help="nodes of the emulated cluster")
+        p.add_argument("--lab-slots", type=int, default=1, help="ranks per emulated node (1)")
+        p.add_argument(
+            "--node-cpus",
+            type=float,
+            help="cores per emulated node (default: this machine's cores / 4; 0: no budget)",
+        )
         p.add_argument("--delay-ms", type=float, help="one-way delay of the emulated links")
         p.add_argument("--loss-pct", type=float, help="packet loss of the emulated links")
         p.add_argument(

@@ -16,6 +16,15 @@ Shaping (``tc``), per node link, like a switch port of a full-duplex NIC:
   asked, with ``tbf`` (rate) under it;
 - downlink (bridge -> node): egress of the bridge port ``mdsl<id>-v<i>``: ``tbf`` only.
 
+Every tbf bucket holds 1 ms at the rate (``LinkShape.burst_bytes``), so a message sent after an
+idle spell, as a collective after compute, pays the rate past its first millisecond; offload
+packets are limited to half the bucket (``LinkShape.segment_bytes``, ``ip link set ...
+gso_max_size``) so that a small bucket costs no throughput.
+
+CPU: each node gets the same budget whatever the node count (``default_node_cpus``: this
+machine's cores / 4), a cgroup per node with a CFS quota holding the node's sshd and every
+process ``Lab.wrap`` starts, and so all they start; ``describe()["node_cpu"]`` records it.
+
 Shaping both directions (rather than only the uplink, or an ifb on ingress) keeps every node's
 receive side at the link rate too, which matters with more than two nodes (two senders into one
 receiver); an ifb would need a redirect filter per port for the same result. ``delay_ms`` and
@@ -75,8 +84,23 @@ SSH_PORT = 22
 SSHD = "/usr/sbin/sshd"
 """sshd must be started by absolute path (it re-executes itself)."""
 
-INSTALL_HINT = "apt-get install -y iproute2 openssh-server openssh-client pdsh"
-"""Debian packages the lab needs (iproute2 for ip/tc; the rest for the ssh path)."""
+INSTALL_HINT = "apt-get install -y iproute2 openssh-server openssh-client pdsh util-linux"
+"""Debian packages the lab needs (iproute2 for ip/tc; the rest, unshare too, for the ssh path)."""
+
+MTU = 1500
+"""MTU of every lab link (the veth default); each packet on the wire is at most this plus 14."""
+
+FRAME_BYTES = MTU + 14
+"""Largest packet tbf sees on a lab link: an MTU-sized IP packet plus its Ethernet header."""
+
+MSS = MTU - 52
+"""TCP payload per frame: MTU minus IPv4 (20) and TCP (20 + 12 of timestamps) headers."""
+
+GSO_MAX_BYTES = 65536
+"""The veth's default (and largest usual) offload packet, bytes."""
+
+DEFAULT_BURST_MS = 1.0
+"""Default tbf bucket, ms at the link rate (see ``LinkShape.burst_bytes``)."""
 
 _ID_RE = re.compile(r"^[a-z0-9]{1,6}$")
 _RATE_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>kbit|mbit|gbit)(?:/s|ps)?\s*$", re.I)
@@ -125,6 +149,9 @@ class LinkShape:
     """One-way delay added to every packet a node sends, ms (node-to-node RTT is twice this)."""
     loss_pct: float = 0.0
     """Percentage of packets a node sends that are dropped (0 <= loss < 100)."""
+    burst_ms: float = DEFAULT_BURST_MS
+    """tbf bucket as time at the rate, ms (how long the link may run above the rate after an
+    idle spell); the bucket never holds less than two full frames."""
 
     def __post_init__(self) -> None:
         if self.rate_mbit is not None and not self.rate_mbit > 0:
@@ -133,11 +160,19 @@ class LinkShape:
             raise ValueError(f"delay_ms({self.delay_ms}) must be within 0..60000")
         if not 0 <= self.loss_pct < 100:
             raise ValueError(f"loss_pct({self.loss_pct}) must be within 0 <= loss < 100")
+        if not 0 < self.burst_ms <= 1000:
+            raise ValueError(f"burst_ms({self.burst_ms}) must be within 0 < burst <= 1000")
 
     @classmethod
-    def parse(cls, rate: str, delay_ms: float = 0.0, loss_pct: float = 0.0) -> LinkShape:
-        """Build from a rate spelling (``100mbit``, ``1gbit``, ``none``) plus delay and loss."""
-        return cls(rate_mbit=parse_rate(rate), delay_ms=delay_ms, loss_pct=loss_pct)
+    def parse(
+        cls,
+        rate: str,
+        delay_ms: float = 0.0,
+        loss_pct: float = 0.0,
+        burst_ms: float = DEFAULT_BURST_MS,
+    ) -> LinkShape:
+        """Build from a rate spelling (``100mbit``, ``1gbit``, ``none``) plus the other fields."""
+        return cls(parse_rate(rate), delay_ms=delay_ms, loss_pct=loss_pct, burst_ms=burst_ms)
 
     @property
     def label(self) -> str:
@@ -153,18 +188,57 @@ class LinkShape:
         )
         return base + extra
 
+    def burst_bytes(self) -> int:
+        """``tbf`` bucket size, bytes: ``burst_ms`` of traffic at the rate, at least 2 frames.
+
+        The bucket bounds how far a link runs ahead of its rate after an idle spell (a
+        collective after compute): a message of the bucket's size leaves at host speed, a larger
+        one pays the rate for the rest. It need not hold the veth's 64 KiB offload super-packets:
+        the lab limits them to half the bucket (``segment_bytes``), and tbf would split a larger
+        one into frames itself. It must hold one frame with its headers (tbf drops larger
+        non-offload packets) and cover the scheduling delay of tbf's timer at the rate (high
+        resolution timers, but a loaded machine runs them late). Bulk TCP payload rates measured
+        on a 2-core machine under a load of 6-13 (1448/1514 of the rate is the most TCP gets):
+        100 Mbit/s: 95.9 Mbit/s at 1 ms, 91.6-93.1 at 0.5 ms, 90.4-94.5 at 0.25 ms; 1 Gbit/s:
+        910-940 at 1 ms, 831-868 at 0.5 ms, 775-912 at 0.25 ms. Hence the default of 1 ms.
+        """
+        if self.rate_mbit is None:
+            return 0
+        return max(2 * FRAME_BYTES, int(self.rate_mbit * 1e6 / 8 * self.burst_ms / 1e3))
+
+    def segment_bytes(self) -> int:
+        """Largest packet a node's stack hands the shaped link: half the bucket, between one
+        frame and the veth's 64 KiB (``segmentation_commands``).
+
+        tbf would split a larger offload super-packet into frames itself (``tbf_segment``),
+        but then every frame costs a trip through veth, bridge and the receiver's stack: with a
+        0.25 ms bucket at 1 Gbit/s a bulk stream reached 408-474 Mbit/s that way on a loaded
+        2-core machine, 775-912 with 15 KB segments. Packets of half the bucket keep that cost
+        low and never need splitting; 0 when unshaped (the veth's defaults stay).
+        """
+        if self.rate_mbit is None:
+            return 0
+        return min(GSO_MAX_BYTES, max(MTU, self.burst_bytes() // 2))
+
+    def segmentation_commands(self, dev: str, netns: str | None) -> list[list[str]]:
+        """``ip link`` argv limiting ``dev``'s offload packets to ``segment_bytes`` (empty when
+        unshaped). Sockets read the limit when they connect: set before any traffic."""
+        size = self.segment_bytes()
+        if not size:
+            return []
+        segs = max(1, size // MSS)
+        return [["ip", *(["-n", netns] if netns else []), "link", "set", "dev", dev,
+                 "gso_max_size", str(size), "gso_max_segs", str(segs)]]  # fmt: skip
+
     def tbf_args(self) -> list[str]:
         """``tbf`` parameters for this rate (empty when unshaped).
 
-        The bucket holds at least 64 KiB (a full GSO super-packet of the veth) and 4 ms of
-        traffic at the rate, so timer granularity does not cap high rates; ``latency 50ms`` bounds
-        the queue like a switch buffer would.
+        ``burst``: ``burst_bytes``; ``latency 50ms`` bounds the queue like a switch buffer would.
         """
         if self.rate_mbit is None:
             return []
-        burst = max(64 * 1024, int(self.rate_mbit * 1e6 / 8 * 0.004))
-        return ["tbf", "rate", f"{round(self.rate_mbit * 1000)}kbit", "burst", str(burst),
-                "latency", "50ms"]  # fmt: skip
+        return ["tbf", "rate", f"{round(self.rate_mbit * 1000)}kbit", "burst",
+                str(self.burst_bytes()), "latency", "50ms"]  # fmt: skip
 
     def netem_args(self) -> list[str]:
         """``netem`` parameters for delay and loss (empty when neither is set)."""
@@ -388,6 +462,10 @@ def existing_labs() -> list[str]:
     for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
         if path.is_dir() and (lab_id := lab_id_of(path.name)) and path.name != lab_id:
             found.add(lab_id)
+    for root, _ in cpu_controller_roots():
+        for path in (root / CPU_CGROUP_PARENT).glob(f"{PREFIX}*"):
+            if path.is_dir() and (lab_id := lab_id_of(path.name)) and path.name != lab_id:
+                found.add(lab_id)
     return sorted(found)
 
 
@@ -440,10 +518,174 @@ def remove_lab(lab_id: str) -> list[str]:
             problems.append(f"ip netns del {ns}: {proc.stderr.strip()}")
     if bridge_name(lab_id) in list_links():
         _run(["ip", "link", "del", bridge_name(lab_id)], check=False)
+    problems += remove_cgroups(lab_id)
     shutil.rmtree(state_dir_of(lab_id), ignore_errors=True)
     left = [n for n in list_namespaces() + list_links() if _is_of_lab(n, lab_id)]
     if left:
         problems.append(f"still present after teardown: {', '.join(left)}")
+    return problems
+
+
+# ----------------------------------------------------------------------------- CPU budget
+
+CPU_CGROUP_PARENT = "mds-bench-lab"
+"""Our directory under the cpu controller's root; one child per lab node (``mdsl<id>-n<i>``)."""
+
+CPU_BUDGET_NODES = 4
+"""Default budget: the machine's cores divided by this many nodes (0.5 core each on 2 cores),
+the same whatever the lab's node count, so that a node of a 4-node lab computes as fast as one of
+a 2-node lab, as separate machines would. Labs of more nodes than this oversubscribe the cores."""
+
+CFS_PERIOD_US = 100_000
+"""Scheduler period the quota is given in (the kernel's default, 100 ms)."""
+
+PID_NAMESPACE = ["unshare", "--pid", "--mount-proc", "--kill-child"]
+"""Each node's sshd runs as PID 1 of its own PID namespace (with its own /proc), as on a machine
+of its own: DeepSpeed's pdsh runner stops a run with ``pdsh -w <nodes> pkill -f '<python> -u -m
+deepspeed.launcher.launch'``, which in a shared PID namespace also kills every other lab's
+launchers and the host's pdsh (their command lines match). ``--kill-child``: when ``unshare``
+is stopped, its sshd (and so the whole namespace) goes too."""
+
+JOIN_CGROUP = 'echo $$ > "$0" && exec "$@"'
+"""``sh -c`` script: move this shell into the cgroup whose ``cgroup.procs`` is ``$0``, then exec
+the command (its pid, and every child it forks, stay in the group)."""
+
+
+def default_node_cpus() -> float:
+    """Cores per node when none is asked: ``os.cpu_count() / CPU_BUDGET_NODES``."""
+    return (os.cpu_count() or 1) / CPU_BUDGET_NODES
+
+
+def cpu_controller_roots(mounts: str | None = None) -> list[tuple[Path, Literal[1, 2]]]:
+    """Where the cpu controller can be used: cgroup v2 mounts whose root offers ``cpu``, then
+    cgroup v1 hierarchies mounted with the ``cpu`` option (from ``/proc/mounts``)."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return []
+    v2: list[tuple[Path, Literal[1, 2]]] = []
+    v1: list[tuple[Path, Literal[1, 2]]] = []
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        path, kind, options = Path(fields[1]), fields[2], fields[3].split(",")
+        if kind == "cgroup2":
+            with contextlib.suppress(OSError):
+                if "cpu" in (path / "cgroup.controllers").read_text().split():
+                    v2.append((path, 2))
+        elif kind == "cgroup" and "cpu" in options:
+            v1.append((path, 1))
+    return v2 + v1
+
+
+def cpu_limit_lines(cpus: float, version: Literal[1, 2]) -> dict[str, str]:
+    """Control files and values giving ``cpus`` cores: v2 ``cpu.max`` = "quota period", v1
+    ``cpu.cfs_period_us`` then ``cpu.cfs_quota_us`` (both in µs per ``CFS_PERIOD_US``)."""
+    if not cpus > 0:
+        raise ValueError(f"cpus({cpus}) must be > 0")
+    quota = max(1000, round(cpus * CFS_PERIOD_US))
+    if version == 2:
+        return {"cpu.max": f"{quota} {CFS_PERIOD_US}"}
+    return {"cpu.cfs_period_us": str(CFS_PERIOD_US), "cpu.cfs_quota_us": str(quota)}
+
+
+@dataclass(frozen=True)
+class CpuCgroup:
+    """A cgroup limiting one lab node to a number of cores (CFS bandwidth control)."""
+
+    path: Path
+    """The node's cgroup directory."""
+    version: Literal[1, 2]
+    """cgroup v2 (``cpu.max``) or v1 (``cpu.cfs_quota_us``)."""
+    cpus: float
+    """Cores the node's processes may use together, per scheduler period."""
+
+    @classmethod
+    def create(cls, name: str, cpus: float) -> CpuCgroup:
+        """Make ``<cpu root>/mds-bench-lab/<name>`` with the limit set, or raise LabError."""
+        problems = []
+        roots = cpu_controller_roots()
+        for root, version in roots:
+            parent = root / CPU_CGROUP_PARENT
+            path = parent / name
+            try:
+                if version == 2:
+                    _write_control(root / "cgroup.subtree_control", "+cpu")
+                    parent.mkdir(exist_ok=True)
+                    _write_control(parent / "cgroup.subtree_control", "+cpu")
+                else:
+                    parent.mkdir(exist_ok=True)
+                path.mkdir()
+                for control, value in cpu_limit_lines(cpus, version).items():
+                    _write_control(path / control, value)
+                return cls(path, version, cpus)
+            except OSError as err:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+                problems.append(f"{root}: {err.strerror or err}")
+        raise LabError(
+            "a CPU budget per node needs a writable cpu cgroup (root, and cgroup v2 with the cpu "
+            "controller or cgroup v1's cpu hierarchy): "
+            + ("; ".join(problems) or "no cpu controller mounted (see /proc/mounts)")
+            + "; or run the lab without a budget (node_cpus=None, --node-cpus 0)"
+        )
+
+    def join(self, argv: Sequence[str]) -> list[str]:
+        """argv that moves itself into this group, then runs ``argv`` (children inherit it).
+
+        On cgroup v2 a process is in one group only: a memory cgroup the executor puts it in
+        first (``--mem-limit``) is left by this move.
+        """
+        return ["sh", "-c", JOIN_CGROUP, str(self.path / "cgroup.procs"), *argv]
+
+    def stat(self) -> dict[str, int]:
+        """``cpu.stat`` counters (periods, throttled periods and time; v2 also usage)."""
+        out: dict[str, int] = {}
+        with contextlib.suppress(OSError):
+            for line in (self.path / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if value.strip().isdigit():
+                    out[key] = int(value)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """The group as run.json records it."""
+        return {"cgroup": str(self.path), "cgroup_version": self.version, "cpu_stat": self.stat()}
+
+
+def _write_control(path: Path, value: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(value)
+
+
+def _cgroup_pids(path: Path) -> list[int]:
+    with contextlib.suppress(OSError):
+        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
+    return []
+
+
+def remove_cgroups(lab_id: str) -> list[str]:
+    """Remove the CPU cgroups of lab ``lab_id`` (killing what is left in them); the problems."""
+    problems = []
+    for root, _ in cpu_controller_roots():
+        for path in sorted((root / CPU_CGROUP_PARENT).glob(f"{PREFIX}{lab_id}-n*")):
+            if not path.is_dir() or not _is_of_lab(path.name, lab_id):
+                continue
+            for pid in _cgroup_pids(path):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while True:
+                try:
+                    path.rmdir()
+                    break
+                except OSError as err:
+                    if time.monotonic() > deadline:
+                        problems.append(f"cgroup {path}: {err.strerror or err}")
+                        break
+                    time.sleep(0.05)
     return problems
 
 
@@ -510,7 +752,7 @@ def check_prerequisites(ssh: bool) -> None:
     """Raise LabError naming what is missing to run a lab (root, ip, tc, sshd, ssh, pdsh)."""
     if os.geteuid() != 0:
         raise LabError("the lab needs root (network namespaces, veth, tc): run it with sudo")
-    tools = ["ip", "tc"] + (["ssh", "ssh-keygen", "pdsh"] if ssh else [])
+    tools = ["ip", "tc"] + (["ssh", "ssh-keygen", "pdsh", "unshare"] if ssh else [])
     missing = [tool for tool in tools if shutil.which(tool) is None]
     if ssh and not os.access(SSHD, os.X_OK):
         missing.append(SSHD)
@@ -595,6 +837,11 @@ class Lab:
     follows) and at interpreter exit. ``ssh=True`` runs sshd inside every node so the real
     ``deepspeed --hostfile`` launcher reaches the nodes through pdsh; ``ssh=False`` is for
     ``deepspeed --no_ssh`` per node through ``wrap``.
+
+    ``node_cpus``: cores each node may use (a cgroup per node with a CFS quota, holding the
+    node's sshd and every process ``wrap`` starts, and so everything they start): ``"auto"``
+    (default) gives ``default_node_cpus()`` where a cpu cgroup can be made and no budget (said in
+    ``describe``) where not; a number requires it; None gives no budget (nodes share the cores).
     """
 
     def __init__(
@@ -603,9 +850,15 @@ class Lab:
         shape: LinkShape | None = None,
         name: str | None = None,
         ssh: bool = True,
+        node_cpus: float | Literal["auto"] | None = "auto",
     ) -> None:
         if not 2 <= nodes <= MAX_NODES:
             raise ValueError(f"nodes({nodes}) must be within 2..{MAX_NODES}")
+        if node_cpus != "auto" and node_cpus is not None and not 0 < node_cpus <= 1024:
+            raise ValueError(f"node_cpus({node_cpus}) must be > 0 (cores), 'auto' or None")
+        self.node_cpus = node_cpus
+        self.cgroups: list[CpuCgroup] = []
+        self.cpu_note = ""
         self.node_count = nodes
         self.shape = shape or LinkShape()
         self.requested_name = check_lab_id(name) if name is not None else None
@@ -614,6 +867,7 @@ class Lab:
         self.subnet: ipaddress.IPv4Network | None = None
         self.nodes: tuple[LabNode, ...] = ()
         self.shaping_commands: list[str] = []
+        self.segmentation: list[str] = []
         self._sshd: list[subprocess.Popen] = []
         self._is_up = False
 
@@ -638,6 +892,7 @@ class Lab:
                 self._claim_id_and_subnet()
                 self._is_up = True
                 self._create_network()
+                self._create_cgroups()
             if self.ssh:
                 self._start_ssh()
         except BaseException:
@@ -694,6 +949,7 @@ class Lab:
         _disable_ipv6_here(br)
         _run(["ip", "addr", "add", f"{self.host_address}/24", "dev", br])
         _run(["ip", "link", "set", br, "up"])
+        self._limit_segments(br, None)  # the host's own traffic to the nodes (ssh)
         for node in self.nodes:
             ns = node.namespace
             _run(["ip", "netns", "add", ns])
@@ -711,6 +967,8 @@ class Lab:
             _run(["ip", "link", "set", node.host_interface, "up"])
             _run(["ip", "-n", ns, "addr", "add", f"{node.address}/24", "dev", node.interface])
             _run(["ip", "-n", ns, "link", "set", node.interface, "up"])
+            self._limit_segments(node.interface, ns)
+            self._limit_segments(node.host_interface, None)
             for argv in [
                 *self.shape.tc_commands(node.interface, ns, uplink=True),
                 *self.shape.tc_commands(node.host_interface, None, uplink=False),
@@ -725,6 +983,47 @@ class Lab:
                 if proc.returncode != 0:
                     raise LabError(f"command failed: {shlex.join(argv)}\n{proc.stderr.strip()}")
                 self.shaping_commands.append(shlex.join(argv))
+
+    def _limit_segments(self, dev: str, netns: str | None) -> None:
+        """Apply ``LinkShape.segmentation_commands``; where this iproute2 or kernel cannot, say
+        so in ``describe`` (tbf then splits super-packets itself: right, only dearer)."""
+        for argv in self.shape.segmentation_commands(dev, netns):
+            proc = _run(argv, check=False)
+            if proc.returncode == 0:
+                self.segmentation.append(shlex.join(argv))
+            else:
+                self.segmentation.append(f"failed: {shlex.join(argv)}: {proc.stderr.strip()}")
+
+    def _create_cgroups(self) -> None:
+        """One CPU cgroup per node (``node_cpus``), or the reason there is none."""
+        if self.node_cpus is None:
+            self.cpu_note = "no budget asked: the nodes share the machine's cores"
+            return
+        cpus = default_node_cpus() if self.node_cpus == "auto" else float(self.node_cpus)
+        try:
+            for node in self.nodes:
+                self.cgroups.append(CpuCgroup.create(node.namespace, cpus))
+        except LabError as err:
+            if self.node_cpus != "auto":
+                raise
+            for group in self.cgroups:
+                with contextlib.suppress(OSError):
+                    group.path.rmdir()
+            self.cgroups = []
+            self.cpu_note = f"no budget: {err}"
+            print(f"lab {self.name}: nodes share the machine's cores ({err})", file=sys.stderr)
+            return
+        self.cpu_note = (
+            f"{cpus:g} cores per node, the same whatever the node count "
+            f"({os.cpu_count()} on this machine)"
+        )
+
+    def in_node_cgroup(self, node_index: int, argv: Sequence[str]) -> list[str]:
+        """argv that joins node ``node_index``'s CPU cgroup, then runs ``argv`` (no budget:
+        ``argv`` itself)."""
+        if not self.cgroups:
+            return list(argv)
+        return self.cgroups[node_index].join(argv)
 
     # -- ssh
 
@@ -757,19 +1056,11 @@ class Lab:
             config.write_text(self._sshd_config(node, host_key), encoding="utf-8")
             log = open(self.state_dir / f"sshd.{node.name}.log", "ab")  # noqa: SIM115
             with log:
+                sshd = ["ip", "netns", "exec", node.namespace, *PID_NAMESPACE,
+                        SSHD, "-D", "-e", "-f", str(config)]  # fmt: skip
                 self._sshd.append(
                     subprocess.Popen(
-                        [
-                            "ip",
-                            "netns",
-                            "exec",
-                            node.namespace,
-                            SSHD,
-                            "-D",
-                            "-e",
-                            "-f",
-                            str(config),
-                        ],
+                        self.in_node_cgroup(node.index, sshd),
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=log,
@@ -784,6 +1075,17 @@ class Lab:
                     f"ssh into {node.name} ({node.address}) failed: {proc.stderr.strip()}; "
                     f"see {self.state_dir}/sshd.{node.name}.log"
                 )
+
+    def daemon_pids(self) -> list[int]:
+        """The lab's own processes inside the nodes (each sshd and its ``unshare`` parent): what
+        a sweep of leftovers must spare."""
+        pids = []
+        for proc in self._sshd:
+            pids.append(proc.pid)
+            with contextlib.suppress(OSError):
+                children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text()
+                pids += [int(pid) for pid in children.split()]
+        return pids
 
     def _wait_for_sshd(self, node: LabNode, proc: subprocess.Popen, timeout: float = 10) -> None:
         deadline = time.monotonic() + timeout
@@ -902,7 +1204,8 @@ class Lab:
         if not argv or "=" in argv[0]:
             raise ValueError(f"argv must start with a program name, got {list(argv)[:1]}")
         assigns = [f"{key}={value}" for key, value in self.node_env(env).items()]
-        return ["ip", "netns", "exec", self.nodes[node_index].namespace, "env", *assigns, *argv]
+        inside = ["ip", "netns", "exec", self.nodes[node_index].namespace, "env", *assigns, *argv]
+        return self.in_node_cgroup(node_index, inside)
 
     def hostfile_text(self, slots: int = 1) -> str:
         """DeepSpeed hostfile of this lab (node addresses as host names)."""
@@ -985,8 +1288,9 @@ class Lab:
     def counters(self) -> dict[str, dict[str, int]]:
         """Byte and packet counters of every node's interface, read inside its namespace.
 
-        Bytes include the Ethernet/IP/TCP headers; packets are as the kernel sees them, which
-        with the veth's segmentation offload means super-packets of up to 64 KiB, not frames.
+        Bytes include the Ethernet/IP/TCP headers. Packets are as the kernel sees them: offload
+        packets of up to ``LinkShape.segment_bytes`` (half the tbf bucket) on a shaped link, of
+        up to 64 KiB unshaped; not frames.
         """
         self._require_nodes()
         result: dict[str, dict[str, int]] = {}
@@ -1023,6 +1327,27 @@ class Lab:
                 for n in self.nodes
             ],
             "shaping": list(self.shaping_commands),
+            "segmentation": list(self.segmentation),
+            "burst_bytes": self.shape.burst_bytes() or None,
+            "burst_ms": self.shape.burst_ms if self.shape.rate_mbit is not None else None,
+            "node_cpu": self.describe_cpu(),
+        }
+
+    def describe_cpu(self) -> dict[str, Any]:
+        """run.json's ``network.node_cpu``: the cores each node may use (None: no budget), how,
+        and each node's ``cpu.stat`` (throttled periods show the budget binding)."""
+        cpus = self.cgroups[0].cpus if self.cgroups else None
+        return {
+            "cpus": cpus,
+            "machine_cpus": os.cpu_count(),
+            "mechanism": (
+                f"cgroup v{self.cgroups[0].version} CFS quota "
+                f"{cpu_limit_lines(cpus, self.cgroups[0].version)} per node"
+                if self.cgroups and cpus
+                else None
+            ),
+            "note": self.cpu_note,
+            "nodes": {n.name: g.describe() for n, g in zip(self.nodes, self.cgroups, strict=False)},
         }
 
 
@@ -1059,6 +1384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--link", default="none", help="rate: 100mbit, 1gbit, none (default none)")
     up.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay per node, ms")
     up.add_argument("--loss-pct", type=float, default=0.0, help="packet loss per node, percent")
+    up.add_argument("--burst-ms", type=float, default=DEFAULT_BURST_MS,
+                    help=f"tbf bucket, ms at the rate (default {DEFAULT_BURST_MS:g})")  # fmt: skip
     up.add_argument("--name", default=None, help="lab id, 1-6 of a-z0-9 (default: random)")
     up.add_argument("--no_ssh", "--no-ssh", action="store_true", help="no sshd in the nodes")
     up.add_argument(
@@ -1085,7 +1412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{PREFIX}{lab_id}: " + ("removed" if not problems else "; ".join(problems)))
             status |= bool(problems)
         return status
-    shape = LinkShape.parse(args.link, args.delay_ms, args.loss_pct)
+    shape = LinkShape.parse(args.link, args.delay_ms, args.loss_pct, args.burst_ms)
     with Lab(args.nodes, shape, name=args.name, ssh=not args.no_ssh) as lab, _slurm(lab, args):
         hostfile = lab.write_hostfile()
         print(json.dumps(lab.describe(), indent=2))

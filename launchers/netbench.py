@@ -59,6 +59,28 @@ BACKEND_NOTES: dict[str, dict[str, str]] = {
 }
 """What the lab's counters showed about each backend's ops; written into netbench.json."""
 
+SWEEP: dict[str, str] = {
+    "ops": ",".join(OPS),
+    "min_bytes": "1K",
+    "max_bytes": "64M",
+    "factor": "4",
+    "pause_ms": "0",
+    "max_iters": "50",
+}
+"""Defaults of ``python -m launchers.netbench``: every op, 1 KiB to 64 MiB, back to back."""
+
+AFTER_PAUSE: dict[str, str] = {
+    "ops": "all_reduce",
+    "min_bytes": "16K",
+    "max_bytes": "256K",
+    "factor": "2",
+    "pause_ms": "20",
+    "max_iters": "30",
+}
+"""``--after-pause``: messages of tensor parallelism's size (a tiny GPT's per-layer all-reduce is
+64 KB) sent after a pause long enough to refill any shaper's bucket, as a training step sends
+them between computations. On a faithful link their busbw is near the link rate too."""
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 """Directory holding the ``launchers`` package; ranks start there (pdsh ``cd``s to it too)."""
 
@@ -224,7 +246,10 @@ def _tail(path: Path, lines: int = 15) -> str:
 def run_on_lab(
     lab: Any, out: Path, options: Mapping[str, str], timeout_s: float = 1800
 ) -> dict[str, Any]:
-    """Run the benchmark across a running ``launchers.lab.Lab``; return netbench.json's content.
+    """Run the benchmark across a running ``launchers.lab.Lab``; write and return netbench.json.
+
+    The file gets the lab's description (link, shaping, CPU budget) and interface counters
+    beside rank 0's results, for callers that read it rather than the return value (sessions).
 
     With ssh (the lab's default) the host runs ``deepspeed --hostfile`` and pdsh reaches the
     nodes; without, each node runs ``deepspeed --no_ssh --node_rank i`` inside its namespace.
@@ -259,6 +284,7 @@ def run_on_lab(
         },
     }
     doc["elapsed_s"] = round(time.time() - started, 3)
+    write_result(out, doc)
     return doc
 
 
@@ -322,20 +348,26 @@ def largest(doc: Mapping[str, Any], op: Op) -> dict[str, Any] | None:
 
 
 def render_table(doc: Mapping[str, Any]) -> Any:
-    """A rich table of the results, titled with backend, ranks and link."""
+    """A rich table of the results, titled with backend, ranks, link and pause.
+
+    On a shaped link a last column gives busbw as a fraction of the link rate.
+    """
     from rich.table import Table
 
     network = doc.get("network") or {}
     link = network.get("link") or "link not described"
+    rate_mbit = network.get("rate_mbit")
+    pause = f" · {doc['pause_ms']:g} ms pause before each call" if doc.get("pause_ms") else ""
     title = (
         f"netbench: {doc.get('backend')} · {doc.get('world_size')} ranks on "
-        f"{doc.get('nodes') or '?'} nodes · {link}"
+        f"{doc.get('nodes') or '?'} nodes · {link}{pause}"
     )
     table = Table(title=title, caption="algbw = S/t; busbw = algbw x 2(n-1)/n | (n-1)/n | 1")
-    for header in ("op", "size", "time ms", "algbw Gbit/s", "busbw Gbit/s", "busbw GB/s", "iters"):
+    headers = ["op", "size", "time ms", "algbw Gbit/s", "busbw Gbit/s", "busbw GB/s", "iters"]
+    for header in headers + (["busbw / link"] if rate_mbit else []):
         table.add_column(header, justify="left" if header == "op" else "right", no_wrap=True)
     for row in doc.get("results", []):
-        table.add_row(
+        cells = [
             row["op"],
             _human_bytes(row["bytes"]),
             f"{row['time_ms']:.3f}",
@@ -343,7 +375,10 @@ def render_table(doc: Mapping[str, Any]) -> Any:
             f"{row['busbw_gbps']:.4f}",
             f"{row['busbw_gbps'] / 8:.5f}",
             str(row["iters"]),
-        )
+        ]
+        if rate_mbit:
+            cells.append(f"{row['busbw_gbps'] * 1e3 / rate_mbit:.2f}")
+        table.add_row(*cells)
     return table
 
 
@@ -354,8 +389,12 @@ def _human_bytes(nbytes: int) -> str:
     return f"{nbytes}B" if nbytes < 1024 else f"{nbytes / 1024:.1f}K"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m launchers.netbench``."""
+def parse_cli(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, dict[str, str]]:
+    """``python -m launchers.netbench`` flags, checked, and the worker's options from them.
+
+    ``--after-pause`` fills the ``AFTER_PAUSE`` values, else ``SWEEP``'s, for every flag not
+    given explicitly.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m launchers.netbench", description=__doc__.split("\n")[0]
     )
@@ -363,24 +402,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     where.add_argument("--lab", type=int, metavar="N", help="run on an emulated lab of N nodes")
     where.add_argument("--link", default="100mbit", help="lab link rate (100mbit, 1gbit, none)")
     where.add_argument("--delay-ms", type=float, default=0.0, help="lab one-way delay, ms")
+    where.add_argument("--burst-ms", type=float, help="lab tbf bucket, ms at the rate (1)")
+    where.add_argument(
+        "--node-cpus",
+        type=float,
+        help="lab: cores per node (default: this machine's cores / 4; 0: no budget)",
+    )
     where.add_argument("--no_ssh", "--no-ssh", action="store_true", help="lab: per node, no ssh")
     where.add_argument("--hostfile", type=Path, help="real cluster: DeepSpeed hostfile")
     where.add_argument("--master_addr", "--master-addr", help="real cluster: rank 0's address")
     where.add_argument("--nproc", type=int, default=2, help="local ranks (no lab, no hostfile)")
     what = parser.add_argument_group("what")
     what.add_argument("--out", type=Path, help="output directory (default logs/netbench/<time>)")
-    what.add_argument("--ops", default=",".join(OPS), help="comma list of ops")
-    what.add_argument("--min-bytes", default="1K", type=parse_size, help="smallest size (1K)")
-    what.add_argument("--max-bytes", default="64M", type=parse_size, help="largest size (64M)")
-    what.add_argument("--factor", type=int, default=4, help="size step (4)")
+    what.add_argument("--ops", help="comma list of ops (all)")
+    what.add_argument("--min-bytes", type=parse_size, help="smallest size (1K)")
+    what.add_argument("--max-bytes", type=parse_size, help="largest size (64M)")
+    what.add_argument("--factor", type=int, help="size step (4)")
     what.add_argument("--budget-s", type=float, default=1.0, help="timed seconds per size (1)")
     what.add_argument("--min-iters", type=int, default=3, help="fewest timed iterations (3)")
-    what.add_argument("--max-iters", type=int, default=50, help="most timed iterations (50)")
+    what.add_argument("--max-iters", type=int, help="most timed iterations (50)")
     what.add_argument("--timeout-s", type=float, default=1800, help="whole-run time limit")
+    what.add_argument("--pause-ms", type=float, help="sleep before each call, ms, like compute (0)")
+    what.add_argument(
+        "--after-pause",
+        action="store_true",
+        help=f"small messages after a pause: all_reduce {AFTER_PAUSE['min_bytes']}-"
+        f"{AFTER_PAUSE['max_bytes']} in steps of x{AFTER_PAUSE['factor']}, each after a "
+        f"{AFTER_PAUSE['pause_ms']} ms pause (flags given explicitly still apply)",
+    )
     args = parser.parse_args(argv)
+    for key, value in (AFTER_PAUSE if args.after_pause else SWEEP).items():
+        if getattr(args, key) is None:
+            setattr(args, key, parse_size(value) if key.endswith("bytes") else value)
     if args.lab is not None and args.hostfile is not None:
         parser.error("--lab and --hostfile exclude each other: a lab writes its own hostfile")
-    out = args.out or Path("logs/netbench") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    if not 0 <= float(args.pause_ms) <= 60_000:
+        parser.error(f"--pause-ms {args.pause_ms}: must be within 0..60000 ms")
+    if args.node_cpus is not None and args.node_cpus < 0:
+        parser.error(f"--node-cpus {args.node_cpus:g}: cores per node, > 0 (0: no budget)")
     options = {
         "ops": args.ops,
         "min_bytes": str(args.min_bytes),
@@ -389,12 +448,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "budget_s": str(args.budget_s),
         "min_iters": str(args.min_iters),
         "max_iters": str(args.max_iters),
+        "pause_ms": str(args.pause_ms),
     }
-    if args.lab is not None:
-        from launchers.lab import Lab, LinkShape
+    return args, options
 
-        shape = LinkShape.parse(args.link, delay_ms=args.delay_ms)
-        with Lab(args.lab, shape, ssh=not args.no_ssh) as lab:
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m launchers.netbench``."""
+    args, options = parse_cli(argv)
+    out = args.out or Path("logs/netbench") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    if args.lab is not None:
+        from launchers.lab import DEFAULT_BURST_MS, Lab, LinkShape
+
+        burst_ms = DEFAULT_BURST_MS if args.burst_ms is None else args.burst_ms
+        shape = LinkShape.parse(args.link, delay_ms=args.delay_ms, burst_ms=burst_ms)
+        cpus = "auto" if args.node_cpus is None else (args.node_cpus or None)
+        with Lab(args.lab, shape, ssh=not args.no_ssh, node_cpus=cpus) as lab:
             doc = run_on_lab(lab, out, options, args.timeout_s)
     else:
         doc = run_launcher(

@@ -215,6 +215,8 @@ class LabSession:
     """(iteration, counters) sampled during the current run."""
     start: dict[str, dict[str, int]] | None = None
     """Counters when the current run started."""
+    slots: int = 1
+    """Ranks per node."""
 
     def __post_init__(self) -> None:
         self.launcher = self.launcher or ("pdsh" if self.ssh else "no_ssh")
@@ -228,7 +230,7 @@ class LabSession:
         """The lab's hostfile as a ``Cluster`` (one slot per node)."""
         from launchers.hostfile import parse_hostfile_text
 
-        return parse_hostfile_text(self.lab.hostfile_text(slots=1), f"lab {self.lab.name}")
+        return parse_hostfile_text(self.lab.hostfile_text(slots=self.slots), f"lab {self.lab.name}")
 
     def adapt(self, spec: RunSpec) -> RunSpec:
         """The spec as it runs on this lab."""
@@ -295,7 +297,7 @@ class LabSession:
 
     def keep_pids(self) -> set[int]:
         """Processes of the lab itself, which outlive every run (each node's sshd)."""
-        return {p.pid for p in getattr(self.lab, "_sshd", [])}
+        return set(self.lab.daemon_pids())
 
     def sweep(self, grace_s: float = 5.0) -> list[dict[str, Any]]:
         """Stop every process a run left inside the nodes (all but the lab's own sshd).
@@ -377,6 +379,8 @@ def lab_session(
     ssh: bool = True,
     launcher: str | None = None,
     time_limit_s: float | None = None,
+    slots: int = 1,
+    node_cpus: float | str | None = "auto",
 ) -> Iterator[LabSession]:
     """Bring a lab up for a session and always tear it down (also on errors and signals).
 
@@ -390,16 +394,21 @@ def lab_session(
     chosen = lab_launcher(launcher) if launcher is not None or ssh else "no_ssh"
     check_launcher(chosen)
     shape = LinkShape.parse(net, delay_ms, loss_pct)
-    with Lab(nodes=nodes, shape=shape, ssh=chosen in ("pdsh", "openmpi")) as lab:
-        print(f"lab {lab.name}: {nodes} nodes, link {shape.label}, {chosen}: "
+    with Lab(
+        nodes=nodes, shape=shape, ssh=chosen in ("pdsh", "openmpi"), node_cpus=node_cpus
+    ) as lab:  # type: ignore[arg-type]
+        cpus = lab.describe_cpu()["cpus"]
+        print(f"lab {lab.name}: {nodes} nodes x {slots} ranks, link {shape.label}, "
+              f"{f'{cpus:g} cores' if cpus else 'no CPU budget'} per node, {chosen}: "
               f"{LAB_LAUNCHERS[chosen]}", flush=True)  # fmt: skip
         if chosen == "slurm":
             from launchers.lab_slurm import slurm_session
 
             with slurm_session(lab, time_limit_s) as session:
+                session.slots = slots
                 yield session
         else:
-            yield LabSession(lab=lab, ssh=lab.ssh, launcher=chosen)
+            yield LabSession(lab=lab, ssh=lab.ssh, launcher=chosen, slots=slots)
 
 
 # --- the matrix ------------------------------------------------------------------------------

@@ -571,8 +571,9 @@ def test_lab_cuda_on_cpu_only_nodes(lab) -> None:
 @lab_only
 @pytest.mark.root
 def test_lab_node_unreachable_over_ssh(lab) -> None:
-    """Runs last on the module's lab: node1's sshd is stopped for good."""
-    os.kill(_sshd_pid(lab, 1), signal.SIGTERM)
+    """Runs last on the module's lab: node1's sshd is stopped for good (SIGKILL to the node's
+    ``unshare``, which ignores SIGTERM while it waits; ``--kill-child`` takes sshd with it)."""
+    os.kill(_sshd_pid(lab, 1), signal.SIGKILL)
     time.sleep(0.5)
     report = lab_report(lab)
     cell = only_node1_fails(report, "reach")

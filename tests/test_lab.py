@@ -95,15 +95,58 @@ def test_tc_commands_rate_only_shapes_both_ends_with_tbf() -> None:
     shape = LinkShape.parse("100mbit")
     up = shape.tc_commands("eth0", "mdslab-n0", uplink=True)
     down = shape.tc_commands("mdslab-v0", None, uplink=False)
-    tbf = ["tbf", "rate", "100000kbit", "burst", "65536", "latency", "50ms"]
+    # 1 ms at 100 Mbit/s: 12500 bytes, well under a 64 KiB offload super-packet.
+    tbf = ["tbf", "rate", "100000kbit", "burst", "12500", "latency", "50ms"]
     assert up == [["tc", "-n", "mdslab-n0", "qdisc", "replace", "dev", "eth0", "root", "handle",
                    "1:", *tbf]]  # fmt: skip
     assert down == [["tc", "qdisc", "replace", "dev", "mdslab-v0", "root", "handle", "1:", *tbf]]
 
 
-def test_tc_burst_scales_with_rate() -> None:
-    # 4 ms at 1 Gbit/s = 500000 bytes, above the 64 KiB floor.
-    assert LinkShape(1000).tbf_args()[4] == "500000"
+@pytest.mark.parametrize(
+    ("shape", "burst"),
+    [
+        (LinkShape(1000), 125_000),  # 1 ms at 1 Gbit/s
+        (LinkShape(100), 12_500),
+        (LinkShape(100, burst_ms=0.5), 6_250),
+        (LinkShape(10), 3_028),  # 1 ms is 1250 bytes: the floor of two full frames
+        (LinkShape(0.5), 3_028),
+    ],
+    ids=["1gbit", "100mbit", "100mbit-0.5ms", "10mbit-floor", "500kbit-floor"],
+)
+def test_tc_burst_is_time_at_the_rate_with_a_frame_floor(shape: LinkShape, burst: int) -> None:
+    assert shape.burst_bytes() == burst
+    args = shape.tbf_args()
+    assert args[args.index("burst") + 1] == str(burst)
+    assert burst >= 2 * (labmod.MTU + 14)
+
+
+@pytest.mark.parametrize(
+    ("shape", "size", "segs"),
+    [
+        (LinkShape(100), 6_250, 4),  # half of 12.5 KB: 4 segments of 1448 B
+        (LinkShape(1000), 62_500, 43),
+        (LinkShape(1000, burst_ms=0.25), 15_625, 10),
+        (LinkShape(10000), 65_536, 45),  # never above the veth's 64 KiB
+        (LinkShape(10), 1_514, 1),  # the 2-frame bucket: one frame per packet
+    ],
+    ids=["100mbit", "1gbit", "1gbit-0.25ms", "10gbit", "10mbit"],
+)
+def test_offload_packets_are_at_most_half_the_bucket(shape: LinkShape, size: int, segs: int):
+    assert shape.segment_bytes() == size
+    assert size <= shape.burst_bytes() or size == labmod.MTU + 14
+    assert shape.segmentation_commands("eth0", "ns") == [
+        ["ip", "-n", "ns", "link", "set", "dev", "eth0", "gso_max_size", str(size),
+         "gso_max_segs", str(segs)]]  # fmt: skip
+    assert shape.segmentation_commands("v0", None)[0][:5] == ["ip", "link", "set", "dev", "v0"]
+    assert LinkShape().segmentation_commands("eth0", None) == []
+
+
+def test_burst_of_unshaped_link_and_bounds() -> None:
+    assert LinkShape().burst_bytes() == 0 and LinkShape().tbf_args() == []
+    assert LinkShape.parse("1gbit", burst_ms=2).burst_bytes() == 250_000
+    for bad in (0, -1, 1001):
+        with pytest.raises(ValueError, match=rf"burst_ms\({bad}\) must be within"):
+            LinkShape(100, burst_ms=bad)
 
 
 def test_tc_commands_delay_and_loss_only_on_uplink() -> None:
@@ -216,6 +259,8 @@ def _require_lab(ssh: bool = False) -> None:
 
 def _ours(lab_id: str) -> list[str]:
     names = labmod.list_namespaces() + labmod.list_links()
+    for root, _ in labmod.cpu_controller_roots():
+        names += [p.name for p in (root / labmod.CPU_CGROUP_PARENT).glob("mdsl*") if p.is_dir()]
     return [name for name in names if lab_id_of(name) == lab_id and name.startswith("mdsl")]
 
 
@@ -349,6 +394,13 @@ def test_describe_and_hostfile(lab100: Lab) -> None:
     assert info["rate_mbit"] == 100.0 and info["link"] == "100mbit"
     assert [n["address"] for n in info["nodes"]] == [n.address for n in lab100.nodes]
     assert len(info["shaping"]) == 4 and all("tbf" in cmd for cmd in info["shaping"])
+    # Bridge, then each node's two veth ends: offload packets of at most half the bucket.
+    assert len(info["segmentation"]) == 5
+    assert all("gso_max_size 6250" in cmd for cmd in info["segmentation"]), info["segmentation"]
+    assert info["burst_bytes"] == 12_500 and info["burst_ms"] == 1.0
+    shown = subprocess.run(["ip", "-n", lab100.nodes[0].namespace, "-d", "link", "show", "eth0"],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "gso_max_size 6250 " in shown
     json.dumps(info)
     lines = [ln for ln in lab100.hostfile_text().splitlines() if not ln.startswith("#")]
     assert lines == [f"{n.address} slots=1" for n in lab100.nodes]
@@ -358,8 +410,143 @@ def test_describe_and_hostfile(lab100: Lab) -> None:
 @pytest.mark.root
 def test_wrap_runs_inside_the_node_namespace(lab100: Lab) -> None:
     argv = lab100.wrap(1, ["sh", "-c", "echo $GLOO_SOCKET_IFNAME $MDS_X"], {"MDS_X": "y"})
-    assert argv[:4] == ["ip", "netns", "exec", lab100.nodes[1].namespace]
+    start = argv.index("ip")  # after the cgroup join, when the lab has a CPU budget
+    assert argv[start : start + 4] == ["ip", "netns", "exec", lab100.nodes[1].namespace]
     assert subprocess.run(argv, capture_output=True, text=True).stdout.split() == ["eth0", "y"]
+
+
+@pytest.mark.root
+def test_a_pkill_in_one_node_reaches_no_other_node(lab100: Lab) -> None:
+    """DeepSpeed's pdsh runner stops a run with ``pkill -f <launch command>`` on every node: in
+    a lab that must not kill what matches in other nodes, other labs, or on the host."""
+    marker = f"mdsl-pkill-probe-{lab100.id}"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)", marker]
+    host = subprocess.Popen(sleeper)
+    other = subprocess.Popen(lab100.ssh_argv(1, sleeper))
+    try:
+        deadline = time.monotonic() + 20
+        while len(labmod._lines(["pgrep", "-f", marker])) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        argv = lab100.ssh_argv(0, ["ps", "-e", "-o", "pid=,comm="])
+        ps = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+        assert "python" not in ps and "sshd" in ps  # node 0 sees its own processes only
+        subprocess.run(lab100.ssh_argv(0, ["pkill", "-f", marker]), timeout=30)
+        time.sleep(1)
+        assert host.poll() is None and other.poll() is None, "a pkill in node0 reached them"
+    finally:
+        host.kill()
+        other.kill()
+        subprocess.run(lab100.ssh_argv(1, ["pkill", "-f", marker]), timeout=30)
+
+
+@pytest.mark.root
+def test_session_sweep_stops_leftovers_and_spares_the_sshd(lab100: Lab) -> None:
+    from launchers.session import LabSession
+
+    stray = subprocess.Popen(
+        lab100.ssh_argv(1, [sys.executable, "-c", "import time; time.sleep(60)"])
+    )
+    ns = lab100.nodes[1].namespace
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(
+        "time.sleep" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        for pid in labmod._namespace_pids(ns)
+        if Path(f"/proc/{pid}/cmdline").exists()
+    ):
+        time.sleep(0.2)
+    found = LabSession(lab=lab100, ssh=True).sweep(grace_s=3)
+    stray.wait(timeout=30)
+    assert any("time.sleep" in f["command"] for f in found), found
+    assert all(Path(f"/proc/{pid}").exists() for pid in lab100.daemon_pids())
+    assert len(lab100.daemon_pids()) == 2 * len(lab100.nodes)  # unshare + sshd per node
+    subprocess.run(lab100.ssh_argv(1, ["true"]), timeout=30, check=True)
+
+
+def _cgroup_of(text: str) -> str:
+    """The cpu controller's line of /proc/<pid>/cgroup (v1 ``N:cpu:/path``, v2 ``0::/path``)."""
+    lines = [ln.split(":", 2) for ln in text.splitlines()]
+    v1 = [path for _, ctrl, path in lines if "cpu" in ctrl.split(",")]
+    return (v1 or [path for num, ctrl, path in lines if num == "0"])[0]
+
+
+@pytest.mark.root
+def test_every_node_process_is_in_its_node_cgroup(lab100: Lab) -> None:
+    if not lab100.cgroups:
+        pytest.skip(f"no CPU budget on this machine: {lab100.cpu_note}")
+    cpu = lab100.describe()["node_cpu"]
+    assert cpu["cpus"] == labmod.default_node_cpus() and "CFS quota" in cpu["mechanism"]
+    for node, group in zip(lab100.nodes, lab100.cgroups, strict=True):
+        want = f"/{labmod.CPU_CGROUP_PARENT}/{node.namespace}"
+        # ssh: the node's sshd is in the group, so is everything pdsh starts through it.
+        show = ["cat", "/proc/self/cgroup"]
+        for argv in (lab100.ssh_argv(node.index, show), lab100.wrap(node.index, show)):
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
+            assert _cgroup_of(out.stdout).endswith(want), (argv[0], out.stdout)
+        assert group.path.name == node.namespace and group.cpus == cpu["cpus"]
+        assert str(group.path) == cpu["nodes"][node.name]["cgroup"]
+
+
+BUSY = """
+import os, resource, sys, time
+wall = float(sys.argv[1])
+start = time.monotonic()
+child = os.fork()
+while time.monotonic() - start < wall:
+    pass
+if child == 0:
+    os._exit(0)
+os.waitpid(child, 0)
+used = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF,
+           resource.RUSAGE_CHILDREN) for f in ("ru_utime", "ru_stime"))
+print(used, time.monotonic() - start)
+"""
+
+
+@pytest.mark.root
+def test_cpu_budget_caps_what_a_node_computes() -> None:
+    """Two busy processes in a node of 0.1 core get 0.1 core between them, however idle the
+    machine (the bound is an upper one: other jobs can only take more away)."""
+    _require_lab()
+    if not labmod.cpu_controller_roots():
+        pytest.skip("no cpu cgroup controller mounted on this machine")
+    with Lab(nodes=2, shape=LinkShape.parse("100mbit"), ssh=False, node_cpus=0.1) as lab:
+        before = lab.cgroups[0].stat()
+        argv = lab.wrap(0, [sys.executable, "-c", BUSY, "3"])
+        used, wall = map(float, subprocess.run(argv, capture_output=True, text=True,
+                                                timeout=60, check=True).stdout.split())  # fmt: skip
+        after = lab.cgroups[0].stat()
+        assert lab.describe()["node_cpu"]["cpus"] == 0.1
+    assert used <= 0.1 * wall * 1.25 + 0.05, f"{used:.2f} s of CPU in {wall:.2f} s at 0.1 core"
+    assert after["nr_throttled"] > before.get("nr_throttled", 0)
+
+
+def test_cpu_limit_lines_and_bounds() -> None:
+    assert labmod.cpu_limit_lines(0.5, 2) == {"cpu.max": "50000 100000"}
+    assert labmod.cpu_limit_lines(1.5, 1) == {"cpu.cfs_period_us": "100000",
+                                              "cpu.cfs_quota_us": "150000"}  # fmt: skip
+    assert labmod.cpu_limit_lines(0.001, 2) == {"cpu.max": "1000 100000"}  # the kernel's floor
+    with pytest.raises(ValueError, match="cpus"):
+        labmod.cpu_limit_lines(0, 2)
+    with pytest.raises(ValueError, match=r"node_cpus\(-1\)"):
+        Lab(nodes=2, node_cpus=-1)
+
+
+def test_cpu_controller_roots_prefer_v2_then_v1(tmp_path: Path) -> None:
+    v2 = tmp_path / "unified"
+    v2.mkdir()
+    (v2 / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "cgroup.controllers").write_text("hugetlb\n")
+    mounts = (
+        f"cgroup {tmp_path}/cpu cgroup rw,relatime,cpu 0 0\n"
+        f"cgroup {tmp_path}/cpuacct cgroup rw,relatime,cpuacct 0 0\n"
+        f"cgroup2 {bare} cgroup2 rw 0 0\n"
+        f"cgroup2 {v2} cgroup2 rw 0 0\n"
+        "tmpfs /run tmpfs rw 0 0\n"
+    )
+    assert labmod.cpu_controller_roots(mounts) == [(v2, 2), (tmp_path / "cpu", 1)]
+    assert labmod.cpu_controller_roots("") == []
 
 
 @pytest.mark.root
@@ -394,7 +581,8 @@ def test_teardown_after_exception_leaves_nothing() -> None:
     _require_lab(ssh=True)
     with pytest.raises(RuntimeError, match="boom"), Lab(nodes=2) as lab:
         lab_id = lab.id
-        assert len(_ours(lab_id)) == 2 + 2 + 1  # namespaces, ports, bridge
+        cgroups = 2 if lab.cgroups else 0
+        assert len(_ours(lab_id)) == 2 + 2 + 1 + cgroups  # namespaces, ports, bridge, cgroups
         raise RuntimeError("boom")
     assert _ours(lab_id) == []
     assert not labmod.state_dir_of(lab_id).exists()

@@ -18,6 +18,7 @@ from launchers.netbench import (
     choose_iters,
     element_count,
     largest,
+    parse_cli,
     parse_size,
     plan_iterations,
     render_table,
@@ -106,6 +107,42 @@ def test_worker_args_round_trip() -> None:
         parse_args(["--out", "x", "--ops", "broadcast"])
 
 
+def test_after_pause_preset_and_explicit_flags() -> None:
+    _, options = parse_cli(["--after-pause"])
+    assert options["ops"] == "all_reduce" and options["pause_ms"] == "20"
+    assert (options["min_bytes"], options["max_bytes"]) == (str(16 << 10), str(256 << 10))
+    _, options = parse_cli(["--after-pause", "--pause-ms", "50", "--max-bytes", "64K"])
+    assert options["pause_ms"] == "50.0" and options["max_bytes"] == str(64 << 10)
+    _, options = parse_cli([])  # the back-to-back sweep: no pause
+    assert float(options["pause_ms"]) == 0 and options["max_bytes"] == str(64 << 20)
+    args = parse_args([*worker_args(Path("o"), options)[2:]])
+    assert args.pause_ms == 0.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [(["--pause-ms", "-1"], "--pause-ms -1"), (["--node-cpus", "-0.5"], "--node-cpus -0.5")],
+)
+def test_bad_flags_are_refused_before_anything_starts(argv, match, capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse_cli(argv)
+    assert match in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "x", "--pause-ms", "-5"])
+
+
+def test_table_gives_busbw_as_a_fraction_of_the_link() -> None:
+    doc = {"backend": "gloo", "world_size": 2, "nodes": 2, "pause_ms": 20.0,
+           "network": {"link": "100mbit", "rate_mbit": 100.0},
+           "results": [{"op": "all_reduce", "bytes": 65536, "time_ms": 5.5, "algbw_gbps": 0.0953,
+                        "busbw_gbps": 0.0953, "iters": 30}]}  # fmt: skip
+    console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(render_table(doc))
+    text = console.export_text()
+    assert "20 ms pause before each call" in text and "busbw / link" in text
+    assert "0.95" in text.splitlines()[-3]
+
+
 def _check_doc(doc: dict, ops: list[str], world: int) -> None:
     assert doc["backend"] == "gloo" and doc["world_size"] == world
     assert {row["op"] for row in doc["results"]} == set(ops)
@@ -168,4 +205,34 @@ def test_lab_per_node_path_without_ssh(tmp_path: Path) -> None:
         doc = run_on_lab(lab, tmp_path, options, timeout_s=300)
     _check_doc(doc, ["sendrecv"], 2)
     assert doc["network"]["transport"] == "netns-exec"
+    # Written as returned (sessions read the file): with the lab and its counters.
+    on_disk = json.loads((tmp_path / "netbench.json").read_text())
+    assert on_disk["network"]["link"] == "1gbit" and on_disk["counters"]["delta"]["node0"]
     assert (tmp_path / "node0.log").exists() and (tmp_path / "node1.log").exists()
+
+
+@pytest.mark.root
+def test_lab_small_messages_after_a_pause_pay_the_link(tmp_path: Path) -> None:
+    """16-256 KiB all-reduces after a 20 ms pause (tensor parallelism's pattern) at 100 Mbit/s.
+
+    No size may beat the link by more than 15% on average (a bucket of 64 KiB let 64 KiB go
+    through at 2.3x the rate); from 64 KiB on, not even the fastest pass may (the bucket, 1 ms
+    = 12.5 KB, is then a fifth of the message or less), and the fastest pass must reach 0.8 of
+    the rate (a link slower than its rate). Bounds on the fastest pass hold on a busy machine:
+    other jobs add delay to some passes, never speed (under a load of 18 the median 64 KiB pass
+    fell to 0.41 of the rate, the fastest stayed at 0.95).
+    """
+    _require_lab(ssh=True)
+    _, options = parse_cli(["--after-pause", "--max-iters", "20"])
+    with labmod.Lab(nodes=2, shape=labmod.LinkShape.parse("100mbit"), node_cpus=None) as lab:
+        doc = run_on_lab(lab, tmp_path, options, timeout_s=600)
+    _check_doc(doc, ["all_reduce"], 2)
+    assert doc["pause_ms"] == 20.0
+    assert [row["bytes"] >> 10 for row in doc["results"]] == [16, 32, 64, 128, 256]
+    rate = 0.1  # Gbit/s
+    for row in doc["results"]:
+        size = row["bytes"]
+        assert row["busbw_gbps"] <= 1.15 * rate, f"{size} B: mean busbw {row['busbw_gbps']:.4f}"
+        if size >= 64 << 10:
+            best = size * 8 / row["time_ms_min"] / 1e6
+            assert 0.8 * rate <= best <= 1.15 * rate, f"{size} B: fastest at {best:.4f} Gbit/s"

@@ -308,3 +308,36 @@ def test_cli_other_model_uses_components(lab, capsys) -> None:
     (p,) = json.loads(capsys.readouterr().out)["predictions"]
     assert p["method"] == "components" and p["setup"]["num_layers"] == 12
     assert p["iter_ms"] > 1000  # 64M parameters on the CPU calibration: seconds per iteration
+
+
+def test_node_cpu_budget_scales_compute_per_rank() -> None:
+    # A lab node of 0.5 core with one rank: 0.5 core per rank; two ranks per node: 0.25 each,
+    # so compute (and optimizer, untimed) takes twice as long; no budget known: no scaling.
+    budgeted = replace(TINY_2N, node_cpus=0.5)
+    assert predict.cpu_share(budgeted) == 0.5
+    assert predict.cpu_share(replace(budgeted, world_size=4, dp=4)) == 0.25
+    assert predict.cpu_share(replace(TINY_2N, node_cpus=4.0)) == 1.0  # one thread per rank
+    assert predict.cpu_share(TINY_2N) is None
+    fit = predict.ComputeFit(
+        kind="base", fwd_ms_per_gflop=100.0, bwd_ms_per_gflop=200.0, optimizer_ms_per_mparam=1.0,
+        other_ms=10.0, runs=("synthetic",), fwd_ms_per_layer_mb=1.0, bwd_ms_per_layer_mb=2.0,
+        cpu_share=0.5,
+    )  # fmt: skip
+    inter = predict.LinkFit("inter-node", 1000.0, 0.0, 0.0, 1.0, "synthetic: line rate")
+    cal = predict.Calibration({"base": fit}, None, inter, (), ())
+    same = predict.predict(replace(budgeted, nodes=4, world_size=4, dp=4), cal)
+    doubled = predict.predict(replace(budgeted, nodes=2, world_size=4, dp=4), cal)
+    assert same.compute_ms is not None and doubled.compute_ms == pytest.approx(2 * same.compute_ms)
+    assert doubled.other_ms == pytest.approx(20.0) and same.other_ms == pytest.approx(10.0)
+    assert any("compute x 2.00" in note for note in doubled.assumptions)
+
+
+def test_node_cpu_budget_read_from_run_json() -> None:
+    from analysis.load import resolve_setup
+
+    for node_cpu, expected in [({"cpus": 0.5}, 0.5), ({"cpus": None}, None), ("0.5", None),
+                               ({"cpus": 0}, None), (None, None)]:  # fmt: skip
+        run_json = {"network": {"rate_mbit": 100.0, "node_cpu": node_cpu}}
+        setup, _ = resolve_setup("x", run_json, None, None, None)
+        assert setup.node_cpus == expected, node_cpu
+        assert setup.link_mbit == 100.0
