@@ -235,6 +235,42 @@ def test_one_dead_node_stops_the_other_nodes(tmp_path) -> None:
     assert outcome.exit_codes["node1"] == 3
 
 
+def test_the_node_that_failed_first_is_blamed_not_the_first_log(tmp_path) -> None:
+    # node1 runs out of memory first; node0, whose log comes first, fails after it with an
+    # error of its own (a consequence). Both are causes by kind: the first to arrive wins.
+    script = """
+        if [ "$1" = 1 ]; then
+          sleep 0.3
+          echo 'RuntimeError: DefaultCPUAllocator: can'"'"'t allocate memory: 8 bytes'
+          exit 1
+        fi
+        sleep 2
+        echo 'RuntimeError: Detected mismatch between collectives on ranks'
+        exit 1
+    """
+    outcome = execute.run(fake_run_dir(tmp_path, script, nodes=2), stall_s=60,
+                          show_progress=False)  # fmt: skip
+    assert (outcome.kind, outcome.failure_line) == ("oom", "node1.log:2")
+    assert "DefaultCPUAllocator" in (outcome.reason or "")
+
+
+def test_a_rank_that_exits_without_a_traceback_is_blamed_not_its_peer(tmp_path) -> None:
+    # Upstream's rank 0 when its C++ dataset helpers do not build: a line and sys.exit(1);
+    # rank 1, waiting for it in a collective, then dies in gloo, its lines first in the log.
+    gloo = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed "
+            "by peer [127.0.0.1]:29610")  # fmt: skip
+    script = f"""
+        echo '[default1]:{gloo}'
+        echo '[default0]:Making C++ dataset helpers module failed, exiting.'
+        exit 1
+    """
+    outcome = execute.run(fake_run_dir(tmp_path, script), stall_s=60, show_progress=False)
+    assert (outcome.status, outcome.kind) == ("failed", "exception")
+    assert (outcome.reason or "").startswith("[default0]:Making C++ dataset helpers module failed")
+    assert "run `make setup`" in (outcome.reason or "") and "Connection closed" in outcome.reason
+    assert outcome.failure_line == "launcher.log:3"
+
+
 def test_a_launcher_that_cannot_start_is_recorded_not_left_running(tmp_path) -> None:
     run_dir = fake_run_dir(tmp_path, "true\n")
 
