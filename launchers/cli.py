@@ -294,7 +294,7 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
     """Resolve every run first (all errors before anything starts), then run them in turn."""
     _apply_lab_hostfile(args)
     req = _request(args)
-    if args.net and args.dry_run:
+    if args.net:  # resolved (and refused) as the lab will run them, before the lab starts
         launcher = "no_ssh" if args.launcher == "no_ssh" else "pdsh"
         req = replace(req, cluster=_dry_run_cluster(args), launcher=launcher)
         specs = [replace(_resolve(req, args.model, s), ssh_check=launcher == "no_ssh",
