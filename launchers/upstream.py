@@ -435,6 +435,40 @@ def ensure_helpers(upstream: Path, log=print) -> Path:
     return library
 
 
+_SHM_OP = (
+    "import os, time; os.environ['DS_ACCELERATOR'] = 'cpu'; t = time.monotonic(); "
+    "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; "
+    "ShareMemCommBuilder().load(verbose=False); print(f'{time.monotonic() - t:.0f}')"
+)
+
+
+def ensure_cpu_comm_op(log=print) -> None:
+    """Build DeepSpeed's CPU shared-memory collective op (``deepspeed_shm_comm``) now, when this
+    machine trains on CPU: every CPU run loads it, and the first run would compile it (over a
+    minute on 2 cores, printing nothing) before any rank says a word. Torch keeps it under
+    ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``); later loads reuse it."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.stdout.strip() == "True":
+        log("deepspeed: a GPU is visible; the CPU collective op is not needed")
+        return
+    log("deepspeed: building the CPU collective op deepspeed_shm_comm (once; runs reuse it)")
+    res = subprocess.run(
+        [sys.executable, "-c", _SHM_OP], capture_output=True, text=True, check=False
+    )
+    if res.returncode != 0:
+        tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-10:])
+        raise UpstreamError(
+            f"building DeepSpeed's CPU op deepspeed_shm_comm failed:\n{tail}\nCheck that a C++ "
+            "compiler is installed (Debian: build-essential), then rerun `make setup`"
+        )
+    log(f"deepspeed: deepspeed_shm_comm ready ({res.stdout.strip().splitlines()[-1]} s)")
+
+
 def _versions() -> dict[str, str]:
     out: dict[str, str] = {"python": sys.version.split()[0]}
     from importlib.metadata import PackageNotFoundError, version
@@ -502,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         status = ensure_upstream()
         ensure_tiny_data(status.path)
         ensure_helpers(status.path)
+        ensure_cpu_comm_op()
     except UpstreamError as e:
         print(f"setup failed: {e}", file=sys.stderr)
         return 1
