@@ -168,7 +168,7 @@ _VOCAB_RE = re.compile(r"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(
 _VERSION_RE = re.compile(r"^(torch|deepspeed) (?:version|info) \.+ ([^,\s]+)")
 _DS_INFO_RE = re.compile(r"DeepSpeed info: version=([^,\s]+)")
 _GIT_RE = re.compile(r"git_hash=(\S+)(?: git_branch=(\S+))?")
-_EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Z]\w*)(?::(?:\s.*)?)?$")
+_EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(_?[A-Z]\w*)(?::(?:\s.*)?)?$")
 _EXC_NAME_SUFFIX = ("Error", "Exception", "Interrupt", "Exit", "Failure", "Timeout")
 _RC_RE = re.compile(r"exits with return code = (-?\d+)")
 _SSH_RC_RE = re.compile(r"([\w.\-]+): ssh exited with exit code (\d+)")
@@ -180,7 +180,7 @@ _KILLED_RE = re.compile(r"\bKilled\b|\bSIGKILL\b|Signal 9\b")
 _SLURM_RE = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT")
 _OOM_RE = re.compile(
     r"CUDA out of memory|OutOfMemoryError|DefaultCPUAllocator|can't allocate memory"
-    r"|not enough memory|out of memory"
+    r"|not enough memory|out of memory|MemoryError|Unable to allocate"
 )
 _NCCL_RE = re.compile(
     r"NCCL error|nccl\w*Error|\bNCCL\b.*\b(?:failure|failed|timeout)|Watchdog caught collective"

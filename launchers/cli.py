@@ -337,18 +337,15 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
     """Resolve every run first (all errors before anything starts), then run them in turn."""
     _apply_lab_hostfile(args)
     req = _request(args)
-    if args.net:  # the launcher asked for, or a refusal that says why: never another one
-        lab_launcher(args.launcher)
-    if args.net and args.dry_run:
+    if args.net:  # the launcher asked for, or a refusal that says why (never another one),
+        # resolved as the lab will run them, before the lab starts
         launcher = lab_launcher(args.launcher)
         req = replace(req, cluster=_dry_run_cluster(args), launcher=launcher)
         specs = [replace(_resolve(req, args.model, s), ssh_check=launcher == "no_ssh",
                          network=f"emulated {args.lab_nodes} nodes x {args.net}")
                  for s in strategies]  # fmt: skip
     else:
-        # A lab's hosts exist once it is up, its shape (nodes x slots) already: check that.
-        shape = replace(req, cluster=_dry_run_cluster(args)) if args.net else req
-        specs = [_resolve(shape, args.model, s) for s in strategies]
+        specs = [_resolve(req, args.model, s) for s in strategies]
     if args.dry_run:
         for spec in specs:
             print_dry_run(spec, req.logs, **_slurm_dry_run(args))

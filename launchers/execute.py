@@ -177,13 +177,48 @@ class _Progress:
             self.changed.set()
 
 
-def _pump(proc: subprocess.Popen[bytes], log: Path, progress: _Progress) -> None:
-    """Copy a process's output to its log file line by line, feeding the progress state."""
+def _pump(
+    proc: subprocess.Popen[bytes], log: Path, progress: _Progress, arrivals: Arrivals
+) -> None:
+    """Copy a process's output to its log file line by line, feeding the progress state and
+    noting when each line arrived (which of several nodes failed first)."""
     assert proc.stdout is not None
     with log.open("ab", buffering=0) as f:
         for raw in iter(proc.stdout.readline, b""):
             f.write(raw)
+            arrivals.note(log)
             progress.feed(raw.decode("utf-8", errors="replace"))
+
+
+class Arrivals:
+    """When each line of each log arrived (monotonic seconds), to order failures across logs.
+
+    Lines already in a log when it is first noted (the executor's ``# started`` header) are
+    counted so that line numbers match the file's.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._times: dict[Path, list[float]] = {}
+
+    def note(self, log: Path) -> None:
+        """A line was just appended to ``log``."""
+        now = time.monotonic()
+        with self._lock:
+            times = self._times.get(log)
+            if times is None:
+                try:
+                    before = log.read_bytes().count(b"\n") - 1  # this line is already written
+                except OSError:
+                    before = 0
+                times = self._times[log] = [float("-inf")] * max(before, 0)
+            times.append(now)
+
+    def at(self, log: Path, line: int) -> float | None:
+        """Arrival time of 1-based ``line`` of ``log``, None when not seen."""
+        with self._lock:
+            times = self._times.get(log)
+            return times[line - 1] if times is not None and 0 < line <= len(times) else None
 
 
 def _group_alive(pgid: int) -> bool:
@@ -388,6 +423,18 @@ def _write_control(path: Path, value: str) -> None:
 
 _FURTHER_RE = re.compile(r"line (\d+): further failure \((\w+)\): (.*)$")
 
+FATAL_LINES: tuple[tuple[bytes, str, str], ...] = (
+    (
+        b"Making C++ dataset helpers module failed",
+        "exception",
+        "upstream's megatron/data/Makefile could not build the C++ dataset helpers (rank 0 "
+        "exits): run `make setup`, which builds them with the venv's interpreter, and check "
+        "that the venv's bin comes first on PATH on every node",
+    ),
+)
+"""Lines that end a rank without a traceback, which the log parser does not flag: (text,
+kind, what it means and the fix). A peer's connection error after them is their consequence."""
+
 SYMPTOM_KINDS = ("nccl", "other")
 """Kinds that are often the consequence of another rank's failure: a peer that died closes
 its connections, so the survivors report gloo/NCCL errors. A root cause found elsewhere in the
@@ -407,6 +454,8 @@ class LogFailure:
     """The line."""
     where: str
     """``file:line``."""
+    arrived: float | None = None
+    """When the executor received the line (monotonic seconds), None when unknown."""
 
 
 def _prefix_lines(path: Path, size: int) -> Iterator[str]:
@@ -417,18 +466,46 @@ def _prefix_lines(path: Path, size: int) -> Iterator[str]:
         yield raw.decode("utf-8", errors="replace")
 
 
+def _fatal_lines(log: Path, size: int | None) -> list[tuple[int, str, str]]:
+    """(line, kind, message) of every :data:`FATAL_LINES` line in the first ``size`` bytes."""
+    try:
+        with log.open("rb") as f:
+            data = f.read() if size is None else f.read(size)
+    except OSError:
+        return []
+    found = []
+    for text, kind, meaning in FATAL_LINES:
+        start = data.find(text)
+        while start >= 0:
+            line_start = data.rfind(b"\n", 0, start) + 1
+            end = data.find(b"\n", start)
+            line = data[line_start : end if end >= 0 else len(data)].decode(errors="replace")
+            found.append((data.count(b"\n", 0, start) + 1, kind, f"{line.strip()} ({meaning})"))
+            start = data.find(text, end) if end >= 0 else -1
+    return found
+
+
 def read_logs(
-    logs: Sequence[Path], upto: dict[Path, int] | None = None
+    logs: Sequence[Path],
+    upto: dict[Path, int] | None = None,
+    arrivals: Arrivals | None = None,
 ) -> tuple[ParsedRun | None, list[LogFailure]]:
-    """The merged parse of a run's logs and every failure line, in file order.
+    """The merged parse of a run's logs and every failure line, first arrived first.
 
     ``upto`` limits a log to its first bytes: the part written before the executor stopped the
-    run (what the stop itself makes processes print is not a cause).
+    run (what the stop itself makes processes print is not a cause). ``arrivals`` orders the
+    failures of several logs (one per node) by when the executor received them; without it
+    (or for lines it did not see) they stay in file order, log after log.
     """
     from analysis.parse import merge_runs, parse_file, parse_lines
 
     parts = []
     failures: list[LogFailure] = []
+
+    def add(log: Path, kind: str, message: str, line: int) -> None:
+        arrived = arrivals.at(log, line) if arrivals is not None else None
+        failures.append(LogFailure(kind, message, f"{log.name}:{line}", arrived))
+
     for log in logs:
         if not log.exists():
             continue
@@ -436,35 +513,36 @@ def read_logs(
             runs = parse_lines(_prefix_lines(log, upto[log]), str(log))
         else:
             runs = parse_file(log)
+        for line, kind, message in _fatal_lines(log, upto.get(log) if upto else None):
+            add(log, kind, message, line)
         if not runs:
             continue
         part = runs[-1]
         parts.append(part)
         if part.failure is not None:
-            failures.append(
-                LogFailure(
-                    part.failure.kind, part.failure.message, f"{log.name}:{part.failure.line}"
-                )
-            )
+            add(log, part.failure.kind, part.failure.message, part.failure.line)
         for problem in part.problems:
             if m := _FURTHER_RE.search(problem):
-                failures.append(LogFailure(m.group(2), m.group(3), f"{log.name}:{m.group(1)}"))
+                add(log, m.group(2), m.group(3), int(m.group(1)))
+    order = {id(f): i for i, f in enumerate(failures)}
+    failures.sort(key=lambda f: (f.arrived is None, f.arrived or 0.0, order[id(f)]))
     return (merge_runs(parts) if parts else None), failures
 
 
 def root_cause(failures: Sequence[LogFailure]) -> LogFailure | None:
-    """The failure that explains the run: the first one, unless it is a symptom (a connection
-    error) and another line names why a rank died (killed, out of memory, an exception)."""
+    """The failure that explains the run: the first one (``failures`` come first-arrived first,
+    across ranks and nodes), unless it is a symptom (a connection error) and another line names
+    why a rank died (killed, out of memory, an exception): a peer's death closes its
+    connections, and the survivors' gloo/NCCL errors may reach the log before its own words."""
     if not failures:
         return None
     first = failures[0]
     if first.kind in SYMPTOM_KINDS:
         cause = next((f for f in failures if f.kind in ROOT_CAUSE_KINDS), None)
         if cause is not None:
-            return LogFailure(
-                cause.kind, f"{cause.message} (also seen: {first.kind}: {first.message})",
-                cause.where,
-            )  # fmt: skip
+            return replace(
+                cause, message=f"{cause.message} (also seen: {first.kind}: {first.message})"
+            )
     return first
 
 
@@ -476,9 +554,14 @@ def _progress_of(merged: ParsedRun | None) -> tuple[int | None, int | None]:
     return last, total
 
 
-def _classify(run_dir: Path, logs: list[Path], exit_codes: dict[str, int | None]) -> Outcome:
+def _classify(
+    run_dir: Path,
+    logs: list[Path],
+    exit_codes: dict[str, int | None],
+    arrivals: Arrivals | None = None,
+) -> Outcome:
     """Decide the outcome of a run that ended by itself from its logs and exit codes."""
-    merged, failures = read_logs(logs)
+    merged, failures = read_logs(logs, arrivals=arrivals)
     last, total = _progress_of(merged)
     cause = root_cause(failures)
     if cause is not None:
@@ -513,11 +596,16 @@ def _classify(run_dir: Path, logs: list[Path], exit_codes: dict[str, int | None]
 
 
 def _classify_stopped(
-    logs: list[Path], upto: dict[Path, int], kind: str, reason: str, progress: _Progress
+    logs: list[Path],
+    upto: dict[Path, int],
+    kind: str,
+    reason: str,
+    progress: _Progress,
+    arrivals: Arrivals | None = None,
 ) -> Outcome:
     """Outcome of a run the executor stopped (hang, time limit): a cause the logs held before
     the stop wins (a killed peer leaves the survivors hanging), the stop goes in the reason."""
-    merged, failures = read_logs(logs, upto)
+    merged, failures = read_logs(logs, upto, arrivals)
     last, total = _progress_of(merged)
     last = last if last is not None else progress.iteration
     total = total if total is not None else progress.train_iters
@@ -592,6 +680,7 @@ def run(
         cgroup = MemoryCgroup.create(mem_limit_bytes, f"{doc.get('name', 'run')}-{os.getpid()}")
         procs_spec = [replace(n, argv=cgroup.wrap(n.argv)) for n in procs_spec]
     progress = _Progress()
+    arrivals = Arrivals()
     start_iso = utc_now()
     running: dict[str, Any] = {"status": "running", "start": start_iso}
     fields: dict[str, Any] = {"outcome": running}
@@ -636,7 +725,7 @@ def run(
                 start_new_session=True,
             )
             procs.append(p)
-            t = threading.Thread(target=_pump, args=(p, np_.log, progress), daemon=True)
+            t = threading.Thread(target=_pump, args=(p, np_.log, progress, arrivals), daemon=True)
             t.start()
             pumps.append(t)
         if show_progress:
@@ -719,9 +808,9 @@ def run(
             train_iters=progress.train_iters,
         )
     elif hit is not None:
-        outcome = _classify_stopped(logs, upto, hit[0], hit[1], progress)
+        outcome = _classify_stopped(logs, upto, hit[0], hit[1], progress, arrivals)
     else:
-        outcome = _classify(run_dir, logs, exit_codes)
+        outcome = _classify(run_dir, logs, exit_codes, arrivals)
     if cgroup is not None and oom_kills > 0:
         seen = f"{outcome.kind}: {outcome.reason}" if outcome.kind else "no failure in the log"
         outcome = replace(

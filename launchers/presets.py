@@ -9,6 +9,7 @@ device's required settings (recorded as adjustments with their reasons) and buil
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import types
@@ -20,6 +21,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from launchers.hostfile import HostfileError, _check_host_name
+from launchers.project import remote_value_problems
 from launchers.spec import (
     Adjustment,
     Cluster,
@@ -31,6 +33,7 @@ from launchers.spec import (
     SpecError,
     Strategy,
     Training,
+    padded_vocab_size,
 )
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "megatron_configs"
@@ -295,6 +298,37 @@ def default_paths(env: Mapping[str, str] | None = None) -> RunPaths:
     )
 
 
+def tokenizer_vocab_size(vocab_file: str) -> int | None:
+    """Tokens of a GPT-2-format ``vocab.json`` as upstream's ``GPT2BPETokenizer`` counts them
+    (``len(encoder)``); None when the file cannot be read as such (checked again before a run)."""
+    try:
+        with open(vocab_file, encoding="utf-8") as f:
+            vocab = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return len(vocab) if isinstance(vocab, dict) and vocab else None
+
+
+def _vocab_adjustment(
+    model: dict[str, Any], tp: int, data_vocab: int | None, explicit: set[str]
+) -> list[Adjustment]:
+    """The preset's vocabulary, unless the data's tokenizer is larger than it (padded): then the
+    model is built for the data's, and the record says that this is not the preset's shape."""
+    padded = padded_vocab_size(model["vocab_size"], tp)
+    if data_vocab is None or data_vocab <= padded or "vocab_size" in explicit:
+        return []
+    change = Adjustment(
+        "vocab_size",
+        model["vocab_size"],
+        data_vocab,
+        f"the data's tokenizer has {data_vocab} tokens, more than the preset's "
+        f"{model['vocab_size']} padded to {padded}: the model has "
+        f"{padded_vocab_size(data_vocab, tp)} embedding rows, NOT the shape the preset names",
+    )
+    model["vocab_size"] = data_vocab
+    return [change]
+
+
 def detect_device() -> Device:
     """``cuda`` when torch sees a GPU, else ``cpu`` (imports torch: only call when needed)."""
     import torch
@@ -391,6 +425,8 @@ def resolve_spec(
         from launchers.gpu import cuda_adjustments
 
         adjustments += cuda_adjustments(paths.python)
+    data_vocab = tokenizer_vocab_size(paths.vocab_file)
+    adjustments += _vocab_adjustment(model_values, chosen.tp, data_vocab, set(overrides))
 
     master_addr = overrides.get("master_addr", cluster.hosts[0].name)
     try:
@@ -398,7 +434,7 @@ def resolve_spec(
     except HostfileError as exc:
         raise PresetError(f"--set {exc}") from None
 
-    return RunSpec(
+    spec = RunSpec(
         model=ModelConfig(name=preset.model.name, **model_values),
         strategy=chosen,
         cluster=cluster,
@@ -409,4 +445,12 @@ def resolve_spec(
         master_addr=master_addr,
         master_port=overrides.get("master_port", 29500),
         adjustments=tuple(adjustments),
+        data_vocab_size=data_vocab,
     )
+    problems = remote_value_problems(spec, os.environ if env is None else env)
+    if problems:
+        raise PresetError(
+            f"run {spec.name} through {launcher}: values that cannot reach the remote ranks "
+            "intact (refused before anything starts):\n  " + "\n  ".join(problems)
+        )
+    return spec

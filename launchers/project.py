@@ -7,7 +7,12 @@ Sources for every flag: UPSTREAM.md and upstream's ``megatron/arguments.py`` (pi
 
 from __future__ import annotations
 
+import os
 import posixpath
+import re
+import shlex
+import unicodedata
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +30,18 @@ HOSTFILE_NAME = "hostfile"
 DS_ENV_NAME = "deepspeed_env"
 """DeepSpeed's environment file (``DS_ENV_FILE``): multi-node runners export only a few variable
 families to remote ranks (``launcher/runner.py`` ``EXPORT_ENVS``), plus what this file lists."""
+
+REMOTE_LAUNCHERS = ("pdsh", "openmpi", "slurm")
+"""Launchers whose runner starts the ranks of other hosts itself (ssh, mpirun, srun)."""
+DS_EXPORT_PREFIXES = ("MLFLOW", "PYTHON", "MV2", "UCX")
+"""Variable families DeepSpeed's runner copies from its environment to remote ranks
+(``launcher/runner.py`` ``EXPORT_ENVS``); the CUDA accelerator adds ``NCCL``."""
+DS_UNQUOTED = re.compile(r"[\w@%+=:,./-]*")
+"""Values DeepSpeed's runner exports unquoted (``MultiNodeRunner.add_export``); any other value
+it wraps in double quotes, which the remote shell then expands."""
+SHELL_LITERAL = re.compile(r"[\w@+=:,./-]*")
+"""Words a POSIX shell and pdsh take literally without quoting: ``DS_UNQUOTED`` less ``%``,
+which pdsh substitutes (``%h`` host, ``%u`` user, ``%n`` rank) anywhere in the remote command."""
 
 LR_DECAY_STYLE = "cosine"
 """Learning-rate schedule of the lab runs (``lab-logs/*.cmd``)."""
@@ -73,7 +90,6 @@ def to_flag(key: str, value: Any, sep: Literal["-", "_"] = "-") -> list[str]:
 def megatron_args(spec: RunSpec, run_dir: str) -> list[str]:
     """Arguments of upstream ``pretrain_gpt.py`` (after the script path)."""
     m, s, t, p = spec.model, spec.strategy, spec.training, spec.paths
-    cpu = spec.device == "cpu"
     pairs: list[tuple[str, Any]] = [
         ("tensor_model_parallel_size", s.tp),
         ("pipeline_model_parallel_size", s.pp),
@@ -97,6 +113,10 @@ def megatron_args(spec: RunSpec, run_dir: str) -> list[str]:
         ("vocab_file", p.vocab_file),
         ("merge_file", p.merge_file),
         ("tokenizer_type", TOKENIZER),
+        # Megatron pads the tokenizer's vocabulary to a multiple of this x TP: the model gets
+        # exactly the spec's padded vocabulary (GPT-2's 50,304 rows for small and large, also
+        # with the offline dataset's few hundred tokens).
+        ("make_vocab_size_divisible_by", spec.padded_vocab_size // s.tp),
         ("split", SPLIT),
         # Benchmarks: no evaluation; the interval lies beyond the last iteration.
         ("eval_iters", 0),
@@ -120,7 +140,7 @@ def megatron_args(spec: RunSpec, run_dir: str) -> list[str]:
         # on CUDA it is apex's extension: off when the resolver found it missing (an adjustment).
         ("no_gradient_accumulation_fusion", not gradient_accumulation_fusion(spec)),
         # CPU with PP: torch LayerNorm rejects sequence_parallel=; RMSNorm works.
-        ("normalization", "rmsnorm" if cpu and s.pp > 1 else None),
+        ("normalization", "rmsnorm" if spec.normalization == "rmsnorm" else None),
     ]
     argv: list[str] = []
     for key, value in pairs:
@@ -168,8 +188,14 @@ def ds_config(spec: RunSpec) -> dict[str, Any]:
     }
 
 
+def venv_bin(spec: RunSpec) -> str:
+    """The ``bin`` directory of the environment that runs the job (holds ``python3``)."""
+    return posixpath.dirname(spec.paths.python)
+
+
 def environment(spec: RunSpec, run_dir: str) -> dict[str, str]:
-    """Variables ``launch.sh`` exports before starting the launcher."""
+    """Variables ``launch.sh`` exports before starting the launcher (``PATH`` apart: it puts
+    :func:`venv_bin` in front of the node's own, see ``launchers.render``)."""
     env: dict[str, str] = {}
     if spec.device == "cpu":
         env |= {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
@@ -178,9 +204,12 @@ def environment(spec: RunSpec, run_dir: str) -> dict[str, str]:
     return env
 
 
-def remote_environment(spec: RunSpec) -> dict[str, str]:
+def remote_environment(spec: RunSpec, path: str | None = None) -> dict[str, str]:
     """Variables that must reach the ranks on other hosts (written to ``deepspeed_env``).
 
+    ``PATH`` is :func:`venv_bin` followed by ``path`` (default: this process's ``PATH``): the
+    ranks and what upstream runs from them (its Makefile's ``python3 -m pybind11``) must find
+    the venv's interpreter first on every node, and DeepSpeed's runners do not forward ``PATH``.
     With ``openmpi`` and ``slurm`` the rendezvous address too: their runners pass
     ``--master_addr`` to no one, and ``rank_env.py`` reads it from the environment.
     """
@@ -189,18 +218,139 @@ def remote_environment(spec: RunSpec) -> dict[str, str]:
         env |= {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     if spec.launcher in RANK_ENV_LAUNCHERS:
         env |= {"MASTER_ADDR": spec.master_addr, "MASTER_PORT": str(spec.master_port)}
+    tail = os.environ.get("PATH", "") if path is None else path
+    env["PATH"] = os.pathsep.join(p for p in (venv_bin(spec), tail) if p)
     return env
 
 
 def needs_env_file(spec: RunSpec) -> bool:
     """Multi-node runners (pdsh, openmpi, slurm) forward only listed variables to remote ranks."""
-    return spec.launcher in ("pdsh", "openmpi", "slurm") and bool(remote_environment(spec))
+    return spec.launcher in REMOTE_LAUNCHERS
 
 
-def launcher_command(spec: RunSpec, run_dir: str, node_rank: int | str = NODE_RANK) -> list[str]:
+def through_pdsh(spec: RunSpec) -> bool:
+    """DeepSpeed's pdsh runner joins the command into one remote shell line: with pdsh and more
+    than one host (with one host the runner starts the ranks itself, as argv)."""
+    return spec.launcher == "pdsh" and len(spec.cluster.hosts) > 1
+
+
+def pdsh_word(value: str) -> str:
+    """``value`` as DeepSpeed's pdsh runner must receive an argument for the remote shell to see
+    it literally.
+
+    The runner joins the arguments into one line for the remote shell, wrapping those with a
+    space in double quotes (escaping ``"`` only), and pdsh substitutes ``%`` sequences. So: ``%``
+    becomes ``%%``; an argument with a space gets ``\\``, ``$`` and a backquote escaped (the
+    runner adds the double quotes); any other argument that is not a plain word is single-quoted.
+    """
+    value = value.replace("%", "%%")
+    if SHELL_LITERAL.fullmatch(value):
+        return value
+    if " " in value:
+        return re.sub(r"([\\$`])", r"\\\1", value)
+    return shlex.quote(value)
+
+
+def pdsh_env_value(value: str) -> str:
+    """An environment value as it must stand in ``deepspeed_env`` for the pdsh runner: the runner
+    wraps a value that is not a plain word in double quotes without escaping anything, so ``\\``,
+    ``$``, a backquote and ``"`` are escaped here, and ``%`` doubled for pdsh."""
+    value = value.replace("%", "%%")
+    return re.sub(r'([\\$`"])', r"\\\1", value)
+
+
+def env_file_text(spec: RunSpec, env: Mapping[str, str]) -> str:
+    """``deepspeed_env`` (``KEY=VALUE`` lines) with each value encoded for the spec's runner."""
+    encode = pdsh_env_value if through_pdsh(spec) else str
+    return "".join(f"{key}={encode(value)}\n" for key, value in env.items())
+
+
+def _char_name(char: str) -> str:
+    name = unicodedata.name(char, "") or ("line break" if char in "\r\n" else "control")
+    return f"{char!r} ({name}, U+{ord(char):04X})"
+
+
+def _first_control(value: str) -> str | None:
+    return next((c for c in value if unicodedata.category(c).startswith("C")), None)
+
+
+def _unpassable(launcher: str, value: str, encoded: bool) -> str | None:
+    """The first character of an exported value that cannot reach remote ranks intact.
+
+    ``encoded``: the value is written by :func:`env_file_text` (pdsh: escaped there), else it
+    is copied by the runner as it is.
+    """
+    if c := _first_control(value):
+        return c  # the env file holds one value per line; a shell line ends there
+    if value != value.strip():
+        return value[0] if value[0].isspace() else value[-1]  # the runner strips white space
+    if launcher == "pdsh":
+        if encoded:
+            return None
+        return next((c for c in value if c != " " and not SHELL_LITERAL.fullmatch(c)), None)
+    if launcher == "slurm" and "," in value:
+        return ","
+    return next((c for c in value if not DS_UNQUOTED.fullmatch(c)), None)
+
+
+def remote_value_problems(spec: RunSpec, environ: Mapping[str, str]) -> list[str]:
+    """Values that would not reach the remote ranks intact, each naming the field and character.
+
+    Under pdsh every Megatron argument is encoded (:func:`pdsh_word`) and every env-file value
+    too (:func:`pdsh_env_value`); what the runner puts into the remote line itself (the upstream
+    directory it ``cd``s to, the interpreter, the script) and the variables it copies from its
+    own environment (:data:`DS_EXPORT_PREFIXES`) cannot be encoded and must be plain words.
+    openmpi and slurm pass arguments as argv, but the runner's quotes would become part of an
+    exported value, and slurm's ``--export=ALL,K=V`` list splits at commas.
+    Control characters (line breaks, tabs, ...) are refused everywhere.
+    """
+    if spec.launcher not in REMOTE_LAUNCHERS or len(spec.cluster.hosts) < 2:
+        return []
+    problems: list[str] = []
+    how = {
+        "pdsh": "DeepSpeed's pdsh runner puts it into the remote shell line as it is",
+        "openmpi": "DeepSpeed's openmpi runner would pass it to mpirun -x with quotes inside",
+        "slurm": "DeepSpeed's slurm runner would pass it in srun --export=ALL,... as it is",
+    }[spec.launcher]
+
+    def refuse(field: str, value: str, char: str, why: str, fix: str) -> None:
+        problems.append(f"{field} {value!r} contains {_char_name(char)}: {why}; {fix}")
+
+    argv = launcher_command(spec, "/run", plain=True)
+    script = script_index(argv)
+    for flag, value in zip(argv[script + 1 :], argv[script + 2 :], strict=False):
+        if flag.startswith("--") and not value.startswith("--") and (c := _first_control(value)):
+            field = f"{flag.removeprefix('--').replace('-', '_')} ({flag})"
+            refuse(field, value, c, "it cannot reach a remote rank intact",
+                   "choose a value without control characters")  # fmt: skip
+    if spec.launcher == "pdsh":
+        plain = {"paths.upstream_dir": spec.paths.upstream_dir, "paths.python": spec.paths.python}
+        for field, value in plain.items():
+            if bad := next((c for c in value if not SHELL_LITERAL.fullmatch(c)), None):
+                refuse(field, value, bad, f"{how} (cd, the interpreter, the script path)",
+                       "move it to a path of letters, digits and ._-/+=:,@ "
+                       "(MEGATRON_DEEPSPEED_DIR, or a venv at such a path)")  # fmt: skip
+    exported = DS_EXPORT_PREFIXES + (("NCCL",) if spec.device == "cuda" else ())
+    copied = {k: v for k, v in environ.items() if k.startswith(exported)}
+    for key, value in copied.items():
+        if bad := _unpassable(spec.launcher, value, encoded=False):
+            refuse(f"environment variable {key}", value, bad,
+                   f"DeepSpeed's runner copies {key} to every rank and {how}",
+                   f"unset {key} or remove that character from it")  # fmt: skip
+    for key, value in remote_environment(spec, environ.get("PATH", "")).items():
+        if bad := _unpassable(spec.launcher, value, encoded=True):
+            refuse(f"deepspeed_env {key}", value, bad, how, f"remove that character from {key}")
+    return problems
+
+
+def launcher_command(
+    spec: RunSpec, run_dir: str, node_rank: int | str = NODE_RANK, *, plain: bool = False
+) -> list[str]:
     """The full ``deepspeed ... pretrain_gpt.py ...`` argv.
 
-    ``no_ssh`` commands carry ``node_rank`` (by default the symbolic :data:`NODE_RANK`).
+    ``no_ssh`` commands carry ``node_rank`` (by default the symbolic :data:`NODE_RANK`). Through
+    pdsh (:func:`through_pdsh`) the Megatron arguments are encoded for the remote shell
+    (:func:`pdsh_word`) unless ``plain``: what the ranks receive is then exactly the plain argv.
     """
     argv = [spec.paths.deepspeed]
     if spec.launcher == "local":
@@ -226,7 +376,10 @@ def launcher_command(spec: RunSpec, run_dir: str, node_rank: int | str = NODE_RA
     if spec.launcher in RANK_ENV_LAUNCHERS:
         argv.append(RANK_ENV_SCRIPT)
     argv.append(posixpath.join(spec.paths.upstream_dir, "pretrain_gpt.py"))
-    return argv + megatron_args(spec, run_dir)
+    args = megatron_args(spec, run_dir)
+    if through_pdsh(spec) and not plain:
+        args = [pdsh_word(a) for a in args]
+    return argv + args
 
 
 def script_index(argv: list[str]) -> int:

@@ -27,10 +27,12 @@ from launchers.project import (
     HOSTFILE_NAME,
     NODE_RANK,
     ds_config,
+    env_file_text,
     environment,
     launcher_command,
     needs_env_file,
     remote_environment,
+    venv_bin,
 )
 from launchers.spec import RunSpec, SpecError, spec_from_json, spec_hash, spec_to_json
 
@@ -71,6 +73,14 @@ def _command_lines(argv: list[str]) -> str:
     return " \\\n  ".join(rendered)
 
 
+def _data_vocab(spec: RunSpec) -> str:
+    if spec.data_vocab_size is None:
+        return "; the data's tokenizer could not be read"
+    if spec.data_vocab_size == spec.model.vocab_size:
+        return ""
+    return f"; the data's tokenizer has {spec.data_vocab_size:,}, Megatron pads it to as many"
+
+
 def _header(spec: RunSpec) -> list[str]:
     m, s, t = spec.model, spec.strategy, spec.training
     hosts = ", ".join(f"{h.name}({h.slots})" for h in spec.cluster.hosts)
@@ -80,6 +90,8 @@ def _header(spec: RunSpec) -> list[str]:
         f"{m.num_attention_heads} heads, seq {m.seq_length}, {spec.num_parameters:,} parameters), "
         f"{m.precision}, micro-batch {m.micro_batch_size}, global batch {m.global_batch_size}, "
         f"gradient accumulation {spec.gradient_accumulation_steps}.",
+        f"Vocabulary: {spec.padded_vocab_size:,} embedding rows ({m.vocab_size:,} tokens padded "
+        f"for tp {s.tp}){_data_vocab(spec)}.",
         f"Strategy {s.name}: tp {s.tp} x pp {s.pp} x dp {spec.dp}, ZeRO-{s.zero_stage}{offload}; "
         f"world size {spec.world_size} on {hosts}; device {spec.device}.",
     ]
@@ -133,6 +145,11 @@ def render_launch_script(spec: RunSpec, run_dir: str) -> str:
             "",
         ]
     out.append(f"cd -- {shlex.quote(spec.paths.upstream_dir)}")
+    out += [
+        "# The venv's interpreter first: upstream's Makefile builds its C++ dataset helpers with",
+        "# the python3 it finds on PATH.",
+        f'export PATH={shlex.quote(venv_bin(spec))}:"${{PATH}}"',
+    ]
     for key, value in environment(spec, run_dir).items():
         if key == "DS_ENV_FILE":  # a caller's own env file (the lab's) carries these variables
             out += [
@@ -146,15 +163,19 @@ def render_launch_script(spec: RunSpec, run_dir: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_files(spec: RunSpec, run_dir: str) -> dict[str, str]:
-    """Every pure file of a run directory, by name (``run.json`` is added by the writer)."""
+def render_files(spec: RunSpec, run_dir: str, path: str | None = None) -> dict[str, str]:
+    """Every file of a run directory, by name (``run.json`` is added by the writer).
+
+    ``path``: the ``PATH`` that follows the venv's ``bin`` on remote nodes (``deepspeed_env``;
+    default: this process's ``PATH``).
+    """
     files = {
         LAUNCH_NAME: render_launch_script(spec, run_dir),
         DS_CONFIG_NAME: json.dumps(ds_config(spec), indent=2) + "\n",
         HOSTFILE_NAME: render_hostfile(spec.cluster),
     }
     if needs_env_file(spec):
-        files[DS_ENV_NAME] = "".join(f"{k}={v}\n" for k, v in remote_environment(spec).items())
+        files[DS_ENV_NAME] = env_file_text(spec, remote_environment(spec, path))
     return files
 
 

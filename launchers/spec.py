@@ -31,6 +31,9 @@ Offload = Literal["none", "optimizer", "optimizer+params"]
 ZeroStage = Literal[0, 1, 2, 3]
 """DeepSpeed ZeRO stage."""
 
+Normalization = Literal["layernorm", "rmsnorm"]
+"""Megatron's ``--normalization``: LayerNorm (weight and bias) or RMSNorm (weight only)."""
+
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DEVICES: tuple[str, ...] = get_args(Device)
 LAUNCHER_MODES: tuple[str, ...] = get_args(LauncherMode)
@@ -70,6 +73,50 @@ def padded_vocab_size(vocab_size: int, tp: int = 1) -> int:
     """Vocabulary size after Megatron's padding to a multiple of 128 * TP."""
     multiple = MAKE_VOCAB_SIZE_DIVISIBLE_BY * tp
     return -(-vocab_size // multiple) * multiple
+
+
+def gpt_parameters_on_rank(
+    layers: int,
+    hidden: int,
+    positions: int,
+    padded_vocab: int,
+    normalization: Normalization = "layernorm",
+    tp: int = 1,
+    pp: int = 1,
+    stage: int = 0,
+) -> int:
+    """What upstream prints as "number of parameters on (tensor, pipeline) model parallel rank
+    (t, ``stage``)", the same for every tensor rank t (``megatron/training.py``).
+
+    The one home of the parameter formula on the launcher side. Per layer and tensor rank:
+    the QKV, dense and two MLP weights 12h^2/tp; the QKV and first MLP biases 7h/tp (column
+    parallel: split); the dense and second MLP biases 2h (row parallel: replicated); two norms,
+    2h each for LayerNorm (weight and bias), h for RMSNorm. The first stage holds the word
+    embeddings (V/tp rows) and the learned positions (s h); the last stage the final norm and,
+    with PP > 1, GPTModelPipe's tied copy of the whole embedding module (words and positions).
+    """
+    norm = 2 * hidden if normalization == "layernorm" else hidden
+    per_layer = 12 * hidden * hidden // tp + 7 * hidden // tp + 2 * hidden + 2 * norm
+    embedding = padded_vocab // tp * hidden + positions * hidden
+    count = layers // pp * per_layer
+    if stage == 0:
+        count += embedding
+    if stage == pp - 1:
+        count += norm + (embedding if pp > 1 else 0)
+    return count
+
+
+def gpt_parameters(
+    layers: int,
+    hidden: int,
+    positions: int,
+    padded_vocab: int,
+    normalization: Normalization = "layernorm",
+) -> int:
+    """Parameters of one model replica: l(12h^2 + 13h) + V h + s h + 2h with LayerNorm,
+    l(12h^2 + 11h) + V h + s h + h with RMSNorm (no biases in the norms). Equals upstream's
+    printed count at TP = PP = 1, and the sum over pipeline stages less the tied embedding."""
+    return gpt_parameters_on_rank(layers, hidden, positions, padded_vocab, normalization)
 
 
 @dataclass(frozen=True)
@@ -113,16 +160,13 @@ class ModelConfig:
         )
         _one_of(owner, "precision", self.precision, PRECISIONS)
 
-    def num_parameters(self, tp: int = 1) -> int:
-        """Parameters of one model replica: l(12h^2 + 13h) + V h + s h + 2h.
-
-        V is the vocabulary padded as Megatron pads it (multiple of 128 * TP), s the learned
-        position embeddings (``max_position_embeddings``); 13h per layer are the biases and the
-        two LayerNorms, 2h the final LayerNorm.
-        """
-        h, layers = self.hidden_size, self.num_layers
+    def num_parameters(self, tp: int = 1, normalization: Normalization = "layernorm") -> int:
+        """Parameters of one model replica (:func:`gpt_parameters`), the vocabulary padded as
+        Megatron pads it for ``tp`` (multiple of 128 * TP), s the learned positions
+        (``max_position_embeddings``)."""
         vocab = padded_vocab_size(self.vocab_size, tp)
-        return layers * (12 * h * h + 13 * h) + vocab * h + self.max_position_embeddings * h + 2 * h
+        return gpt_parameters(self.num_layers, self.hidden_size, self.max_position_embeddings,
+                              vocab, normalization)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -311,6 +355,11 @@ class RunSpec:
     network: str = ""
     """The network the run is on, when the project set it up (``emulated 2 nodes x 100mbit``);
     empty on a real cluster, whose network is what it is."""
+    data_vocab_size: int | None = None
+    """Tokens in the data's vocabulary (``vocab_file``) as Megatron's tokenizer counts them, None
+    when it could not be read. Megatron pads them to :attr:`padded_vocab_size` (dummy rows), so
+    the model has the shape its preset names whatever the data's tokenizer, as long as it is
+    not larger."""
 
     def __post_init__(self) -> None:
         _one_of("run", "device", self.device, DEVICES)
@@ -342,9 +391,34 @@ class RunSpec:
         return self.model.global_batch_size // (self.model.micro_batch_size * self.dp)
 
     @property
+    def normalization(self) -> Normalization:
+        """RMSNorm on CPU with PP > 1 (torch LayerNorm rejects ``sequence_parallel=`` there)."""
+        return "rmsnorm" if self.device == "cpu" and self.strategy.pp > 1 else "layernorm"
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Embedding rows: the model's ``vocab_size`` padded as Megatron pads for this TP
+        (multiple of 128 * TP); the run passes ``--make-vocab-size-divisible-by`` so that
+        Megatron pads the data's tokenizer to exactly this."""
+        return padded_vocab_size(self.model.vocab_size, self.strategy.tp)
+
+    @property
     def num_parameters(self) -> int:
-        """Parameters of one replica with the vocabulary padded for this TP."""
-        return self.model.num_parameters(self.strategy.tp)
+        """Parameters of one replica (:func:`gpt_parameters`), as this run builds it."""
+        m = self.model
+        return gpt_parameters(m.num_layers, m.hidden_size, m.max_position_embeddings,
+                              self.padded_vocab_size, self.normalization)  # fmt: skip
+
+    @property
+    def parameters_per_stage(self) -> list[int]:
+        """What upstream prints per (tensor, pipeline) rank, by pipeline stage (the same on
+        every tensor rank): :func:`gpt_parameters_on_rank`."""
+        m, s = self.model, self.strategy
+        return [
+            gpt_parameters_on_rank(m.num_layers, m.hidden_size, m.max_position_embeddings,
+                                   self.padded_vocab_size, self.normalization, s.tp, s.pp, stage)
+            for stage in range(s.pp)
+        ]  # fmt: skip
 
 
 def validate(spec: RunSpec) -> None:
@@ -410,6 +484,13 @@ def validate(spec: RunSpec) -> None:
         f"offload 'optimizer+params' with zero_stage({s.zero_stage}): parameter offload needs "
         "zero_stage == 3",
     )
+    padded = padded_vocab_size(m.vocab_size, tp)
+    check(
+        spec.data_vocab_size is None or spec.data_vocab_size <= padded,
+        f"the data's tokenizer has {spec.data_vocab_size} tokens > vocab_size({m.vocab_size}) "
+        f"padded to {padded}: Megatron would build a larger embedding than the spec says; set "
+        f"vocab_size >= {spec.data_vocab_size}",
+    )
     check(
         not (spec.device == "cpu" and m.precision == "fp16"),
         "precision 'fp16' on device cpu: DeepSpeed's CPU accelerator trains in fp32 or bf16 "
@@ -435,7 +516,12 @@ def validate(spec: RunSpec) -> None:
 
 def spec_to_json(spec: RunSpec) -> dict[str, Any]:
     """The resolved spec as plain JSON (the ``spec`` entry of ``run.json``)."""
-    model = asdict(spec.model) | {"num_parameters": spec.num_parameters}
+    model = asdict(spec.model) | {
+        "num_parameters": spec.num_parameters,
+        "padded_vocab_size": spec.padded_vocab_size,
+        "parameters_per_stage": spec.parameters_per_stage,
+        "normalization": spec.normalization,
+    }
     strategy = {
         "name": spec.strategy.name,
         "tp": spec.strategy.tp,
@@ -466,13 +552,23 @@ def spec_to_json(spec: RunSpec) -> dict[str, Any]:
         "paths": asdict(spec.paths),
         "ssh_check": spec.ssh_check,
         "network": spec.network,
+        "data_vocab_size": spec.data_vocab_size,
     }
+
+
+_DERIVED_MODEL_KEYS = (
+    "num_parameters",
+    "padded_vocab_size",
+    "parameters_per_stage",
+    "normalization",
+)
+"""Keys of run.json's ``spec.model`` derived from the spec (not read back)."""
 
 
 def spec_from_json(data: dict[str, Any], hostfile_text: str = "") -> RunSpec:
     """Rebuild a :class:`RunSpec` from :func:`spec_to_json` output (derived keys are ignored)."""
     try:
-        model = {k: v for k, v in data["model"].items() if k != "num_parameters"}
+        model = {k: v for k, v in data["model"].items() if k not in _DERIVED_MODEL_KEYS}
         strategy = {k: v for k, v in data["strategy"].items() if k != "dp"}
         cluster = data["cluster"]
         hosts = tuple(
@@ -493,6 +589,7 @@ def spec_from_json(data: dict[str, Any], hostfile_text: str = "") -> RunSpec:
             adjustments=tuple(Adjustment(**a) for a in data.get("adjustments", [])),
             ssh_check=data.get("ssh_check", True),
             network=data.get("network", ""),
+            data_vocab_size=data.get("data_vocab_size"),
         )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, SpecError):

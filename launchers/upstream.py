@@ -10,6 +10,14 @@ corpus, a byte-level BPE tokenizer trained on it and saved in GPT-2 format (GPT-
 cannot be downloaded on an offline machine), and upstream's own ``tools/preprocess_data.py`` to
 write the indexed ``.bin/.idx`` dataset.
 
+Last, setup builds upstream's C++ dataset helpers (``megatron/data/helpers.cpp``) with this
+environment's interpreter. Upstream's ``megatron/data/Makefile`` asks ``python3 -m pybind11
+--includes`` and ``python3-config`` for its flags, and rank 0 runs it at start-up: with the
+``python3`` first on ``PATH`` being another interpreter (a system one without pybind11), the run
+dies with "Making C++ dataset helpers module failed". Setup passes the venv's flags to ``make``
+explicitly, checks that the venv imports the module, and says so; the launchers also put the
+venv's ``bin`` first on ``PATH`` on every node.
+
 ``python -m launchers.upstream setup|check|paths``.
 """
 
@@ -22,6 +30,7 @@ import random
 import shutil
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -341,6 +350,140 @@ def ensure_tiny_data(upstream: Path, log=print) -> DataPaths:
     return data
 
 
+# --- upstream's C++ dataset helpers --------------------------------------------------------
+
+HELPERS_DIR = Path("megatron") / "data"
+"""Where upstream keeps ``helpers.cpp`` and the Makefile that builds it (relative to upstream)."""
+
+
+def helpers_library(upstream: Path) -> Path:
+    """The extension module this interpreter imports: ``helpers`` + its extension suffix."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    return upstream / HELPERS_DIR / f"helpers{suffix}"
+
+
+def venv_path_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this environment) with this interpreter's ``bin`` first on ``PATH``."""
+    env = dict(os.environ if base is None else base)
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bin_dir, env["PATH"]]) if env.get("PATH") else bin_dir
+    return env
+
+
+_IMPORT_MODULE = (
+    "import importlib.util, sys; "
+    "spec = importlib.util.spec_from_file_location('helpers', sys.argv[1]); "
+    "spec.loader.exec_module(importlib.util.module_from_spec(spec))"
+)
+
+
+def helpers_importable(upstream: Path) -> tuple[bool, str]:
+    """Whether this interpreter loads upstream's built helpers module (and why not).
+
+    The module is loaded by its file path: importing ``megatron.data.helpers`` would first
+    import ``megatron`` (torch and all), seconds for a check.
+    """
+    library = helpers_library(upstream)
+    if not library.is_file():
+        return False, f"{library} does not exist"
+    res = subprocess.run(
+        [sys.executable, "-c", _IMPORT_MODULE, str(library)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = (res.stderr or res.stdout).strip().splitlines()
+    return res.returncode == 0, (lines[-1] if lines else f"exit {res.returncode}")
+
+
+def _pybind11_includes() -> str:
+    res = subprocess.run(
+        [sys.executable, "-m", "pybind11", "--includes"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if res.returncode != 0:
+        raise UpstreamError(
+            f"{sys.executable} -m pybind11 --includes failed ({res.stderr.strip()[-300:]}): "
+            "pybind11 is in requirements.txt; rerun `make setup` to install it into .venv"
+        )
+    return res.stdout.strip()
+
+
+def ensure_helpers(upstream: Path, log=print) -> Path:
+    """Build upstream's C++ dataset helpers with this interpreter unless they import already.
+
+    Upstream's Makefile takes its flags from whatever ``python3`` and ``python3-config`` come
+    first on ``PATH``; here ``CPPFLAGS`` (pybind11's and Python's include directories) and
+    ``LIBEXT`` (the extension suffix) come from this interpreter, passed to ``make`` on its
+    command line, and ``PATH`` starts with this interpreter's ``bin``.
+    """
+    library = helpers_library(upstream)
+    if helpers_importable(upstream)[0]:
+        log(f"helpers: reusing {library} (imports with {sys.executable})")
+        return library
+    if shutil.which("make") is None or shutil.which(os.environ.get("CXX", "g++")) is None:
+        raise UpstreamError(
+            "building upstream's C++ dataset helpers needs make and a C++ compiler "
+            f"({os.environ.get('CXX', 'g++')}): install them (Debian: apt-get install "
+            "build-essential) and rerun `make setup`"
+        )
+    cmd = [
+        "make",
+        "-C",
+        str(upstream / HELPERS_DIR),
+        f"CPPFLAGS={_pybind11_includes()}",
+        f"LIBEXT={library.name.removeprefix('helpers')}",
+    ]
+    log(f"helpers: building {library.name} with {sys.executable} (pybind11 and Python headers)")
+    res = subprocess.run(cmd, capture_output=True, text=True, env=venv_path_env(), check=False)
+    ok, why = helpers_importable(upstream) if res.returncode == 0 else (False, "")
+    if not ok:
+        tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-10:])
+        raise UpstreamError(
+            f"building upstream's C++ dataset helpers failed (make exit {res.returncode}"
+            f"{'; import: ' + why if why else ''}):\n{tail}\nCheck that a C++ compiler and "
+            "Python's headers are installed, then rerun `make setup`"
+        )
+    log(f"helpers: built {library} (imports with {sys.executable})")
+    return library
+
+
+_SHM_OP = (
+    "import os, time; os.environ['DS_ACCELERATOR'] = 'cpu'; t = time.monotonic(); "
+    "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; "
+    "ShareMemCommBuilder().load(verbose=False); print(f'{time.monotonic() - t:.0f}')"
+)
+
+
+def ensure_cpu_comm_op(log=print) -> None:
+    """Build DeepSpeed's CPU shared-memory collective op (``deepspeed_shm_comm``) now, when this
+    machine trains on CPU: every CPU run loads it, and the first run would compile it (over a
+    minute on 2 cores, printing nothing) before any rank says a word. Torch keeps it under
+    ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``); later loads reuse it."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.stdout.strip() == "True":
+        log("deepspeed: a GPU is visible; the CPU collective op is not needed")
+        return
+    log("deepspeed: building the CPU collective op deepspeed_shm_comm (once; runs reuse it)")
+    res = subprocess.run(
+        [sys.executable, "-c", _SHM_OP], capture_output=True, text=True, check=False
+    )
+    if res.returncode != 0:
+        tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-10:])
+        raise UpstreamError(
+            f"building DeepSpeed's CPU op deepspeed_shm_comm failed:\n{tail}\nCheck that a C++ "
+            "compiler is installed (Debian: build-essential), then rerun `make setup`"
+        )
+    log(f"deepspeed: deepspeed_shm_comm ready ({res.stdout.strip().splitlines()[-1]} s)")
+
+
 def _versions() -> dict[str, str]:
     out: dict[str, str] = {"python": sys.version.split()[0]}
     from importlib.metadata import PackageNotFoundError, version
@@ -357,7 +500,10 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: ``setup`` (clone + data), ``check`` (exit 1 with the fix if not ok), ``paths``."""
     ap = argparse.ArgumentParser(prog="python -m launchers.upstream", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("setup", help="clone upstream at the pinned commit and build the tiny dataset")
+    sub.add_parser(
+        "setup",
+        help="clone upstream at the pinned commit, build the tiny dataset and the C++ helpers",
+    )
     sub.add_parser("check", help="say whether upstream and the dataset are usable")
     sub.add_parser("paths", help="print the resolved paths as JSON")
     args = ap.parse_args(argv)
@@ -388,11 +534,24 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
-        print(f"upstream ok at {status.path} ({PINNED_COMMIT[:12]}); dataset ok; {_versions()}")
+        ok, why = helpers_importable(status.path)
+        if not ok:
+            print(
+                f"upstream's C++ dataset helpers do not import with {sys.executable} ({why}): "
+                "run `make setup` (it builds them with this interpreter)",
+                file=sys.stderr,
+            )
+            return 1
+        print(
+            f"upstream ok at {status.path} ({PINNED_COMMIT[:12]}); dataset ok; helpers ok; "
+            f"{_versions()}"
+        )
         return 0
     try:
         status = ensure_upstream()
         ensure_tiny_data(status.path)
+        ensure_helpers(status.path)
+        ensure_cpu_comm_op()
     except UpstreamError as e:
         print(f"setup failed: {e}", file=sys.stderr)
         return 1

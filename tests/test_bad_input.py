@@ -325,3 +325,49 @@ def test_dry_run_writes_nothing_and_starts_nothing(tmp_path: Path, capsys, spawn
     assert "nothing written, nothing started" in out
     assert not logs.exists()
     assert [a for a in spawned if Path(a[0]).name != "git"] == []
+
+
+# --------------------------------------------------------------------------- remote values
+
+REMOTE_CASES = [
+    # (launcher, --set or environment, the field and the character the message names)
+    ("pdsh", {"set": "data_path=/data/a\nb"}, "data_path (--data-path) '/data/a\\nb' contains "
+     "'\\n' (line break, U+000A)"),
+    ("pdsh", {"set": "upstream_dir=/opt/up stream"}, "paths.upstream_dir '/opt/up stream' "
+     "contains ' ' (SPACE, U+0020): DeepSpeed's pdsh runner puts it into the remote shell line"),
+    ("pdsh", {"env": ("PYTHONPATH", "/opt/$(touch /tmp/x)")}, "environment variable PYTHONPATH "
+     "'/opt/$(touch /tmp/x)' contains '$' (DOLLAR SIGN, U+0024)"),
+    ("pdsh", {"env": ("PYTHONWARNINGS", "ignore%n")}, "contains '%' (PERCENT SIGN, U+0025)"),
+    ("openmpi", {"env": ("PATH", "/opt/my bin:/usr/bin")}, "deepspeed_env PATH "
+     "'/venv/bin:/opt/my bin:/usr/bin' contains ' ' (SPACE, U+0020): DeepSpeed's openmpi runner "
+     "would pass it to mpirun -x with quotes inside"),
+    ("slurm", {"env": ("PATH", "/opt/a,b:/usr/bin")}, "deepspeed_env PATH '/venv/bin:/opt/a,b:"
+     "/usr/bin' contains ',' (COMMA, U+002C): DeepSpeed's slurm runner would pass it in srun "
+     "--export=ALL,... as it is"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("launcher", "given", "match"), REMOTE_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(REMOTE_CASES)])  # fmt: skip
+def test_values_that_cannot_reach_remote_ranks_are_refused_naming_field_and_character(
+    tmp_path: Path, monkeypatch, capsys, spawned, launcher: str, given: dict, match: str
+) -> None:
+    from launchers.spec import PLACEHOLDER_PATHS
+
+    monkeypatch.setattr("launchers.presets.default_paths", lambda env=None: PLACEHOLDER_PATHS)
+    argv = [*run_args("hostfiles/2node"), "--launcher", launcher]
+    if "set" in given:
+        argv += ["--set", given["set"]]
+    if "env" in given:
+        monkeypatch.setenv(*given["env"])
+    err = refuse(argv, tmp_path / "logs", capsys, spawned)
+    assert f"through {launcher}: values that cannot reach the remote ranks intact" in err
+    assert match in err, err
+
+
+def test_a_lab_run_with_a_value_for_the_remote_shell_is_refused_before_the_lab(
+    tmp_path: Path, monkeypatch, capsys, spawned
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", "`touch /tmp/x`")
+    err = refuse([*run_args(), "--net", "1gbit"], tmp_path / "logs", capsys, spawned)
+    assert "environment variable PYTHONPATH '`touch /tmp/x`' contains '`'" in err

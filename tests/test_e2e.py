@@ -118,3 +118,31 @@ def test_lab_runs_complete(tmp_path, strategy, launcher):
         )
         == 0
     ), "lab left behind"
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not LAB_OK, reason=f"emulated cluster unavailable: {LAB_WHY}")
+def test_lab_values_reach_the_remote_shell_literally(tmp_path):
+    # The data under a path with a space, '$', '%n' (pdsh substitutes it) and a command
+    # substitution that must never run, on 2 emulated nodes through pdsh over ssh.
+    marker = tmp_path / "marker"
+    data_dir = tmp_path / "d $HOME %n" / f"$(touch {marker})"
+    data_dir.mkdir(parents=True)
+    data = tiny_data()
+    for src in (data.vocab_file, data.merge_file, data.data_prefix.with_suffix(".bin"),
+                data.data_prefix.with_suffix(".idx")):  # fmt: skip
+        (data_dir / src.name).write_bytes(src.read_bytes())
+    sets = [f"data_path={data_dir / data.data_prefix.name}",
+            f"vocab_file={data_dir / data.vocab_file.name}",
+            f"merge_file={data_dir / data.merge_file.name}"]  # fmt: skip
+    args = ["run", "--model", "tiny", "--strategy", "zero1", "--net", "1gbit", "--no-netbench",
+            "--stall", "900"]  # fmt: skip
+    for item in sets:
+        args += ["--set", item]
+    res = launch(tmp_path / "logs", *args)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    doc = check_completed_run(only_run_dir(tmp_path / "logs", "tiny-zero1"),
+                              logs=("launcher.log",))  # fmt: skip
+    assert doc["spec"]["launcher"] == "pdsh"
+    assert doc["spec"]["paths"]["data_path"] == str(data_dir / data.data_prefix.name)
+    assert not marker.exists(), "a value was executed by a remote shell"

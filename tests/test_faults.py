@@ -235,6 +235,42 @@ def test_one_dead_node_stops_the_other_nodes(tmp_path) -> None:
     assert outcome.exit_codes["node1"] == 3
 
 
+def test_the_node_that_failed_first_is_blamed_not_the_first_log(tmp_path) -> None:
+    # node1 runs out of memory first; node0, whose log comes first, fails after it with an
+    # error of its own (a consequence). Both are causes by kind: the first to arrive wins.
+    script = """
+        if [ "$1" = 1 ]; then
+          sleep 0.3
+          echo 'RuntimeError: DefaultCPUAllocator: can'"'"'t allocate memory: 8 bytes'
+          exit 1
+        fi
+        sleep 2
+        echo 'RuntimeError: Detected mismatch between collectives on ranks'
+        exit 1
+    """
+    outcome = execute.run(fake_run_dir(tmp_path, script, nodes=2), stall_s=60,
+                          show_progress=False)  # fmt: skip
+    assert (outcome.kind, outcome.failure_line) == ("oom", "node1.log:2")
+    assert "DefaultCPUAllocator" in (outcome.reason or "")
+
+
+def test_a_rank_that_exits_without_a_traceback_is_blamed_not_its_peer(tmp_path) -> None:
+    # Upstream's rank 0 when its C++ dataset helpers do not build: a line and sys.exit(1);
+    # rank 1, waiting for it in a collective, then dies in gloo, its lines first in the log.
+    gloo = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed "
+            "by peer [127.0.0.1]:29610")  # fmt: skip
+    script = f"""
+        echo '[default1]:{gloo}'
+        echo '[default0]:Making C++ dataset helpers module failed, exiting.'
+        exit 1
+    """
+    outcome = execute.run(fake_run_dir(tmp_path, script), stall_s=60, show_progress=False)
+    assert (outcome.status, outcome.kind) == ("failed", "exception")
+    assert (outcome.reason or "").startswith("[default0]:Making C++ dataset helpers module failed")
+    assert "run `make setup`" in (outcome.reason or "") and "Connection closed" in outcome.reason
+    assert outcome.failure_line == "launcher.log:3"
+
+
 def test_a_launcher_that_cannot_start_is_recorded_not_left_running(tmp_path) -> None:
     run_dir = fake_run_dir(tmp_path, "true\n")
 
@@ -707,3 +743,81 @@ def test_report_lists_every_run_it_could_not_read_with_the_reason(tmp_path) -> N
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["runs"]) == len(UNREADABLE) + 1
     assert {r["path"] for r in summary["runs"]} >= {"mixed", "no-logs/20261122T030000Z"}
+
+
+# --------------------------------------------------------------------------- real failing runs
+# Two ranks on this machine, failing the way a newcomer's first runs fail: the first fatal
+# error is the cause, the other rank's gloo error after it a consequence.
+
+UPSTREAM = check_upstream()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_local(logs: Path, *sets: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``python -m launchers run`` tiny x zero1 on 2 local ranks; returns run.json."""
+    argv = [
+        PY,
+        "-m",
+        "launchers",
+        "run",
+        "--model",
+        "tiny",
+        "--strategy",
+        "zero1",
+        "--device",
+        "cpu",
+        "--logs",
+        str(logs),
+        "--stall",
+        "600",
+        "--set",
+        f"master_port={free_port()}",
+    ]
+    for item in sets:
+        argv += ["--set", item]
+    res = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                         env={**os.environ, **(env or {})})  # fmt: skip
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    (run_dir,) = (logs / "tiny-zero1").iterdir()
+    return json.loads((run_dir / "run.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+@pytest.mark.skipif(not UPSTREAM.ok, reason=f"needs upstream: {UPSTREAM.message()}")
+def test_real_helpers_build_failure_is_the_cause_not_the_peers_gloo_error(tmp_path) -> None:
+    # A checkout without built helpers, and pybind11 hidden from the interpreter: upstream's
+    # Makefile fails on rank 0, which exits; rank 1 waits for it in a collective.
+    clone = tmp_path / "md"
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(UPSTREAM.path), str(clone)],
+                   check=True)  # fmt: skip
+    subprocess.run(["git", "-C", str(clone), "checkout", "--quiet", UPSTREAM.commit], check=True)
+    hide = tmp_path / "hide" / "pybind11"  # `python3 -m pybind11` then fails as without it
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text("")
+    (hide / "__main__.py").write_text("import sys\nsys.exit('No module named pybind11')\n")
+    doc = run_local(tmp_path / "logs", f"upstream_dir={clone}",
+                    env={"PYTHONPATH": str(hide.parent)})  # fmt: skip
+    outcome = doc["outcome"]
+    assert (outcome["status"], outcome["kind"]) == ("failed", "exception"), outcome
+    assert outcome["reason"].startswith("Making C++ dataset helpers module failed"), outcome
+    assert "run `make setup`" in outcome["reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+@pytest.mark.skipif(not UPSTREAM.ok, reason=f"needs upstream: {UPSTREAM.message()}")
+def test_real_memory_error_on_rank0_is_the_cause_not_the_peers_gloo_error(tmp_path) -> None:
+    # So many iterations that rank 0 (it alone builds the dataset's index) cannot allocate the
+    # index (hundreds of GB); rank 1 waits for it in a collective and loses its peer.
+    doc = run_local(tmp_path / "logs", "train_iters=3000000000")
+    outcome = doc["outcome"]
+    assert (outcome["status"], outcome["kind"]) == ("failed", "oom"), outcome
+    assert "Unable to allocate" in outcome["reason"], outcome

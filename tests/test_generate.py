@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -163,9 +165,10 @@ def fake_tree(tmp_path: Path) -> RunPaths:
     (upstream / "pretrain_gpt.py").write_text("")
     deepspeed = root / "deepspeed"
     deepspeed.write_text(
-        "#!/usr/bin/env python3\nimport json, os, sys\n"
+        f"#!{sys.executable}\nimport json, os, sys\n"
         "print(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(),"
-        " 'env': {k: os.environ.get(k) for k in ('DS_ACCELERATOR', 'OMP_NUM_THREADS')}}))\n"
+        " 'env': {k: os.environ.get(k) for k in ('DS_ACCELERATOR', 'OMP_NUM_THREADS')},"
+        " 'path0': os.environ['PATH'].split(':')[0]}))\n"
     )
     deepspeed.chmod(0o755)
     data = root / "data"
@@ -186,6 +189,7 @@ def test_launch_script_passes_the_exact_argv(tmp_path: Path, launcher: str) -> N
     assert seen["argv"] == expected[1:]
     assert seen["cwd"] == paths.upstream_dir
     assert seen["env"] == {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    assert seen["path0"] == "/venv/bin", "the venv's bin must come first on PATH"
     assert expected[script_index(expected)].endswith("/pretrain_gpt.py")
 
 
@@ -276,9 +280,119 @@ def test_launcher_flags_per_mode() -> None:
                            "--master_addr"]  # fmt: skip
 
 
-def test_cpu_multi_node_runners_forward_the_cpu_settings(tmp_path: Path) -> None:
+def test_cpu_multi_node_runners_forward_the_cpu_settings(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
     spec = resolve_spec("tiny", "zero1", TWO_NODE, device="cpu", launcher="pdsh", paths=PATHS)
     run_dir = render_run_dir(spec, tmp_path, now=NOW)
-    # pdsh exports only a few variable families to remote ranks; DS_ENV_FILE lists the rest.
-    assert (run_dir / "deepspeed_env").read_text() == "DS_ACCELERATOR=cpu\nOMP_NUM_THREADS=1\n"
+    # pdsh exports only a few variable families to remote ranks; DS_ENV_FILE lists the rest,
+    # with the venv's bin first on PATH (upstream compiles with the python3 found there).
+    assert (run_dir / "deepspeed_env").read_text() == (
+        "DS_ACCELERATOR=cpu\nOMP_NUM_THREADS=1\nPATH=/venv/bin:/usr/bin:/bin\n"
+    )
     assert f"export DS_ENV_FILE={run_dir}/deepspeed_env" in (run_dir / "launch.sh").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# Values through DeepSpeed's own multi-node runners (their real get_cmd), to the remote shell
+
+HOSTILE = 'd %n $(touch {marker}) `touch {marker}` it\'s \\ "q" $HOME; x'
+"""A data path no remote shell may expand, split or substitute."""
+
+FAKE_LAUNCH = (
+    "import json, os, sys\n"
+    "print(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(),"
+    " 'env': {k: os.environ.get(k) for k in ('DS_ACCELERATOR', 'OMP_NUM_THREADS', 'PATH')}}))\n"
+)
+
+
+def hostile_spec(tmp_path: Path, launcher: str) -> tuple[RunSpec, Path]:
+    marker = tmp_path / "marker"
+    data = tmp_path / HOSTILE.format(marker=marker)
+    paths = RunPaths(str(tmp_path / "upstream"), str(data / "d"), str(data / "vocab %h.json"),
+                     str(data / "m$1.txt"), "/venv/bin/python", "/venv/bin/deepspeed")  # fmt: skip
+    spec = resolve_spec("tiny", "zero1", TWO_NODE, device="cpu", launcher=launcher, paths=paths)
+    return spec, marker
+
+
+def ds_runner_cmd(spec: RunSpec, run_dir: Path) -> tuple[list[str], Any]:
+    """The command DeepSpeed's real runner builds for this run, with the env file read the way
+    ``deepspeed/launcher/runner.py`` ``main`` reads it."""
+    from deepspeed.launcher import runner as ds_runner
+    from deepspeed.launcher.multinode_runner import OpenMPIRunner, PDSHRunner, SlurmRunner
+
+    argv = launcher_command(spec, str(run_dir))
+    args = ds_runner.parse_args(argv[1:])
+    pool = {h.name: h.slots for h in spec.cluster.hosts}
+    runner = (PDSHRunner(args, "d29ybGQ=") if spec.launcher == "pdsh" else
+              {"openmpi": OpenMPIRunner, "slurm": SlurmRunner}[spec.launcher](
+                  args, "d29ybGQ=", pool))  # fmt: skip
+    with open(run_dir / "deepspeed_env") as fd:
+        for var in fd.readlines():
+            key, val = var.split("=", maxsplit=1)
+            runner.add_export(key, val)
+    return runner.get_cmd({}, {h: list(range(n)) for h, n in pool.items()}), runner
+
+
+def test_pdsh_remote_shell_sees_every_value_literally(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/opt/it's $HOME/bin %u:/usr/bin:/bin")
+    spec, marker = hostile_spec(tmp_path, "pdsh")
+    run_dir = render_run_dir(spec, tmp_path / "logs", now=NOW)
+    (cmd, _kill, _env), runner = ds_runner_cmd(spec, run_dir)
+    fake = tmp_path / "fake" / "deepspeed" / "launcher"
+    fake.mkdir(parents=True)
+    for init in (fake / "__init__.py", fake.parent / "__init__.py"):
+        init.write_text("")
+    (fake / "launch.py").write_text(FAKE_LAUNCH)
+    runner.add_export("PYTHONPATH", str(tmp_path / "fake"))  # shadows the real launcher module
+    cmd, _kill, _env = runner.get_cmd({}, {h.name: [0] for h in spec.cluster.hosts})
+    # pdsh joins its arguments into one line, substitutes %n/%h/%u/%%, ssh hands it to a shell.
+    line = " ".join(cmd[cmd.index("-w") + 2 :])
+    subst = {"n": "1", "h": "node2", "u": "root", "%": "%"}
+    line = re.sub(r"%([nhu%])", lambda m: subst[m.group(1)], line)
+    result = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    plain = launcher_command(spec, str(run_dir), plain=True)
+    assert (
+        seen["argv"][seen["argv"].index(plain[script_index(plain)]) + 1 :]
+        == plain[script_index(plain) + 1 :]
+    )
+    assert seen["env"] == {
+        "DS_ACCELERATOR": "cpu",
+        "OMP_NUM_THREADS": "1",
+        "PATH": "/venv/bin:/opt/it's $HOME/bin %u:/usr/bin:/bin",
+    }
+    assert not marker.exists(), "a value was executed by the remote shell"
+
+
+@pytest.mark.parametrize("launcher", ["openmpi", "slurm"])
+def test_mpi_and_slurm_runners_get_the_values_as_argv(
+    tmp_path: Path, monkeypatch, launcher: str
+) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    spec, _marker = hostile_spec(tmp_path, launcher)
+    run_dir = render_run_dir(spec, tmp_path / "logs", now=NOW)
+    cmd, _runner = ds_runner_cmd(spec, run_dir)
+    plain = launcher_command(spec, str(run_dir), plain=True)
+    script = plain[script_index(plain)]
+    assert cmd[cmd.index(script) + 1 :] == plain[script_index(plain) + 1 :]
+    exported = "PATH=/venv/bin:/usr/bin:/bin"
+    if launcher == "openmpi":
+        assert cmd[cmd.index(exported) - 1] == "-x"
+    else:
+        assert next(a for a in cmd if a.startswith("--export=ALL,")).endswith("," + exported)
+
+
+@pytest.mark.parametrize("launcher", ["local", "no_ssh", "pdsh", "openmpi", "slurm"])
+def test_every_launcher_puts_the_venv_first_on_path(tmp_path: Path, monkeypatch, launcher) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    hosts = LOCALHOST if launcher == "local" else TWO_NODE
+    spec = resolve_spec("tiny", "zero1", hosts, device="cpu", launcher=launcher, paths=PATHS)
+    run_dir = render_run_dir(spec, tmp_path, now=NOW)
+    script = (run_dir / "launch.sh").read_text()
+    assert 'export PATH=/venv/bin:"${PATH}"' in script  # this node (and each no_ssh node)
+    env_file = run_dir / "deepspeed_env"
+    if launcher in ("pdsh", "openmpi", "slurm"):  # the ranks the runner starts elsewhere
+        assert "PATH=/venv/bin:/usr/bin:/bin\n" in env_file.read_text()
+    else:
+        assert not env_file.exists()

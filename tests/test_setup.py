@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +96,50 @@ def test_built_dataset_is_usable():
     assert merges[0].startswith("#version")
     # upstream's indexed dataset: header magic of the MMap format.
     assert Path(f"{data.data_prefix}.idx").read_bytes()[:9] == b"MMIDIDX\x00\x00"
+
+
+def _fresh_clone(tmp_path: Path) -> Path:
+    """A checkout of the pinned commit without built helpers (git clone of the real one)."""
+    clone = tmp_path / "md"
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(REAL.path), str(clone)],
+                   check=True)  # fmt: skip
+    subprocess.run(["git", "-C", str(clone), "checkout", "--quiet", PINNED_COMMIT], check=True)
+    return clone
+
+
+@needs_upstream
+@pytest.mark.slow
+def test_helpers_build_with_the_venv_even_when_python3_on_path_lacks_pybind11(
+    monkeypatch, tmp_path
+):
+    clone = _fresh_clone(tmp_path)
+    assert not upstream.helpers_importable(clone)[0]
+    # The system's python3 as a newcomer has it: first on PATH, no pybind11.
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "python3").write_text("#!/bin/sh\necho 'No module named pybind11' >&2\nexit 1\n")
+    (fake_bin / "python3").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+    plain = subprocess.run(["make", "-C", str(clone / "megatron" / "data")],
+                           capture_output=True, text=True)  # fmt: skip
+    assert plain.returncode != 0, "upstream's Makefile alone must fail here (the original bug)"
+    subprocess.run(["git", "-C", str(clone), "clean", "-qfx"], check=True)
+
+    said: list[str] = []
+    library = upstream.ensure_helpers(clone, log=said.append)
+    assert library == upstream.helpers_library(clone) and library.is_file()
+    assert upstream.helpers_importable(clone)[0]
+    assert said[0].startswith(f"helpers: building {library.name} with {sys.executable}")
+    assert said[-1] == f"helpers: built {library} (imports with {sys.executable})"
+    said.clear()
+    upstream.ensure_helpers(clone, log=said.append)
+    assert said == [f"helpers: reusing {library} (imports with {sys.executable})"]
+
+
+def test_helpers_that_do_not_import_are_named(tmp_path):
+    (tmp_path / "megatron" / "data").mkdir(parents=True)
+    ok, why = upstream.helpers_importable(tmp_path)
+    assert not ok and str(upstream.helpers_library(tmp_path)) in why
+    upstream.helpers_library(tmp_path).write_bytes(b"not an ELF file")
+    ok, why = upstream.helpers_importable(tmp_path)
+    assert not ok and "ImportError" in why

@@ -37,7 +37,13 @@ from launchers.lab_slurm import (
     slurm_session,
 )
 from launchers.presets import resolve_spec
-from launchers.project import RANK_ENV_SCRIPT, launcher_command, remote_environment, script_index
+from launchers.project import (
+    RANK_ENV_SCRIPT,
+    launcher_command,
+    remote_environment,
+    script_index,
+    venv_bin,
+)
 from launchers.rank_env import RankEnvError, rank_environment
 from launchers.render import render_run_dir
 from launchers.sbatch import allocation, check_inside_allocation, render_sbatch, slurm_time
@@ -146,8 +152,9 @@ def test_slurm_launcher_command_and_environment(tmp_path: Path) -> None:
     assert "--no_ssh_check" in argv  # srun reaches the nodes through slurmd, not ssh
     index = script_index(argv)
     assert argv[index - 1] == RANK_ENV_SCRIPT and argv[index].endswith("/pretrain_gpt.py")
-    assert remote_environment(spec) == {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
-                                        "MASTER_ADDR": "node1", "MASTER_PORT": "29500"}  # fmt: skip
+    assert remote_environment(spec, path="/usr/bin") == {
+        "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "node1",
+        "MASTER_PORT": "29500", "PATH": f"{venv_bin(spec)}:/usr/bin"}  # fmt: skip
     run_dir = render_run_dir(spec, tmp_path)
     assert "MASTER_ADDR=node1\n" in (run_dir / "deepspeed_env").read_text()
 

@@ -19,7 +19,7 @@ from launchers.presets import (
     parse_overrides,
     resolve_spec,
 )
-from launchers.project import to_flag
+from launchers.project import megatron_args, to_flag
 from launchers.spec import (
     PLACEHOLDER_PATHS,
     RunSpec,
@@ -64,6 +64,62 @@ def test_parameter_counts_are_computed() -> None:
     large = dataclasses.replace(MODELS["large"].model, vocab_size=50_304 - 47)  # 50257
     assert large.num_parameters() - 354_823_168 == 47 * 1024  # padding rows only
     assert MODELS["tiny"].model.num_parameters(tp=8) == 875_264 + (1024 - 512) * 128
+
+
+# What upstream printed ("number of parameters on (tensor, pipeline) model parallel rank (t, p)")
+# in the lab runs of the tiny model (shared/lab-logs): (tp, pp, normalization) -> by stage.
+PRINTED_TINY = {
+    (1, 1, "layernorm"): [875_264],
+    (2, 1, "layernorm"): [447_488],  # both tensor ranks
+    (1, 2, "rmsnorm"): [477_952, 478_080],  # the last stage holds the tied embedding module too
+}
+
+
+@pytest.mark.parametrize(("layout", "printed"), list(PRINTED_TINY.items()), ids=str)
+def test_parameter_count_per_rank_is_what_upstream_prints(layout, printed) -> None:
+    tp, pp, norm = layout
+    strategy = {(1, 1): "baseline", (2, 1): "tensor", (1, 2): "pipeline"}[(tp, pp)]
+    run = spec("tiny", strategy)
+    assert (run.normalization, run.parameters_per_stage) == (norm, printed)
+    if tp == 1:  # summed over stages, the tied embedding (words and positions) counted once
+        m = run.model
+        tied = (run.padded_vocab_size + m.max_position_embeddings) * m.hidden_size
+        assert run.num_parameters == sum(printed) - (pp - 1) * tied
+
+
+@pytest.mark.parametrize("strategy", ["baseline", "tensor", "pipeline"])
+@pytest.mark.parametrize("model", ["small", "large"])
+def test_small_and_large_get_the_study_vocabulary_whatever_the_data(
+    tmp_path: Path, model: str, strategy: str
+) -> None:
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text("{" + ",".join(f'"t{i}": {i}' for i in range(488)) + "}")  # offline data
+    paths = dataclasses.replace(PATHS, vocab_file=str(vocab))
+    run = resolve_spec(model, strategy, cluster(1, 1), device="cpu", paths=paths)
+    tp = run.strategy.tp
+    assert run.data_vocab_size == 488 and run.model.vocab_size == 50_257
+    assert run.padded_vocab_size == (50_304 if tp == 1 else 50_432)  # GPT-2's, as Megatron pads
+    argv = megatron_args(run, "/r")
+    divisor = int(argv[argv.index("--make-vocab-size-divisible-by") + 1])
+    assert divisor * tp == run.padded_vocab_size  # Megatron multiplies the divisor by TP
+    assert -(-488 // (divisor * tp)) * divisor * tp == run.padded_vocab_size
+    assert not [a for a in run.adjustments if a.key == "vocab_size"]
+
+
+def test_a_data_vocabulary_larger_than_the_preset_is_recorded_as_not_its_shape(tmp_path) -> None:
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text("{" + ",".join(f'"t{i}": {i}' for i in range(100_277)) + "}")
+    paths = dataclasses.replace(PATHS, vocab_file=str(vocab))
+    run = resolve_spec("small", "baseline", cluster(2), device="cpu", paths=paths)
+    (change,) = [a for a in run.adjustments if a.key == "vocab_size"]
+    assert (change.requested, change.applied) == (50_257, 100_277)
+    assert "NOT the shape the preset names" in change.reason
+    assert run.padded_vocab_size == 100_352
+    assert run.num_parameters == MODELS["small"].model.num_parameters() + (100_352 - 50_304) * 512
+    rule = r"the data's tokenizer has 100277 tokens > vocab_size\(50257\) padded to 50304"
+    with pytest.raises(SpecError, match=rule):
+        resolve_spec("small", "baseline", cluster(2), {"vocab_size": 50_257}, device="cpu",
+                     paths=paths)  # fmt: skip
 
 
 @pytest.mark.parametrize("model", list(MODELS), ids=list(MODELS))

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run large-baseline: model large (24 layers, hidden 1024, 16 heads, seq 1024, 354,871,296
 # parameters), fp16, micro-batch 2, global batch 16, gradient accumulation 4.
+# Vocabulary: 50,304 embedding rows (50,257 tokens padded for tp 1); the data's tokenizer could
+# not be read.
 # Strategy baseline: tp 1 x pp 1 x dp 2, ZeRO-0; world size 2 on node1(1), node2(1); device cuda.
 # Launch: `bash launch.sh` on the first host; the deepspeed launcher starts the ranks through
 # pdsh. Every host needs the same paths (upstream, data, this run directory).
@@ -10,6 +12,12 @@
 set -euo pipefail
 
 cd -- /opt/Megatron-DeepSpeed
+# The venv's interpreter first: upstream's Makefile builds its C++ dataset helpers with
+# the python3 it finds on PATH.
+export PATH=/venv/bin:"${PATH}"
+if [ -z "${DS_ENV_FILE:-}" ]; then
+  export DS_ENV_FILE=/RUNS/large-baseline/20261122T021500Z/deepspeed_env
+fi
 exec /venv/bin/deepspeed \
   --hostfile /RUNS/large-baseline/20261122T021500Z/hostfile \
   --launcher pdsh \
@@ -37,6 +45,7 @@ exec /venv/bin/deepspeed \
   --vocab-file /data/tiny/vocab.json \
   --merge-file /data/tiny/merges.txt \
   --tokenizer-type GPT2BPETokenizer \
+  --make-vocab-size-divisible-by 50304 \
   --split 98,1,1 \
   --eval-iters 0 \
   --eval-interval 51 \

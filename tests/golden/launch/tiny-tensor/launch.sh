@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run tiny-tensor: model tiny (4 layers, hidden 128, 4 heads, seq 128, 875,264 parameters), fp32,
 # micro-batch 1, global batch 8, gradient accumulation 8.
+# Vocabulary: 512 embedding rows (488 tokens padded for tp 2); the data's tokenizer could not be
+# read.
 # Strategy tensor: tp 2 x pp 1 x dp 1, ZeRO-0; world size 2 on localhost(2); device cpu.
 # Launch: `bash launch.sh` on this machine (deepspeed launcher, no ssh).
 # Expect 30 iterations: an iteration line every 5 (6 lines, from the last rank), Megatron timers
@@ -9,6 +11,9 @@
 set -euo pipefail
 
 cd -- /opt/Megatron-DeepSpeed
+# The venv's interpreter first: upstream's Makefile builds its C++ dataset helpers with
+# the python3 it finds on PATH.
+export PATH=/venv/bin:"${PATH}"
 export DS_ACCELERATOR=cpu
 export OMP_NUM_THREADS=1
 exec /venv/bin/deepspeed \
@@ -36,6 +41,7 @@ exec /venv/bin/deepspeed \
   --vocab-file /data/tiny/vocab.json \
   --merge-file /data/tiny/merges.txt \
   --tokenizer-type GPT2BPETokenizer \
+  --make-vocab-size-divisible-by 256 \
   --split 98,1,1 \
   --eval-iters 0 \
   --eval-interval 31 \
