@@ -1077,6 +1077,9 @@ def compare(rows: list[RunMetrics], baseline: str | None = None) -> list[RunMetr
             na["speedup"] = f"no reference run in group '{row.setup_key}': {why}"
         elif row.iter_ms_mean is None:
             na["speedup"] = "no steady-state time"
+        elif row.name == base.name:
+            changes |= {"speedup": 1.0, "baseline": base.name}
+            na["speedup_ci95_lo"] = "the reference itself: exactly 1"
         else:
             ratio, lo, hi = speedup_interval(base, row)
             changes |= {"speedup": ratio, "speedup_ci95_lo": lo, "speedup_ci95_hi": hi}

@@ -232,3 +232,24 @@ def test_no_status_set_crashes_the_report_and_ratios_use_completed_runs(specs, n
             ref = by_name[r.baseline or ""]
             assert ref.status == "completed" and ref.setup_key == r.setup_key
             assert r.status == "completed"
+
+
+def test_pipeline_timers_section_on_real_gpu_logs(tmp_path):
+    """The bare per-node logs of a real two-node GPU pipeline run (DeepSpeed 0.18.2, PP 2):
+    fwd/bwd/step per iteration, the wait beside the bubble theory, the remainder named."""
+    src = Path(__file__).parent / "fixtures" / "external"
+    for n in (0, 1):
+        name = f"gpu2node-2025-pp2-64m_node{n}.log"
+        (tmp_path / name).write_bytes((src / name).read_bytes())
+    report.build(tmp_path, tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text()
+    section = text[text.index("### Pipeline timers") : text.index("## Memory efficiency")]
+    # fwd 28.6 = mean of the printed totals after the warm-up print / steps_per_print 10, ...
+    assert (
+        "| gpu2node-2025-pp2-64m | 683.5 | 28.6 | 56.6 | 10.8 | 2.6 | 140.2 | 62.2% | 20.0% |"
+        in (section)
+    )
+    assert "steps_per_print 10 (log (every 10 steps between 10 'steps:' lines))" in section
+    assert "bubble theory (p-1)/(m+p-1) = 20.0% for balanced stages" in section
+    assert "tied embedding gradient all-reduce (_exec_reduce_tied_grads, 51.5 MB" in section
+    assert "0.927 Gbit/s bus bandwidth" in section
