@@ -1386,6 +1386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--loss-pct", type=float, default=0.0, help="packet loss per node, percent")
     up.add_argument("--burst-ms", type=float, default=DEFAULT_BURST_MS,
                     help=f"tbf bucket, ms at the rate (default {DEFAULT_BURST_MS:g})")  # fmt: skip
+    up.add_argument("--node-cpus", type=float, default=None,
+                    help="cores per node (default: cores / 4; 0: no budget)")  # fmt: skip
     up.add_argument("--name", default=None, help="lab id, 1-6 of a-z0-9 (default: random)")
     up.add_argument("--no_ssh", "--no-ssh", action="store_true", help="no sshd in the nodes")
     up.add_argument(
@@ -1413,7 +1415,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             status |= bool(problems)
         return status
     shape = LinkShape.parse(args.link, args.delay_ms, args.loss_pct, args.burst_ms)
-    with Lab(args.nodes, shape, name=args.name, ssh=not args.no_ssh) as lab, _slurm(lab, args):
+    if args.node_cpus is not None and args.node_cpus < 0:
+        parser.error(f"--node-cpus {args.node_cpus:g}: cores per node, > 0 (0: no budget)")
+    cpus = "auto" if args.node_cpus is None else (args.node_cpus or None)
+    with (
+        Lab(args.nodes, shape, name=args.name, ssh=not args.no_ssh, node_cpus=cpus) as lab,
+        _slurm(lab, args),
+    ):
         hostfile = lab.write_hostfile()
         print(json.dumps(lab.describe(), indent=2))
         print(f"hostfile: {hostfile}")

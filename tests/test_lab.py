@@ -647,3 +647,32 @@ def test_cli_up_list_down() -> None:
         up.send_signal(signal.SIGINT)
         up.wait(timeout=30)
     assert _ours(lab_id) == []
+
+
+class _LabStarted(Exception):
+    """Raised in place of bringing a lab up: the run got past its checks."""
+
+
+@pytest.mark.parametrize(
+    ("nodes", "slots", "started"), [(2, 2, True), (4, 1, True), (3, 1, False), (2, 1, False)]
+)
+def test_lab_runs_are_checked_against_nodes_x_slots(monkeypatch, capsys, nodes, slots, started):
+    """``hybrid`` (TP2 x PP2) needs 4 ranks: the lab's nodes x slots, not the placeholder
+    hostfile's (localhost, 2 slots), decide before the lab starts."""
+    from launchers import cli
+
+    def no_lab(args):
+        raise _LabStarted(f"{args.lab_nodes} x {args.lab_slots}")
+
+    monkeypatch.setattr(cli, "_lab_session", no_lab)
+    monkeypatch.setattr(cli, "preflight", lambda spec, allow: [])
+    monkeypatch.setattr(cli, "lab_available", lambda ssh=True: (True, ""))  # also when not root
+    argv = ["run", "--model", "tiny", "--strategy", "hybrid", "--net", "100mbit",
+            "--lab-nodes", str(nodes), "--lab-slots", str(slots), "--logs", "unused"]  # fmt: skip
+    if started:
+        with pytest.raises(_LabStarted, match=f"{nodes} x {slots}"):
+            cli.main(argv)
+    else:
+        assert cli.main(argv) != 0
+        err = capsys.readouterr().err
+        assert f"world_size({nodes * slots})" in err and "multiple of tp * pp = 4" in err
