@@ -52,6 +52,9 @@ PARTITION = "lab"
 """The one partition, holding every node (the default partition)."""
 READY_TIMEOUT_S = 60.0
 """Seconds the daemons get to register and show every node idle."""
+SLURMD_TIMEOUT_S = 60
+"""``SlurmdTimeout``: seconds without an answer from a node's slurmd before slurmctld sets the
+node DOWN and fails its jobs (``NODE_FAIL``); Slurm's default is 300."""
 KILL_WAIT_S = 5
 """``KillWait``: seconds between SIGTERM and SIGKILL for a job's tasks at cancel or time limit
 (Slurm's default is 30; the lab's jobs are short)."""
@@ -151,6 +154,7 @@ def slurm_conf_text(
         # The configured cores count, not the sockets/cores layout hwloc reads.
         "SlurmdParameters=config_overrides",
         f"KillWait={KILL_WAIT_S}",
+        f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
         "InactiveLimit=0",
         "MinJobAge=600",
         *(f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus} State=UNKNOWN" for n in nodes),
@@ -498,7 +502,11 @@ class SlurmLabSession(LabSession):
             "SLURM_CONF": str(self._cluster().conf_path),
             "DS_ENV_FILE": str(self.lab.write_deepspeed_env(remote_environment(spec))),
         }
-        return {"env": env, "wrap": lambda _i, argv: ["salloc", *alloc.options(), *argv]}
+        # --kill-command: when Slurm revokes the allocation (scancel, time limit, a lost
+        # node), salloc signals launch.sh; without it, an srun waiting on a dead node's tasks
+        # kept the run (and itself, outside the nodes) alive after the job had ended.
+        salloc = ["salloc", "--kill-command=TERM", *alloc.options()]
+        return {"env": env, "wrap": lambda _i, argv: [*salloc, *argv]}
 
     def hooks(self, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
         """The lab's hooks; at the end, the job is settled and recorded before the sweep."""

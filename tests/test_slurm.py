@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from launchers import lab as labmod
+from launchers import lab_slurm
 from launchers.cli import main as cli_main
 from launchers.execute import Outcome
 from launchers.execute import run as execute_run
@@ -683,3 +684,28 @@ def test_a_lab_session_runs_every_spec_with_its_launcher(launcher: str) -> None:
     adapted = session.adapt(spec)
     assert adapted.launcher == launcher and adapted.network == "emulated 2 nodes x 100mbit"
     assert adapted.ssh_check == (launcher == "no_ssh")
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@needs_slurm
+def test_a_lost_node_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lab_slurm, "SLURMD_TIMEOUT_S", 20)  # Slurm's default waits 300 s
+    with Lab(nodes=2, ssh=False) as lab, slurm_session(lab) as session:
+        cluster = _cluster(session)
+        # a launcher that keeps srun as its child, as DeepSpeed's runner does
+        spawn = "exec python3 -c \"import subprocess; subprocess.run(['srun', 'sleep', '600'])\""
+        spec, run_dir = _stand_in_run(session, tmp_path, spawn)
+
+        def lose_node1() -> None:
+            _wait_running(cluster)
+            time.sleep(3)
+            for pid in namespace_pids(lab.nodes[1].namespace):  # its slurmd and tasks included
+                os.kill(pid, signal.SIGKILL)
+
+        outcome = _run(session, spec, run_dir, lose_node1)
+        assert (outcome.status, outcome.kind) == ("failed", "killed"), outcome
+        assert "JobState=NODE_FAIL" in outcome.reason
+        assert cluster.node_states()["node1"].startswith("down")
+        assert cluster.queue() == [] and _leftovers(session) == {}
+        assert subprocess.run(["pgrep", "-f", "srun sleep 600"]).returncode == 1  # none left
