@@ -393,9 +393,15 @@ class SlurmCluster:
         return None
 
     def daemon_pids(self) -> set[int]:
-        """Processes that are the cluster's daemons (kept when a run's leftovers are swept)."""
+        """Processes that are the cluster's daemons (kept when a run's leftovers are swept):
+        munged, slurmctld with its helper ``slurmscriptd``, each slurmd (whose children, the
+        ``slurmstepd`` of a job, are the job's)."""
         # nsenter, unshare and sh exec into the daemon: each Popen pid is the daemon itself.
-        return {proc.pid for proc in self.daemons.values() if proc.poll() is None}
+        pids = {proc.pid for proc in self.daemons.values() if proc.poll() is None}
+        for name in ("munged", "slurmctld"):
+            if (proc := self.daemons.get(name)) is not None and proc.poll() is None:
+                pids |= _descendants(proc.pid)
+        return pids
 
     def log_sizes(self) -> dict[Path, int]:
         """Current size of every daemon log (to copy what a run added)."""
@@ -425,6 +431,22 @@ class SlurmCluster:
             for proc in [p for n, p in self.daemons.items() if n.startswith(name)]:
                 _stop_group(proc)
         self.daemons = {}
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (from ``/proc/*/stat`` parent links)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
 
 
 def _stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:

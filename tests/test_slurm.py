@@ -408,6 +408,8 @@ def _leftovers(session: SlurmLabSession) -> dict[int, str]:
 def test_each_slurmd_is_its_node(slurm_lab: SlurmLabSession) -> None:
     cluster = _cluster(slurm_lab)
     assert cluster.node_states() == {"node0": "idle", "node1": "idle"}
+    # every process in the nodes is a daemon of the cluster (slurmctld's slurmscriptd too)
+    assert _leftovers(slurm_lab) == {}
     out = cluster.command(
         [
             "srun",
@@ -522,6 +524,7 @@ def test_scancel_mid_run_is_cancelled_and_leaves_nothing(
     assert doc["slurm"]["nodes"] == ["node0", "node1"]
     assert doc["network"]["transport"] == "slurm"
     assert doc["slurm"]["queue_after"] == [] and doc["slurm"]["processes_after"] == []
+    assert "stopped_leftovers" not in doc["network"]  # the job left nothing to sweep
     assert cluster.queue() == [] and _leftovers(slurm_lab) == {}
     assert (run_dir / "sbatch.sh").exists() and (run_dir / "slurm" / "slurmctld.log").exists()
 
@@ -662,6 +665,7 @@ def test_scancel_mid_training_is_cancelled_and_leaves_nothing(
     doc = json.loads((run_dir / "run.json").read_text())
     assert doc["slurm"]["job_id"] == cancelled[0] and doc["slurm"]["state"] == "CANCELLED"
     assert doc["slurm"]["queue_after"] == [] and doc["slurm"]["processes_after"] == []
+    assert "stopped_leftovers" not in doc["network"]  # the job left nothing to sweep
     assert cluster.queue() == [] and _leftovers(slurm_lab) == {}
 
 
