@@ -52,6 +52,9 @@ PARTITION = "lab"
 """The one partition, holding every node (the default partition)."""
 READY_TIMEOUT_S = 60.0
 """Seconds the daemons get to register and show every node idle."""
+SLURMD_TIMEOUT_S = 60
+"""``SlurmdTimeout``: seconds without an answer from a node's slurmd before slurmctld sets the
+node DOWN and fails its jobs (``NODE_FAIL``); Slurm's default is 300."""
 KILL_WAIT_S = 5
 """``KillWait``: seconds between SIGTERM and SIGKILL for a job's tasks at cancel or time limit
 (Slurm's default is 30; the lab's jobs are short)."""
@@ -151,6 +154,7 @@ def slurm_conf_text(
         # The configured cores count, not the sockets/cores layout hwloc reads.
         "SlurmdParameters=config_overrides",
         f"KillWait={KILL_WAIT_S}",
+        f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
         "InactiveLimit=0",
         "MinJobAge=600",
         *(f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus} State=UNKNOWN" for n in nodes),
@@ -389,9 +393,15 @@ class SlurmCluster:
         return None
 
     def daemon_pids(self) -> set[int]:
-        """Processes that are the cluster's daemons (kept when a run's leftovers are swept)."""
+        """Processes that are the cluster's daemons (kept when a run's leftovers are swept):
+        munged, slurmctld with its helper ``slurmscriptd``, each slurmd (whose children, the
+        ``slurmstepd`` of a job, are the job's)."""
         # nsenter, unshare and sh exec into the daemon: each Popen pid is the daemon itself.
-        return {proc.pid for proc in self.daemons.values() if proc.poll() is None}
+        pids = {proc.pid for proc in self.daemons.values() if proc.poll() is None}
+        for name in ("munged", "slurmctld"):
+            if (proc := self.daemons.get(name)) is not None and proc.poll() is None:
+                pids |= _descendants(proc.pid)
+        return pids
 
     def log_sizes(self) -> dict[Path, int]:
         """Current size of every daemon log (to copy what a run added)."""
@@ -421,6 +431,22 @@ class SlurmCluster:
             for proc in [p for n, p in self.daemons.items() if n.startswith(name)]:
                 _stop_group(proc)
         self.daemons = {}
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (from ``/proc/*/stat`` parent links)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
 
 
 def _stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
@@ -498,7 +524,11 @@ class SlurmLabSession(LabSession):
             "SLURM_CONF": str(self._cluster().conf_path),
             "DS_ENV_FILE": str(self.lab.write_deepspeed_env(remote_environment(spec))),
         }
-        return {"env": env, "wrap": lambda _i, argv: ["salloc", *alloc.options(), *argv]}
+        # --kill-command: when Slurm revokes the allocation (scancel, time limit, a lost
+        # node), salloc signals launch.sh; without it, an srun waiting on a dead node's tasks
+        # kept the run (and itself, outside the nodes) alive after the job had ended.
+        salloc = ["salloc", "--kill-command=TERM", *alloc.options()]
+        return {"env": env, "wrap": lambda _i, argv: [*salloc, *argv]}
 
     def hooks(self, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
         """The lab's hooks; at the end, the job is settled and recorded before the sweep."""

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from launchers import lab as labmod
+from launchers import lab_slurm
 from launchers.cli import main as cli_main
 from launchers.execute import Outcome
 from launchers.execute import run as execute_run
@@ -414,6 +415,8 @@ def _leftovers(session: SlurmLabSession) -> dict[int, str]:
 def test_each_slurmd_is_its_node(slurm_lab: SlurmLabSession) -> None:
     cluster = _cluster(slurm_lab)
     assert cluster.node_states() == {"node0": "idle", "node1": "idle"}
+    # every process in the nodes is a daemon of the cluster (slurmctld's slurmscriptd too)
+    assert _leftovers(slurm_lab) == {}
     out = cluster.command(
         [
             "srun",
@@ -528,6 +531,7 @@ def test_scancel_mid_run_is_cancelled_and_leaves_nothing(
     assert doc["slurm"]["nodes"] == ["node0", "node1"]
     assert doc["network"]["transport"] == "slurm"
     assert doc["slurm"]["queue_after"] == [] and doc["slurm"]["processes_after"] == []
+    assert "stopped_leftovers" not in doc["network"]  # the job left nothing to sweep
     assert cluster.queue() == [] and _leftovers(slurm_lab) == {}
     assert (run_dir / "sbatch.sh").exists() and (run_dir / "slurm" / "slurmctld.log").exists()
 
@@ -668,6 +672,7 @@ def test_scancel_mid_training_is_cancelled_and_leaves_nothing(
     doc = json.loads((run_dir / "run.json").read_text())
     assert doc["slurm"]["job_id"] == cancelled[0] and doc["slurm"]["state"] == "CANCELLED"
     assert doc["slurm"]["queue_after"] == [] and doc["slurm"]["processes_after"] == []
+    assert "stopped_leftovers" not in doc["network"]  # the job left nothing to sweep
     assert cluster.queue() == [] and _leftovers(slurm_lab) == {}
 
 
@@ -690,3 +695,28 @@ def test_a_lab_session_runs_every_spec_with_its_launcher(launcher: str) -> None:
     adapted = session.adapt(spec)
     assert adapted.launcher == launcher and adapted.network == "emulated 2 nodes x 100mbit"
     assert adapted.ssh_check == (launcher == "no_ssh")
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@needs_slurm
+def test_a_lost_node_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lab_slurm, "SLURMD_TIMEOUT_S", 20)  # Slurm's default waits 300 s
+    with Lab(nodes=2, ssh=False) as lab, slurm_session(lab) as session:
+        cluster = _cluster(session)
+        # a launcher that keeps srun as its child, as DeepSpeed's runner does
+        spawn = "exec python3 -c \"import subprocess; subprocess.run(['srun', 'sleep', '600'])\""
+        spec, run_dir = _stand_in_run(session, tmp_path, spawn)
+
+        def lose_node1() -> None:
+            _wait_running(cluster)
+            time.sleep(3)
+            for pid in namespace_pids(lab.nodes[1].namespace):  # its slurmd and tasks included
+                os.kill(pid, signal.SIGKILL)
+
+        outcome = _run(session, spec, run_dir, lose_node1)
+        assert (outcome.status, outcome.kind) == ("failed", "killed"), outcome
+        assert "JobState=NODE_FAIL" in outcome.reason
+        assert cluster.node_states()["node1"].startswith("down")
+        assert cluster.queue() == [] and _leftovers(session) == {}
+        assert subprocess.run(["pgrep", "-f", "srun sleep 600"]).returncode == 1  # none left
