@@ -378,15 +378,24 @@ class MemoryCgroup:
         procs = str(self.path / "cgroup.procs")
         return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, *argv]
 
-    def oom_kills(self) -> int:
-        """Processes the kernel OOM-killed in this group so far."""
+    def _counter(self, wanted: str) -> int | None:
         name = "memory.events" if self.version == 2 else "memory.oom_control"
         with contextlib.suppress(OSError):
             for line in (self.path / name).read_text().splitlines():
                 key, _, value = line.partition(" ")
-                if key == "oom_kill" and value.strip().isdigit():
+                if key == wanted and value.strip().isdigit():
                     return int(value)
-        return 0
+        return None
+
+    def oom_kills(self) -> int:
+        """Processes the kernel OOM-killed in this group so far (by any OOM killer)."""
+        return self._counter("oom_kill") or 0
+
+    def limit_reached(self) -> bool | None:
+        """Whether the group's memory ever reached its limit (cgroup v2 ``oom`` event); None
+        where the controller does not say (v1). A kill without it came from the machine running
+        out of memory, not from the limit."""
+        return None if self.version != 2 else bool(self._counter("oom"))
 
     def pids(self) -> list[int]:
         """Processes still in the group."""
@@ -707,6 +716,7 @@ def run(
     upto: dict[Path, int] = {}  # log sizes when the executor stopped the run
     leftovers: list[int] = []
     oom_kills = 0
+    at_limit: bool | None = None
     bar = None
     network = None
     try:
@@ -782,6 +792,7 @@ def run(
             signal.signal(s, h)
         if cgroup is not None:
             oom_kills = cgroup.oom_kills()  # read before the group goes away
+            at_limit = cgroup.limit_reached()
             leftovers = cgroup.remove()
         if on_end:
             try:
@@ -818,9 +829,14 @@ def run(
             status="failed",
             kind="oom",
             reason=_one_line(
-                f"{oom_kills} process(es) killed by the kernel OOM killer at the memory limit "
-                f"{format_size(cgroup.limit_bytes)} (cgroup {cgroup.path.name} oom_kill "
-                f"counter); the log says: {seen}"
+                f"{oom_kills} process(es) killed by the kernel OOM killer "
+                + (
+                    f"at the memory limit {format_size(cgroup.limit_bytes)}"
+                    if at_limit is not False
+                    else f"with the machine out of memory (the run stayed under its limit "
+                    f"{format_size(cgroup.limit_bytes)})"
+                )
+                + f" (cgroup {cgroup.path.name} oom_kill counter); the log says: {seen}"
             ),
         )
     outcome.exit_codes = exit_codes
