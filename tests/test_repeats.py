@@ -488,3 +488,37 @@ def test_demo_repeats_within_its_budget_by_default() -> None:
     args = cli.build_parser().parse_args(["demo"])
     assert (args.repeat, args.budget_min) == (cli.DEMO_ROUNDS, cli.DEMO_BUDGET_MIN) == (2, 10.0)
     assert cli.build_parser().parse_args(["demo", "--repeat", "1"]).repeat == 1
+
+
+def test_random_effects_mean_interval_and_spreads() -> None:
+    est = repeats.random_effects([100.0, 110.0, 120.0], [4.0, 4.0, 4.0])
+    assert est.k == 3 and est.mean == pytest.approx(110.0)
+    assert est.sd_between_runs == pytest.approx(10.0) and est.cv == pytest.approx(10 / 110)
+    half = 4.303 * 10.0 / math.sqrt(3)  # t(2) x sd / sqrt(k)
+    assert (est.ci_lo, est.ci_hi) == pytest.approx((110.0 - half, 110.0 + half))
+    assert est.tau == pytest.approx(math.sqrt(100.0 - 4.0)) and est.within_se == pytest.approx(2.0)
+    quiet = repeats.random_effects([100.0, 100.5], [9.0, 9.0])
+    assert quiet.tau == 0.0, "scatter below the within-run error: no between-run part left"
+    one = repeats.random_effects([100.0], [4.0])
+    assert (one.ci_lo, one.sd_between_runs, one.tau) == (None, None, None)
+    unknown = repeats.random_effects([100.0, 110.0], [None, 4.0])
+    assert unknown.tau is None and unknown.ci_lo is not None
+    with pytest.raises(ValueError, match="no run means"):
+        repeats.random_effects([], [])
+
+
+def test_bare_logs_of_one_configuration_are_repeats(tmp_path) -> None:
+    """Users' own logs: two copies of a run under other names, no run.json, are one spec."""
+    if not LAB.is_dir():
+        pytest.skip(f"lab logs not found at {LAB}")
+    for stem in ("dp2", "zero2"):
+        for k, factor in enumerate([1.0, 1.2]):
+            for ext in (".json", ".cmd"):
+                shutil.copy(LAB / f"{stem}{ext}", tmp_path / f"{stem}_try{k}{ext}")
+            text = _scaled((LAB / f"{stem}.log").read_text(), factor)
+            (tmp_path / f"{stem}_try{k}.log").write_text(text)
+    text, summary = _report(tmp_path)
+    sets = {s["name"]: s for s in summary["repeats"]}
+    assert set(sets) == {"dp2_try0", "zero2_try0"} and sets["dp2_try0"]["runs_timed"] == 2
+    assert sets["zero2_try0"]["speedup_interval"] == repeats.UNPAIRED_METHOD
+    assert sets["zero2_try0"]["spec_hash"].startswith("setup:")
