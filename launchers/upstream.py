@@ -472,8 +472,15 @@ def ensure_cpu_comm_op(log=print) -> None:
         log("deepspeed: a GPU is visible; the CPU collective op is not needed")
         return
     log("deepspeed: building the CPU collective op deepspeed_shm_comm (once; runs reuse it)")
+    # The venv's bin first, as in every run (launch.sh): torch builds with the `ninja` found on
+    # PATH, and ninja 1.11 (Debian's) and the venv's 1.13 do not recognise each other's build
+    # log, so an op built by one is rebuilt by the other at the start of every run.
     res = subprocess.run(
-        [sys.executable, "-c", _SHM_OP], capture_output=True, text=True, check=False
+        [sys.executable, "-c", _SHM_OP],
+        capture_output=True,
+        text=True,
+        env=venv_path_env(),
+        check=False,
     )
     if res.returncode != 0:
         tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-10:])
