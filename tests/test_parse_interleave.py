@@ -11,6 +11,7 @@ field. The runs:
 - every run directory the test suite made before this module ran (real upstream runs: logs with
   Megatron's argument dump, from two or more nodes), found under pytest's base temporary
   directory; run the whole suite (or tests/test_e2e.py first) to include them;
+- a pdsh ``launcher.log`` is also compared bare as the launcher itself interleaved it;
 - the run directories under each path of ``INTERLEAVE_RUNS`` (``os.pathsep``-separated), e.g. a
   lab matrix: ``INTERLEAVE_RUNS=/tmp/lab pytest tests/test_parse_interleave.py -s``.
 
@@ -31,7 +32,7 @@ import os
 import random
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,8 @@ class Source:
     """Run name -> host name of each stream ("" for the launching host's unprefixed lines)."""
     exempt: dict[str, set[str]]
     """Run name -> fields only the run directory can know."""
+    recorded: dict[str, Path] = field(default_factory=dict)
+    """Run name -> its pdsh ``launcher.log`` as the launcher interleaved it (compared bare too)."""
 
 
 def _read(path: Path) -> list[str]:
@@ -142,6 +145,7 @@ def run_dir_source(label: str, run_dirs: list[Path]) -> Source | None:
             streams, hosts = split_streams(_read(launcher))
             if sum(1 for h in hosts if h) < 2:
                 continue  # one machine: nothing to interleave
+            src.recorded[name] = launcher
         else:
             continue
         src.streams[name], src.hosts[name] = streams, hosts
@@ -209,35 +213,40 @@ def compare_source(src: Source, tmp: Path, seed: int, modes=("line", "block")) -
     rnd = random.Random(seed)
     problems: list[str] = []
     COUNTS["runs"] += len(src.streams)
-    for mode in modes:
-        for style in STYLES:
-            bare = tmp / f"{src.label}-{mode}-{style}"
-            bare.mkdir(parents=True)
-            for name, streams in src.streams.items():
-                lines = interleave(streams, src.hosts[name], rnd, mode, style)
+    variants = [(mode, style) for mode in modes for style in STYLES]
+    if src.recorded and set(src.recorded) == set(src.streams):
+        variants.append(("recorded", "pdsh"))  # the launcher's own interleaving, bare
+    for mode, style in variants:
+        bare = tmp / f"{src.label}-{mode}-{style}"
+        bare.mkdir(parents=True)
+        for name in src.streams:
+            if mode == "recorded":
+                shutil.copy2(src.recorded[name], bare / f"{name}.log")
+            else:
+                lines = interleave(src.streams[name], src.hosts[name], rnd, mode, style)
                 (bare / f"{name}.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
-                COUNTS["interleavings"] += 1
-            rows = _rows(bare)
-            for name in src.streams:
-                want, got = reference.get(name), rows.get(name)
-                if want is None or got is None:
-                    problems.append(f"{src.label} {mode}/{style} {name}: row missing")
+            COUNTS["interleavings"] += 1
+        rows = _rows(bare)
+        for name in src.streams:
+            want, got = reference.get(name), rows.get(name)
+            if want is None or got is None:
+                problems.append(f"{src.label} {mode}/{style} {name}: row missing")
+                continue
+            COUNTS["rows compared"] += 1
+            exempt = src.exempt[name]
+            for col, value in want.items():
+                if col in exempt:
                     continue
-                COUNTS["rows compared"] += 1
-                exempt = src.exempt[name]
-                for field, value in want.items():
-                    if field in exempt:
-                        continue
-                    other = got.get(field)
-                    if field == "na_reasons":  # the reasons of the compared fields
-                        value = {k: v for k, v in value.items() if k not in exempt}
-                        other = {k: v for k, v in (other or {}).items() if k not in exempt}
-                    COUNTS["fields compared"] += 1
-                    if not _same(value, other):
-                        problems.append(
-                            f"{src.label} {mode}/{style} {name}.{field}: run directory "
-                            f"{value!r}, bare log {other!r}"
-                        )
+                other = got.get(col)
+                if col == "na_reasons":  # the reasons of the compared fields
+                    value = {k: v for k, v in value.items() if k not in exempt}
+                    other = {k: v for k, v in (other or {}).items() if k not in exempt}
+                COUNTS["fields compared"] += 1
+                if not _same(value, other):
+                    problems.append(
+                        f"{src.label} {mode}/{style} {name}.{col}: run directory {value!r}, "
+                        f"bare log {other!r}"
+                    )
     return problems
 
 
