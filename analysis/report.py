@@ -125,12 +125,12 @@ def findings(group: list[RunMetrics]) -> list[str]:
         if r.speedup_ci95_lo > 1.0:
             out.append(
                 f"{r.name} is faster than {r.baseline}: {r.speedup:.2f}x "
-                f"(95% interval {r.speedup_ci95_lo:.2f}-{r.speedup_ci95_hi:.2f})."
+                f"(within-run 95% interval {r.speedup_ci95_lo:.2f}-{r.speedup_ci95_hi:.2f})."
             )
         elif (r.speedup_ci95_hi or 0) < 1.0:
             out.append(
                 f"{r.name} is slower than {r.baseline}: {r.speedup:.2f}x "
-                f"(95% interval {r.speedup_ci95_lo:.2f}-{r.speedup_ci95_hi:.2f})."
+                f"(within-run 95% interval {r.speedup_ci95_lo:.2f}-{r.speedup_ci95_hi:.2f})."
             )
         else:
             out.append(
