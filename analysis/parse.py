@@ -34,7 +34,7 @@ import re
 import shlex
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -52,10 +52,20 @@ from analysis.records import (
     Failure,
     FailureKind,
     Iteration,
+    IterationTable,
     Memory,
+    MemoryTable,
     ParsedRun,
     PipelineStep,
     TimerBlock,
+    TimerTable,
+)
+from analysis.storage import (
+    DeepSpeedBlocks,
+    IterIndex,
+    attribute_blocks,
+    merge_attribution,
+    merge_iterations,
 )
 
 __all__ = ["merge_runs", "parse_file", "parse_lines", "parse_text", "strip_prefix"]
@@ -233,13 +243,13 @@ class _Run:
 
     source: str
     first_line: int
-    iterations: list[Iteration] = field(default_factory=list)
-    iter_index: dict[int, int] = field(default_factory=dict)
-    memory: list[Memory] = field(default_factory=list)
-    memory_other: list[Memory] = field(default_factory=list)
-    megatron_blocks: list[TimerBlock] = field(default_factory=list)
+    iterations: IterationTable = field(default_factory=IterationTable)
+    iter_index: IterIndex = field(init=False)
+    memory: MemoryTable = field(default_factory=MemoryTable)
+    memory_other: MemoryTable = field(default_factory=MemoryTable)
+    megatron_blocks: TimerTable = field(default_factory=TimerTable)
     # DeepSpeed blocks: (values, rank, line, iterations seen before, pipeline steps before)
-    ds_blocks: list[tuple[dict[str, Any], int | None, int, int, int]] = field(default_factory=list)
+    ds_blocks: DeepSpeedBlocks = field(default_factory=DeepSpeedBlocks)
     steps: list[PipelineStep] = field(default_factory=list)
     args: dict[str, Any] = field(default_factory=dict)
     cmd_args: dict[str, Any] = field(default_factory=dict)
@@ -263,6 +273,9 @@ class _Run:
     spawned: int = 0
     exited_ok: int = 0
     exit_codes: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.iter_index = IterIndex(self.iterations)
 
     def has_content(self) -> bool:
         """Whether a boundary line now starts a new run rather than continuing this one."""
@@ -934,55 +947,9 @@ def _classify(message: str, default: FailureKind) -> FailureKind:
     return default
 
 
-def _attribute(run: _Run, pipeline: bool) -> tuple[list[TimerBlock], list[str]]:
+def _attribute(run: _Run, pipeline: bool) -> tuple[TimerTable, list[str]]:
     """DeepSpeed/pipeline timer blocks with their iteration (see module doc)."""
-    problems: list[str] = []
-    numbers = [it.iteration for it in run.iterations]
-    steps = [s.step for s in run.steps]
-    source = "pipeline" if pipeline else "deepspeed"
-    # Group blocks of one timer group (same names) between two consecutive iteration lines.
-    groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
-    for idx, (values, _rank, _line, n_iter, _n_steps) in enumerate(run.ds_blocks):
-        groups.setdefault((tuple(values), n_iter), []).append(idx)
-    assigned: dict[int, int | None] = {}
-    mismatch = False
-    for (_names, j), idxs in groups.items():
-        m = len(idxs)
-        prev = numbers[j - 1] if j > 0 else None
-        nxt = numbers[j] if j < len(numbers) else None
-        for k, idx in enumerate(idxs, start=1):
-            if pipeline:
-                values, _r, _l, _ni, n_steps = run.ds_blocks[idx]
-                first = next(iter(values), "")
-                if first.startswith("pipe_"):
-                    assigned[idx] = steps[n_steps - 1] if n_steps > 0 else None
-                else:
-                    assigned[idx] = steps[n_steps] if n_steps < len(steps) else None
-            elif prev is not None and nxt is not None:
-                assigned[idx] = prev + k if nxt - prev == m else None
-                mismatch |= nxt - prev != m
-            elif nxt is not None:
-                # Before the first iteration line: one block per step since the start (m == N)
-                # or since a resume one log interval earlier; anything else (a one-off set-up
-                # timer such as ZeRO-3's init_optimizer_state) stays unattributed.
-                interval = numbers[1] - numbers[0] if len(numbers) > 1 else None
-                ok = m in (nxt, interval)
-                assigned[idx] = nxt - m + k if ok else None
-            elif prev is not None:
-                assigned[idx] = prev + k
-            else:
-                assigned[idx] = None
-    if mismatch:
-        problems.append(
-            "some DeepSpeed timer blocks could not be matched to iterations (their count "
-            "between two iteration lines differs from the iterations between them); left "
-            "unattributed"
-        )
-    blocks = [
-        TimerBlock(source=source, values_ms=values, rank=rank, iteration=assigned.get(i), line=line)
-        for i, (values, rank, line, _ni, _ns) in enumerate(run.ds_blocks)
-    ]
-    return blocks, problems
+    return attribute_blocks(run.ds_blocks, run.iterations, [s.step for s in run.steps], pipeline)
 
 
 def _summary(run: _Run) -> tuple[dict[str, Any], list[str]]:
@@ -1063,11 +1030,14 @@ def _finish(run: _Run) -> ParsedRun:
     """Turn the filled state into a ParsedRun: config, attribution, status."""
     config, problems = _summary(run)
     ds_blocks, attr_problems = _attribute(run, _is_pipeline(config, bool(run.steps)))
+    timers = run.megatron_blocks
+    timers.extend(ds_blocks)
+    timers.sort_by_line()
     out = ParsedRun(
         iterations=run.iterations,
         memory=run.memory,
         memory_other=run.memory_other,
-        timers=run.megatron_blocks + ds_blocks,
+        timers=timers,
         pipeline_steps=run.steps,
         config=config,
         ds_config=run.ds_config,
@@ -1077,7 +1047,6 @@ def _finish(run: _Run) -> ParsedRun:
         sources=[run.source],
         first_line=run.first_line,
     )
-    out.timers.sort(key=lambda b: b.line or 0)
     train_iters = config.get("train_iters")
     reached = run.reached_final or (
         isinstance(train_iters, int) and run.max_iter >= train_iters > 0
@@ -1265,11 +1234,8 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
     if len(runs) == 1:
         return runs[0]
     out = ParsedRun(first_line=runs[0].first_line)
-    seen_iter: dict[int, Iteration] = {}
     seen_steps: dict[int, PipelineStep] = {}
     for part in runs:
-        for it in part.iterations:
-            seen_iter.setdefault(it.iteration, it)
         for st in part.pipeline_steps:
             seen_steps.setdefault(st.step, st)
         out.memory.extend(part.memory)
@@ -1292,7 +1258,7 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
         src = ",".join(part.sources)
         out.problems.extend(f"{src}: {p}" for p in part.problems)
         out.sources.extend(part.sources)
-    out.iterations = sorted(seen_iter.values(), key=lambda it: it.iteration)
+    out.iterations = merge_iterations(p.iterations for p in runs)
     out.pipeline_steps = sorted(seen_steps.values(), key=lambda s: s.step)
     by_rank = out.config.get("num_parameters_by_rank")
     if isinstance(by_rank, dict):
@@ -1300,7 +1266,8 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
         if why:
             out.problems.append(why)
     pipeline = _is_pipeline(out.config, bool(out.pipeline_steps))
-    out.timers = _merge_attribution(out, pipeline)
+    last_it = out.iterations[-1].iteration if out.iterations else None
+    out.problems.extend(merge_attribution(out.timers, last_it, pipeline))  # type: ignore[arg-type]
     failed = next((p for p in runs if p.status == "failed"), None)
     train_iters = out.config.get("train_iters")
     last = out.iterations[-1].iteration if out.iterations else None
@@ -1311,32 +1278,6 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
     ):
         out.status = "completed"
     return out
-
-
-def _merge_attribution(out: ParsedRun, pipeline: bool) -> list[TimerBlock]:
-    """Re-source DeepSpeed blocks of a pipeline run; attribute blocks of files that had no
-    iteration lines when one block per iteration 1..N was printed."""
-    blocks = [
-        replace(b, source="pipeline") if pipeline and b.source == "deepspeed" else b
-        for b in out.timers
-    ]
-    if pipeline or not out.iterations:
-        return blocks
-    last = out.iterations[-1].iteration
-    groups: dict[tuple[str, ...], list[int]] = {}
-    for i, b in enumerate(blocks):
-        if b.source == "deepspeed" and b.iteration is None:
-            groups.setdefault(tuple(b.values_ms), []).append(i)
-    for names, idxs in groups.items():
-        if len(idxs) == last:
-            for k, i in enumerate(idxs, start=1):
-                blocks[i] = replace(blocks[i], iteration=k)
-        else:
-            out.problems.append(
-                f"DeepSpeed timer group {names[0]}...: {len(idxs)} unattributed blocks for "
-                f"{last} iterations; left unattributed"
-            )
-    return blocks
 
 
 # -- CLI --------------------------------------------------------------------------------------
