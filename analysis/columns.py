@@ -405,6 +405,15 @@ class Column:
             if scaled.min() > _MIN[code] and scaled.max() <= _MAX[code] and (scaled / f == v).all():
                 arr.frombytes(scaled.astype(code).tobytes())
                 return
+        if self._list is None and (
+            self._arr is not None or self._const is None or self._fits(self._const)
+        ):
+            cur, none = self._current()
+            vals = np.concatenate([cur.astype(float), v])
+            mask = np.concatenate([none, np.isnan(v)])
+            self._reset()
+            self._store_np(vals, mask)
+            return
         self._widen([None if x != x else x for x in v.tolist()])
 
     def extend_ints(self, values: Sequence[int] | np.ndarray) -> None:
@@ -436,6 +445,19 @@ class Column:
             elif v.min() > _MIN[code] and v.max() <= _MAX[code]:
                 arr.frombytes(v.astype(code).tobytes())
                 return
+        if (
+            self._list is None
+            and (self._arr is not None or self._const is None or self._fits(self._const))
+            and v.min() > _MIN["q"]
+        ):
+            cur, none = self._current()
+            vals = np.concatenate([cur, v])
+            mask = np.concatenate([none, np.zeros(len(v), dtype=bool)])
+            delta = self._delta
+            self._reset()
+            self._delta = delta and not mask.any()
+            self._store_np(vals, mask)
+            return
         self._widen(v.tolist())
 
     def take(self, order: np.ndarray) -> Column:

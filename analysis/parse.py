@@ -7,14 +7,15 @@ log content: what cannot be read becomes a line in ``ParsedRun.problems``.
 How a file is read
   Until a run's training starts (first iteration, ``steps:`` or DeepSpeed timer line, or
   Megatron's ``training ...``), after it ends (final iteration, launcher exit, failure), and
-  while a multi-line block is open (argument dump, timer block, traceback, JSON dump), every
-  line is parsed.  In between, only lines holding one of ``_KEYWORDS`` can matter, and the
-  file reader looks for those with ``bytes.find`` over whole chunks: that is what makes a
-  1 GB log of NCCL chatter cheap.  A new run that starts in the middle of training output
-  without any of those lines is still split off when the iteration counter goes back.
-  ``iteration`` is a keyword of its own (``iteration=N`` lines have no ``|``) only until the
-  run's first iteration line: once that line holds ``|``, the run's iteration lines are found
-  by ``|`` and the costly multi-byte search for ``iteration`` stops.
+  while a multi-line block is open (argument dump, traceback, JSON dump), every line is
+  parsed.  In between, only lines holding one of ``_KEYWORDS`` can matter, and the lines of a
+  stream (launcher prefix) whose Megatron timer block is open.  ``iteration`` is a keyword of
+  its own (``iteration=N`` lines have no ``|``) only until the run's first iteration line:
+  once that line holds ``|``, the run's iteration lines are found by ``|``.  A new run that
+  starts in the middle of training output without any of those lines is still split off
+  when the iteration counter goes back.  ``analysis.scan`` is the file reader: it finds
+  keyword lines with ``bytes.find`` over whole chunks (what makes a 1 GB log of NCCL chatter
+  cheap) and reads the frequent lines of a training phase in bulk, with the same result.
 
 Attribution of DeepSpeed ``wall_clock_breakdown`` lines to iterations
   The plain engine prints one line per optimizer step and per timer group, before Megatron's
@@ -36,7 +37,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from analysis._lines import (
     MAX_LINE_CHARS,
@@ -60,6 +61,7 @@ from analysis.records import (
     TimerBlock,
     TimerTable,
 )
+from analysis.scan import Keywords, drive_file
 from analysis.storage import (
     DeepSpeedBlocks,
     IterIndex,
@@ -89,20 +91,8 @@ _KEYWORDS: tuple[str, ...] = (
     "MemAlloc",  # DeepSpeed ThroughputTimer memory
     "Max_MA",  # DeepSpeed see_memory_usage
 )
-# How the file reader finds them: a rare single byte found with memchr speed, then the
-# keywords holding it are checked at that position; two keywords have no rare byte.
-_ANCHORS: tuple[tuple[bytes, tuple[tuple[bytes, int], ...]], ...] = (
-    *(
-        (a.encode(), tuple((k.encode(), k.index(a)) for k in _KEYWORDS if a in k))
-        for a in ("|", ")", "E", "*", "T", "K", "#", "M")
-    ),
-    (b"iteration", ()),
-    # One multi-byte search for both launcher exit keywords (each such pass costs ~1 ms/MB).
-    (b"xit", tuple((k.encode(), k.index("xit")) for k in ("exits", "ssh exited"))),
-)
-
-_ITERATION_ANCHOR = next(i for i, (a, _) in enumerate(_ANCHORS) if a == b"iteration")
-_CHUNK_BYTES = 1 << 20
+_KW = Keywords(_KEYWORDS)
+"""How the readers look for them (``analysis.scan``)."""
 _TRACEBACK_MAX_LINES = 2000
 _JSON_MAX_LINES = 5000
 
@@ -235,6 +225,8 @@ class _Stream:
     """Brace depth of an open JSON dump."""
     chained: bool = False
     """A ``During handling of the above exception`` line was seen after an exception."""
+    key: str = ""
+    """The stream's key (launcher prefixes)."""
 
 
 @dataclass
@@ -291,15 +283,23 @@ class _Core:
         self.run = _Run(source=source, first_line=1)
         self.streams: dict[str, _Stream] = {}
         self.open_blocks = 0
+        self.timer_keys: set[str] = set()
         self.truncated = 0
 
     # -- driver interface -------------------------------------------------------------------
 
     @property
     def active(self) -> bool:
-        """Whether every line must be fed (not only those holding a keyword)."""
+        """Whether every line must be fed (not only those holding a keyword).  An open
+        Megatron timer block needs only the lines of its own stream (``timer_keys``)."""
         run = self.run
-        return self.open_blocks > 0 or not run.training or run.ended
+        return self.open_blocks > len(self.timer_keys) or not run.training or run.ended
+
+    @staticmethod
+    def stream_key(raw: str) -> str:
+        """The stream key ``feed`` finds for a line."""
+        raw = raw[:MAX_LINE_CHARS].rstrip("\r\n")
+        return split_prefix(raw.replace("\x00", "") if "\x00" in raw else raw)[0]
 
     def feed(self, lineno: int, raw: str) -> None:
         """Parse one physical line (1-based ``lineno``)."""
@@ -342,6 +342,11 @@ class _Core:
         if st.mode is None:
             self.open_blocks += 1
         st.mode = mode
+        st.key = key
+        if mode == "timer":
+            self.timer_keys.add(key)
+        else:
+            self.timer_keys.discard(key)
         st.start_line = lineno
         st.lines = 0
         st.buf = []
@@ -353,6 +358,8 @@ class _Core:
     def _close(self, st: _Stream) -> None:
         if st.mode is not None:
             self.open_blocks -= 1
+        if st.mode == "timer":
+            self.timer_keys.discard(st.key)
         st.mode = None
         st.buf = []
         st.timer_values = {}
@@ -1088,14 +1095,6 @@ def _finish(run: _Run) -> ParsedRun:
 # -- entry points -----------------------------------------------------------------------------
 
 
-_KEYWORDS_PIPE = tuple(k for k in _KEYWORDS if k != "iteration")
-"""The keywords once a run's iteration lines are known to hold ``|`` (module doc)."""
-
-
-def _has_keyword(line: str, pipe_iterations: bool) -> bool:
-    return any(k in line for k in (_KEYWORDS_PIPE if pipe_iterations else _KEYWORDS))
-
-
 def parse_lines(lines: Iterable[str], source: str) -> list[ParsedRun]:
     """Parse log lines (with or without trailing newlines) into one ParsedRun per training run.
 
@@ -1104,7 +1103,11 @@ def parse_lines(lines: Iterable[str], source: str) -> list[ParsedRun]:
     core = _Core(source)
     try:
         for lineno, line in enumerate(lines, start=1):
-            if core.active or _has_keyword(line, core.run.pipe_iterations):
+            if (
+                core.active
+                or _KW.has(line, core.run.pipe_iterations)
+                or (core.timer_keys and core.stream_key(line) in core.timer_keys)
+            ):
                 core.feed(lineno, line)
     except (OSError, UnicodeError) as exc:
         core.run.problems.append(f"reading stopped: {exc}")
@@ -1116,93 +1119,10 @@ def parse_text(text: str, source: str = "<text>") -> list[ParsedRun]:
     return parse_lines(text.splitlines(), source)
 
 
-def _next_hit(block: bytes, anchor: bytes, checks: tuple[tuple[bytes, int], ...], pos: int) -> int:
-    """Position of the next keyword hit of one anchor at or after ``pos``, or -1."""
-    find = block.find
-    p = find(anchor, pos)
-    if not checks or (len(checks) == 1 and checks[0][1] == 0 and checks[0][0] == anchor):
-        return p
-    startswith = block.startswith
-    while p >= 0:
-        for kw, off in checks:
-            if p >= off and startswith(kw, p - off):
-                return p
-        p = find(anchor, p + 1)
-    return -1
-
-
-def _drive_block(core: _Core, block: bytes, lineno: int) -> int:
-    """Feed the lines of ``block`` (whole lines) that can matter to ``core``; return the line
-    number after the block."""
-    end = len(block)
-    pos = 0
-    nxt = [-2] * len(_ANCHORS)
-    find = block.find
-    while pos < end:
-        if core.active:
-            e = find(b"\n", pos)
-            if e < 0:
-                e = end
-            core.feed(lineno, block[pos:e].decode("utf-8", "replace"))
-            lineno += 1
-            pos = e + 1
-            continue
-        best = -1
-        run = core.run
-        for i, (anchor, checks) in enumerate(_ANCHORS):
-            if i == _ITERATION_ANCHOR and run.pipe_iterations:
-                continue
-            p = nxt[i]
-            if p < pos and p != -1:
-                p = nxt[i] = _next_hit(block, anchor, checks, pos)
-            if p >= 0 and (best < 0 or p < best):
-                best = p
-        if best < 0:
-            break
-        s = block.rfind(b"\n", pos, best) + 1 or pos
-        lineno += block.count(b"\n", pos, s)
-        e = find(b"\n", s)
-        if e < 0:
-            e = end
-        core.feed(lineno, block[s:e].decode("utf-8", "replace"))
-        lineno += 1
-        pos = e + 1
-    if pos < end:
-        lineno += block.count(b"\n", pos, end)
-    return lineno
-
-
-def _drive_file(core: _Core, fh: BinaryIO) -> None:
-    lineno = 1
-    carry = b""
-    skipping = False  # inside the tail of an over-long line
-    while True:
-        data = fh.read(_CHUNK_BYTES)
-        if not data:
-            break
-        if skipping:
-            nl = data.find(b"\n")
-            if nl < 0:
-                continue
-            core.feed(lineno, carry.decode("utf-8", "replace"))  # counted as truncated there
-            lineno += 1
-            carry, skipping = b"", False
-            data = data[nl + 1 :]
-        buf = carry + data if carry else data
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            carry = buf
-            if len(carry) > MAX_LINE_CHARS * 4:
-                carry, skipping = carry[: MAX_LINE_CHARS * 4], True
-            continue
-        lineno = _drive_block(core, buf[: cut + 1], lineno)
-        carry = buf[cut + 1 :]
-    if carry:
-        core.feed(lineno, carry.decode("utf-8", "replace"))
-
-
-def parse_file(path: str | Path) -> list[ParsedRun]:
-    """Parse one log file, streaming it in chunks (constant memory whatever its size).
+def parse_file(path: str | Path, bulk: bool = True) -> list[ParsedRun]:
+    """Parse one log file, streaming it in chunks (memory grows with the records, not the
+    lines).  ``bulk=False`` reads every line through the line path (``analysis.scan``; the
+    result is the same, only slower).
 
     An unreadable file gives one incomplete run whose problems say why.
     """
@@ -1210,7 +1130,7 @@ def parse_file(path: str | Path) -> list[ParsedRun]:
     core = _Core(source)
     try:
         with open(path, "rb") as fh:
-            _drive_file(core, fh)
+            drive_file(core, _KW, fh, bulk=bulk)
     except OSError as exc:
         core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
     return core.finish()

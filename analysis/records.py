@@ -333,6 +333,8 @@ class RecordTable(_Rows[R]):
                     col.extend_floats(v)
                 else:
                     col.extend_ints(v)
+            elif isinstance(v, list):
+                col.extend(self.code(name, x) for x in v) if name in self.strs else col.extend(v)
             else:
                 if name in self.strs:
                     v = self.code(name, v)
