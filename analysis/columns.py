@@ -60,7 +60,18 @@ def _scale_of(values: np.ndarray) -> int | None:
 class Column:
     """A column of optional ints (``kind="i"``) or floats (``kind="f"``) (module doc)."""
 
-    __slots__ = ("_arr", "_const", "_delta", "_last", "_list", "_n", "_prefix", "_scale", "kind")
+    __slots__ = (
+        "_arr",
+        "_const",
+        "_delta",
+        "_last",
+        "_list",
+        "_n",
+        "_pend",
+        "_prefix",
+        "_scale",
+        "kind",
+    )
 
     def __init__(self, kind: str, values: Iterable[Any] = (), delta: bool = False) -> None:
         if kind not in ("i", "f"):
@@ -74,6 +85,7 @@ class Column:
         self._scale = -1  # floats: decimals of the scaled ints, -1 = doubles
         self._last = 0  # delta mode: the last value
         self._prefix: np.ndarray | None = None  # delta mode: cached running sums
+        self._pend: list[Any] = []  # values appended, not yet stored
         for v in values:
             self.append(v)
 
@@ -81,14 +93,16 @@ class Column:
 
     def __len__(self) -> int:
         if self._arr is not None:
-            return len(self._arr)
+            return len(self._arr) + len(self._pend)
         if self._list is not None:
-            return len(self._list)
-        return self._n
+            return len(self._list) + len(self._pend)
+        return self._n + len(self._pend)
 
     @property
     def nbytes(self) -> int:
         """Bytes of the stored values (not counting the fixed size of the objects)."""
+        if self._pend:
+            self._sync()
         if self._arr is not None:
             return len(self._arr) * self._arr.itemsize
         if self._list is not None:
@@ -98,6 +112,8 @@ class Column:
     @property
     def storage(self) -> str:
         """How the values are stored, in words (``const``, ``int16``, ``x100 int16``, ...)."""
+        if self._pend:
+            self._sync()
         if self._list is not None:
             return "objects"
         if self._arr is None:
@@ -121,6 +137,8 @@ class Column:
         return None if x == _MIN[arr.typecode] else x
 
     def __getitem__(self, i: int) -> Any:
+        if self._pend:
+            self._sync()
         n = len(self)
         if i < 0:
             i += n
@@ -139,6 +157,8 @@ class Column:
         return self._decode(self._arr[i])
 
     def __iter__(self) -> Iterator[Any]:
+        if self._pend:
+            self._sync()
         if self._list is not None:
             return iter(self._list)
         if self._arr is None:
@@ -160,6 +180,8 @@ class Column:
 
     def floats(self) -> np.ndarray:
         """The values as float64 (None as NaN); ints exact up to 2**53."""
+        if self._pend:
+            self._sync()
         n = len(self)
         if self._list is not None:
             return np.array([math.nan if x is None else float(x) for x in self._list], dtype=float)
@@ -179,6 +201,8 @@ class Column:
 
     def ints(self, fill: int = 0) -> np.ndarray:
         """The values as int64, None as ``fill`` (int columns only)."""
+        if self._pend:
+            self._sync()
         if self.kind != "i":
             raise TypeError("ints() of a float column")
         n = len(self)
@@ -196,7 +220,30 @@ class Column:
     # -- writing ----------------------------------------------------------------------------
 
     def append(self, v: Any) -> None:
-        """Add one value (None, an int for ``kind="i"``, a float for ``kind="f"``)."""
+        """Add one value (None, an int for ``kind="i"``, a float for ``kind="f"``); values
+        are gathered and stored a few hundred at a time."""
+        pend = self._pend
+        pend.append(v)
+        if len(pend) >= 256:
+            self._sync()
+
+    def _sync(self) -> None:
+        """Store the gathered values."""
+        vals = self._pend
+        if not vals:
+            return
+        self._pend = []
+        if self.kind == "f":
+            if all(type(v) is float and v == v for v in vals):
+                self.extend_floats(np.array(vals, dtype=float))
+                return
+        elif all(type(v) is int for v in vals) and _MIN["q"] < min(vals) and max(vals) <= _MAX["q"]:
+            self.extend_ints(np.array(vals, dtype=np.int64))
+            return
+        for v in vals:
+            self._append_one(v)
+
+    def _append_one(self, v: Any) -> None:
         arr = self._arr
         if arr is not None:
             if self._put(arr, v):
@@ -246,7 +293,10 @@ class Column:
             arr.append(v)
             return True
         f = 10.0**self._scale
-        s = round(v * f)
+        x = v * f
+        if not -9e18 < x < 9e18:
+            return False
+        s = round(x)
         if _MIN[code] < s <= _MAX[code] and s / f == v and (s != 0 or math.copysign(1, v) > 0):
             arr.append(s)
             return True
@@ -254,6 +304,8 @@ class Column:
 
     def _current(self) -> tuple[np.ndarray, np.ndarray]:
         """Current values as (float64 or int64 array, None mask), from array or const storage."""
+        if self._pend:
+            self._sync()
         n = len(self)
         if self._arr is None:
             none = np.full(n, self._const is None)
@@ -282,6 +334,8 @@ class Column:
 
     def _widen(self, new: list[Any]) -> None:
         """Rebuild the storage so that it holds the current values and ``new``."""
+        if self._pend:
+            self._sync()
         if self._list is not None:
             self._list.extend(new)
             return
@@ -346,6 +400,8 @@ class Column:
 
     def extend_const(self, v: Any, n: int) -> None:
         """Add ``n`` copies of ``v``."""
+        if self._pend:
+            self._sync()
         if n <= 0:
             return
         if self._arr is None and self._list is None:
@@ -376,6 +432,8 @@ class Column:
 
     def extend_floats(self, values: array[float] | np.ndarray) -> None:
         """Add finite doubles in bulk (``kind="f"``; NaN is taken as None)."""
+        if self._pend:
+            self._sync()
         v = np.asarray(values, dtype=float)
         if not len(v):
             return
@@ -418,6 +476,8 @@ class Column:
 
     def extend_ints(self, values: Sequence[int] | np.ndarray) -> None:
         """Add ints in bulk (``kind="i"``, no None)."""
+        if self._pend:
+            self._sync()
         v = np.asarray(values, dtype=np.int64)
         if not len(v):
             return
@@ -462,6 +522,8 @@ class Column:
 
     def take(self, order: np.ndarray) -> Column:
         """A new column with the values at ``order`` (indices), exactly."""
+        if self._pend:
+            self._sync()
         out = Column(self.kind, delta=self._delta)
         if self._list is not None:
             out._list = [self._list[i] for i in order.tolist()]
@@ -478,6 +540,10 @@ class Column:
 
     def concat(self, other: Column) -> None:
         """Append every value of ``other`` (same kind)."""
+        if self._pend:
+            self._sync()
+        if other._pend:
+            other._sync()
         plain = other._list is None and (
             other._arr is not None or other._const is None or other._fits(other._const)
         )

@@ -8,8 +8,9 @@ How a file is read
   Until a run's training starts (first iteration, ``steps:`` or DeepSpeed timer line, or
   Megatron's ``training ...``), after it ends (final iteration, launcher exit, failure), and
   while a multi-line block is open (argument dump, traceback, JSON dump), every line is
-  parsed.  In between, only lines holding one of ``_KEYWORDS`` can matter, and the lines of a
-  stream (launcher prefix) whose Megatron timer block is open.  ``iteration`` is a keyword of
+  parsed.  In between, only lines holding one of ``_KEYWORDS`` are parsed; a line without one
+  of a stream (launcher prefix) whose Megatron timer block is open only continues or closes
+  that block.  ``iteration`` is a keyword of
   its own (``iteration=N`` lines have no ``|``) only until the run's first iteration line:
   once that line holds ``|``, the run's iteration lines are found by ``|``.  A new run that
   starts in the middle of training output without any of those lines is still split off
@@ -31,13 +32,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shlex
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from analysis._lines import (
     MAX_LINE_CHARS,
@@ -58,8 +60,10 @@ from analysis.records import (
     MemoryTable,
     ParsedRun,
     PipelineStep,
+    RecordTable,
     TimerBlock,
     TimerTable,
+    block_dict,
 )
 from analysis.scan import Keywords, drive_file
 from analysis.storage import (
@@ -70,7 +74,7 @@ from analysis.storage import (
     merge_iterations,
 )
 
-__all__ = ["merge_runs", "parse_file", "parse_lines", "parse_text", "strip_prefix"]
+__all__ = ["merge_runs", "parse_file", "parse_lines", "parse_stream", "parse_text", "strip_prefix"]
 
 # Substrings one of which every line that can matter during training contains (see module
 # doc).  Lines of the start-up phase need none of them: they are all parsed.
@@ -301,10 +305,11 @@ class _Core:
         raw = raw[:MAX_LINE_CHARS].rstrip("\r\n")
         return split_prefix(raw.replace("\x00", "") if "\x00" in raw else raw)[0]
 
-    def feed(self, lineno: int, raw: str) -> None:
-        """Parse one physical line (1-based ``lineno``)."""
+    def feed(self, lineno: int, raw: str, dispatch: bool = True) -> None:
+        """Parse one physical line (1-based ``lineno``).  ``dispatch=False``: only continue
+        or close an open block of its stream (a training line without a keyword)."""
         try:
-            self._feed(lineno, raw)
+            self._feed(lineno, raw, dispatch)
         except Exception as exc:
             self.run.problems.append(f"line {lineno}: internal parser error {exc!r} (skipped)")
 
@@ -322,7 +327,7 @@ class _Core:
 
     # -- dispatch ---------------------------------------------------------------------------
 
-    def _feed(self, lineno: int, raw: str) -> None:
+    def _feed(self, lineno: int, raw: str, dispatch: bool = True) -> None:
         if len(raw) > MAX_LINE_CHARS:
             raw = raw[:MAX_LINE_CHARS]
             self.truncated += 1
@@ -333,7 +338,8 @@ class _Core:
         st = self.streams.get(key)
         if st is not None and st.mode is not None and self._continue_block(key, st, text, lineno):
             return
-        self._dispatch(key, text, lineno)
+        if dispatch:
+            self._dispatch(key, text, lineno)
 
     def _open(self, key: str, mode: str, lineno: int) -> _Stream:
         st = self.streams.get(key)
@@ -1103,12 +1109,10 @@ def parse_lines(lines: Iterable[str], source: str) -> list[ParsedRun]:
     core = _Core(source)
     try:
         for lineno, line in enumerate(lines, start=1):
-            if (
-                core.active
-                or _KW.has(line, core.run.pipe_iterations)
-                or (core.timer_keys and core.stream_key(line) in core.timer_keys)
-            ):
+            if core.active or _KW.has(line, core.run.pipe_iterations):
                 core.feed(lineno, line)
+            elif core.timer_keys and core.stream_key(line) in core.timer_keys:
+                core.feed(lineno, line, dispatch=False)
     except (OSError, UnicodeError) as exc:
         core.run.problems.append(f"reading stopped: {exc}")
     return core.finish()
@@ -1127,10 +1131,20 @@ def parse_file(path: str | Path, bulk: bool = True) -> list[ParsedRun]:
     An unreadable file gives one incomplete run whose problems say why.
     """
     source = str(path)
-    core = _Core(source)
     try:
         with open(path, "rb") as fh:
-            drive_file(core, _KW, fh, bulk=bulk)
+            return parse_stream(fh, source, bulk)
+    except OSError as exc:
+        core = _Core(source)
+        core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
+        return core.finish()
+
+
+def parse_stream(fh: BinaryIO, source: str, bulk: bool = True) -> list[ParsedRun]:
+    """Parse a log from an open binary file (``parse_file`` without the opening)."""
+    core = _Core(source)
+    try:
+        drive_file(core, _KW, fh, bulk=bulk)
     except OSError as exc:
         core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
     return core.finish()
@@ -1220,9 +1234,76 @@ def _summary_line(run: ParsedRun) -> str:
     )
 
 
-def _iter_docs(paths: Iterable[str]) -> Iterator[dict[str, Any]]:
-    for p in paths:
-        yield {"path": p, "runs": [r.to_dict() for r in parse_file(p)]}
+def _json_value(v: Any) -> str:
+    """One number (or None) as JSON, as ``json`` writes it."""
+    if v is None:
+        return "null"
+    if type(v) is float:
+        if v != v or v in (math.inf, -math.inf):
+            raise ValueError(f"out of range float value in the JSON output: {v!r}")
+        return float.__repr__(v)
+    if type(v) is int:
+        return int.__repr__(v)
+    return json.dumps(v, allow_nan=False, default=str)
+
+
+def _json_records(records: Any, encode: Any) -> Iterator[str]:
+    """The elements of a record list as JSON texts (column tables row by row, without an
+    object per record)."""
+    if isinstance(records, RecordTable):
+        names = [json.dumps(f) for f in records._names]
+        template = "{" + ", ".join(f"{n}: %s" for n in names) + "}"
+        for row in records.rows():
+            yield template % tuple(map(_json_value, row))
+    elif isinstance(records, TimerTable):
+        templates = []
+        for source, names, shape in records.groups:
+            parts = []
+            for n, k in zip(names, shape, strict=True):
+                value = "[" + ", ".join(["%s"] * k) + "]" if k else "%s"
+                parts.append(f"{json.dumps(n).replace('%', '%%')}: {value}")
+            src = json.dumps(source).replace("%", "%%")
+            templates.append(
+                f'{{"source": {src}, "values_ms": {{{", ".join(parts)}}}, '
+                '"rank": %s, "iteration": %s, "line": %s}'
+            )
+        for g, flat, rank, it, line in records.rows():
+            yield templates[g] % (*map(_json_value, flat), _json_value(rank), _json_value(it),
+                                  _json_value(line))  # fmt: skip
+    else:
+        for r in records:
+            yield encode(block_dict(r) if isinstance(r, TimerBlock) else asdict(r))
+
+
+def _iter_json(paths: Iterable[str]) -> Iterator[str]:
+    """The ``--json`` document in pieces: one log parsed at a time, one record a line."""
+    encode = json.JSONEncoder(allow_nan=False, default=str).encode
+    lists = ("iterations", "memory", "memory_other", "timers", "pipeline_steps")
+    yield '{"logs": ['
+    for i, p in enumerate(paths):
+        yield ("," if i else "") + f'\n {{"path": {encode(p)}, "runs": ['
+        for j, run in enumerate(parse_file(p)):
+            yield ("," if j else "") + "\n  {"
+            for k, f in enumerate(fields(run)):
+                value = getattr(run, f.name)
+                yield ("," if k else "") + f"\n   {encode(f.name)}: "
+                if f.name not in lists:
+                    yield encode(asdict(value) if f.name == "failure" and value else value)
+                    continue
+                yield "["
+                chunk: list[str] = []
+                first = True
+                for text in _json_records(value, encode):
+                    chunk.append(text)
+                    if len(chunk) >= 2048:
+                        yield ("" if first else ",") + "\n    " + ",\n    ".join(chunk)
+                        chunk, first = [], False
+                if chunk:
+                    yield ("" if first else ",") + "\n    " + ",\n    ".join(chunk)
+                yield "]"
+            yield "}"
+        yield "]}"
+    yield "\n]}\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1234,9 +1315,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help='print {"logs": [...]} as JSON')
     ns = ap.parse_args(argv)
     if ns.json:
-        doc = {"logs": list(_iter_docs(ns.logs))}
-        json.dump(doc, sys.stdout, indent=1, allow_nan=False, default=str)
-        sys.stdout.write("\n")
+        write = sys.stdout.write
+        for text in _iter_json(ns.logs):
+            write(text)
         return 0
     try:
         from rich.console import Console

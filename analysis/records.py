@@ -362,6 +362,18 @@ class RecordTable(_Rows[R]):
             vals.append(self._codes[n][v] if n in self.strs and v is not None else v)
         return self.record(*vals)
 
+    def rows(self) -> Iterator[tuple[Any, ...]]:
+        """The records as tuples of field values, in field order."""
+        its = []
+        for n in self._names:
+            col = self._cols[n]
+            if n in self.strs:
+                codes = self._codes[n]
+                its.append(None if c is None else codes[c] for c in col)
+            else:
+                its.append(iter(col))
+        return zip(*its, strict=True)
+
     def __iter__(self) -> Iterator[R]:
         its = []
         for n in self._names:
@@ -616,9 +628,114 @@ class TimerTable(_Rows[TimerBlock]):
     def __repr__(self) -> str:
         return f"TimerTable({len(self)} blocks in {len(self._groups)} groups, {self.nbytes} bytes)"
 
+    def rows(self) -> Iterator[tuple[int, tuple[Any, ...], Any, Any, Any]]:
+        """The blocks as (group, numbers in column order, rank, iteration, line)."""
+        readers = [zip(*grp.cols, strict=True) for grp in self._groups]
+        for g, rank, it, line in zip(
+            self._gid, self._rank, self._iteration, self._line, strict=True
+        ):
+            yield g, next(readers[g]), rank, it, line
+
+    def blocks_of(self, source: str) -> Iterator[TimerBlock]:
+        """The blocks of one source, in order (only their groups are read)."""
+        gs = [g for g, grp in enumerate(self._groups) if grp.source == source]
+        if not gs:
+            return
+        gid = self.group_ids()
+        rows = np.flatnonzero(np.isin(gid, gs))
+        readers = {g: zip(*self._groups[g].cols, strict=True) for g in gs}
+        ranks, its, lines = self._rank, self._iteration, self._line
+        for r, g in zip(rows.tolist(), gid[rows].tolist(), strict=True):
+            grp = self._groups[g]
+            yield TimerBlock(grp.source, grp.values(next(readers[g])), ranks[r], its[r], lines[r])  # type: ignore[arg-type]
+
+    def group_views(self, source: str) -> list[TimerGroupView]:
+        """The blocks of one source as column groups (``timer_groups``)."""
+        gid = self.group_ids()
+        its = self._iteration.floats()
+        out = []
+        for g, grp in enumerate(self._groups):
+            if grp.source != source:
+                continue
+            rows = np.flatnonzero(gid == g)
+            values: dict[str, np.ndarray] = {}
+            j = 0
+            for name, k in zip(grp.names, grp.shape, strict=True):
+                cols = [c.floats() for c in grp.cols[j : j + max(k, 1)]]
+                values[name] = cols[0] if len(cols) == 1 else np.maximum.reduce(cols)
+                j += max(k, 1)
+            out.append(TimerGroupView(grp.names, grp.shape, rows, its[rows], values))
+        return out
+
     @property
     def nbytes(self) -> int:
         """Bytes of the stored values."""
         cols = [self._gid, self._rank, self._iteration, self._line]
         cols += [c for g in self._groups for c in g.cols]
         return sum(c.nbytes for c in cols)
+
+
+# -- column views for consumers (tables and plain lists alike) -------------------------------
+
+
+def record_values(records: Sequence[Any], name: str) -> np.ndarray:
+    """One numeric field of every record as float64 (None as NaN)."""
+    if isinstance(records, RecordTable):
+        return records.column(name).floats()
+    return np.array([np.nan if (v := getattr(r, name)) is None else float(v) for r in records])
+
+
+def blocks_of(timers: Sequence[TimerBlock], source: str) -> Iterator[TimerBlock]:
+    """The timer blocks of one source, in order (a table reads only those)."""
+    if not isinstance(timers, TimerTable):
+        yield from (b for b in timers if b.source == source)
+        return
+    yield from timers.blocks_of(source)
+
+
+@dataclass(frozen=True)
+class TimerGroupView:
+    """The blocks of one source and one set of timer names, column-wise."""
+
+    names: tuple[str, ...]
+    """Timer names, in printed order."""
+    shape: tuple[int, ...]
+    """Per name: 0 = one number, k = a k-tuple (Megatron's (min, max))."""
+    rows: np.ndarray
+    """Positions of the blocks among all blocks (int64), ascending."""
+    iteration: np.ndarray
+    """Iteration of each block (float64, NaN = not attributed)."""
+    values: dict[str, np.ndarray]
+    """Name -> values (float64, NaN = None); a tuple name gives ``name`` (its largest element)
+    only."""
+
+
+def timer_groups(timers: Sequence[TimerBlock], source: str) -> list[TimerGroupView]:
+    """The blocks of one source as column groups (one per set of names, blocks in order)."""
+    if isinstance(timers, TimerTable):
+        return timers.group_views(source)
+    by: dict[tuple[Any, ...], list[tuple[int, TimerBlock]]] = {}
+    for i, b in enumerate(timers):
+        if b.source == source:
+            by.setdefault((tuple(b.values_ms), _shape(b.values_ms)), []).append((i, b))
+    out = []
+    for (names, shape), items in by.items():
+        values = {
+            n: np.array(
+                [
+                    np.nan if v is None else float(max(v) if isinstance(v, tuple) else v)
+                    for v in (b.values_ms[n] for _i, b in items)
+                ]
+            )
+            for n in names
+        }
+        out.append(
+            TimerGroupView(
+                names,
+                shape,
+                np.array([i for i, _b in items], dtype=np.int64),
+                np.array([np.nan if b.iteration is None else b.iteration for _i, b in items]),
+                values,
+            )
+        )
+    return out

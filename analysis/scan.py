@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from itertools import repeat
 from operator import itemgetter, methodcaller
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -38,6 +39,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 CHUNK_BYTES = 8 << 20
 """Bytes read at a time (whole lines are handed on; the rest waits for the next read)."""
+SEG_START, SEG_MIN, SEG_MAX = 1 << 18, 1 << 14, 4 << 20
+"""Bytes the bulk path looks at in one step: it grows while no line needs the line path and
+shrinks when one soon does."""
+SPARSE_RECORDS, SPARSE_BYTES = 1000, 16 << 20
+"""A bulk step of at least SEG_START bytes that took fewer records per MB than this hands the
+next SPARSE_BYTES to the line path (whose keyword jumps are cheaper over chatter)."""
 
 _DIGITS = b"0123456789"
 
@@ -80,23 +87,16 @@ def build_anchors(
 def _next_hit(
     block: bytes, anchor: bytes, checks: tuple[tuple[bytes, int], ...], pos: int, end: int
 ) -> int:
-    """Position of the next keyword hit of one anchor in [pos, end), or -1.  When the anchor
-    byte turns out to be frequent (``NET/Socket`` holds a ``T`` and an ``E``), the keywords
-    are searched for whole instead of checked at every anchor."""
+    """Position of the next keyword hit of one anchor in [pos, end), or -1."""
     find = block.find
     p = find(anchor, pos, end)
     if not checks or (len(checks) == 1 and checks[0][1] == 0 and checks[0][0] == anchor):
         return p
     startswith = block.startswith
-    misses = 0
     while p >= 0:
         for kw, off in checks:
             if p >= off and startswith(kw, p - off):
                 return p
-        misses += 1
-        if misses > 4:
-            hits = [h for kw, off in checks if (h := find(kw, max(pos, p - off), end)) >= 0]
-            return min(hits) if hits else -1
         p = find(anchor, p + 1, end)
     return -1
 
@@ -109,16 +109,38 @@ class Keywords:
         self.pipe_keywords = tuple(k for k in keywords if k != iteration_keyword)
         self.anchors = build_anchors(keywords)
         self.pipe_anchors = build_anchors(self.pipe_keywords)
+        self._cache: list[Any] = [None, -1, None, [], 0]
 
     def has(self, line: str, pipe_iterations: bool) -> bool:
         """Whether a line holds a keyword."""
         return any(k in line for k in (self.pipe_keywords if pipe_iterations else self.keywords))
 
-    def first(self, block: bytes, pos: int, end: int, pipe_iterations: bool) -> int:
-        """Position of the first keyword in ``block[pos:end]``, or -1."""
+    def first(
+        self, block: bytes, pos: int, end: int, pipe_iterations: bool, once: bool = False
+    ) -> int:
+        """Position of the first keyword in ``block[pos:end]``, or -1.  The next hit of each
+        anchor is remembered for the same buffer, so that successive calls over one chunk
+        search each byte about once (``once``: a buffer searched only once, not remembered)."""
+        anchors = self.pipe_anchors if pipe_iterations else self.anchors
+        if once:
+            best = -1
+            for anchor, checks in anchors:
+                p = _next_hit(block, anchor, checks, pos, end if best < 0 else best)
+                if p >= 0 and (best < 0 or p < best):
+                    best = p
+            return best
+        cache = self._cache
+        if cache[0] is not block or cache[1] != end or cache[2] is not anchors:
+            cache = self._cache = [block, end, anchors, [-2] * len(anchors), pos]
+        elif pos < cache[4]:  # going back: forget
+            cache[3] = [-2] * len(anchors)
+        cache[4] = pos
+        nxt = cache[3]
         best = -1
-        for anchor, checks in self.pipe_anchors if pipe_iterations else self.anchors:
-            p = _next_hit(block, anchor, checks, pos, end if best < 0 else best)
+        for i, (anchor, checks) in enumerate(anchors):
+            p = nxt[i]
+            if p < pos and p != -1:
+                p = nxt[i] = _next_hit(block, anchor, checks, pos, end)
             if p >= 0 and (best < 0 or p < best):
                 best = p
         return best
@@ -142,11 +164,13 @@ def line_step(
         e = _line_end(block, pos, end)
         core.feed(lineno, block[pos:e].decode("utf-8", "replace"))
         return e + 1, lineno + 1
-    if core.timer_keys:  # lines of those streams matter too: look at each line
+    if core.timer_keys:  # lines of those streams continue or close the block: each line
         e = _line_end(block, pos, end)
         line = block[pos:e].decode("utf-8", "replace")
-        if kw.has(line, core.run.pipe_iterations) or core.stream_key(line) in core.timer_keys:
+        if kw.has(line, core.run.pipe_iterations):
             core.feed(lineno, line)
+        elif core.stream_key(line) in core.timer_keys:
+            core.feed(lineno, line, dispatch=False)
         return e + 1, lineno + 1
     hit = kw.first(block, pos, end, core.run.pipe_iterations)
     if hit < 0:
@@ -159,17 +183,27 @@ def line_step(
 
 
 def drive_block(core: _Core, kw: Keywords, bulk: _Bulk | None, block: bytes, lineno: int) -> int:
-    """Feed the whole lines of ``block``; return the line number after it."""
+    """Feed the whole lines of ``block``; return the line number after it.  Where the last
+    bulk step found few records (a log of mostly NCCL chatter), the line path, which jumps
+    from keyword to keyword, reads the next ``SPARSE_BYTES``."""
     end = len(block)
     pos = 0
     while pos < end:
-        if bulk is not None and not core.active and not core.timer_keys:
-            pos, lineno, rare = bulk.advance(block, pos, end, lineno)
+        if bulk is not None and not core.active and not core.timer_keys and bulk.line_budget <= 0:
+            pos, lineno, _rare = bulk.advance(block, pos, end, lineno)
             if pos >= end:
                 break
-            if not rare and (core.active or core.timer_keys):
-                continue
+        start = pos
         pos, lineno = line_step(core, kw, block, pos, end, lineno)
+        if bulk is None:
+            continue
+        # Keyword lines of a sparse stretch: feed them here until the budget is spent.
+        budget = bulk.line_budget - (pos - start)
+        while budget > 0 and pos < end and not core.active and not core.timer_keys:
+            start = pos
+            pos, lineno = line_step(core, kw, block, pos, end, lineno)
+            budget -= pos - start
+        bulk.line_budget = budget
     return lineno
 
 
@@ -306,6 +340,27 @@ def _ds_values(bodies: list[bytes], k: int) -> np.ndarray | None:
     return vals.reshape(len(bodies), k)
 
 
+# A DeepSpeed ``name: value`` piece whose value is a plain decimal with spaces around it:
+# deleting the names, colons and bars leaves the values, space separated, for np.fromstring
+# (which reads them exactly as float() does); a digit in a name would be a value too many.
+_FAST_PIECE_RE = re.compile(rb" [A-Za-z_]+: +-?[0-9]+(?:\.[0-9]+)? *\Z")
+_NOT_VALUES = bytes(c for c in range(256) if chr(c).isalpha() and c < 128) + b"_:|"
+
+
+def _ds_values_fast(bodies: list[bytes], k: int) -> np.ndarray | None:
+    """``_ds_values`` for shapes of plain decimals (``_FAST_PIECE_RE``), in two C passes."""
+    text = b" | ".join(bodies).translate(None, _NOT_VALUES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            vals = np.fromstring(text, dtype=float, sep=" ")
+        except (ValueError, DeprecationWarning):
+            return None
+    if len(vals) != k * len(bodies) or not np.isfinite(vals).all():
+        return None
+    return vals.reshape(len(bodies), k)
+
+
 class _DSLines:
     """DeepSpeed lines of a segment: starts, ends, ranks, which are taken, values by group."""
 
@@ -317,18 +372,98 @@ class _DSLines:
         self.groups: list[tuple[tuple[str, ...], np.ndarray, np.ndarray]] = []
 
 
+_OPEN = object()
+"""A timer block that does not close in the bytes looked at."""
+_NUMBER = rb"([-\d.eE+]+)"
+
+
+def _pattern(raw: bytes, spans: list[tuple[int, int]], offset: int) -> bytes:
+    """A line as a pattern: its text, with the numbers at ``spans`` (of its content, which
+    starts at ``offset``) as groups."""
+    out, q = [], 0
+    for a, b in spans:
+        out += [re.escape(raw[q : offset + a]), _NUMBER]
+        q = offset + b
+    out.append(re.escape(raw[q:]))
+    return b"".join(out)
+
+
+class _BlockPattern:
+    """A Megatron timer block as printed in one piece: the header line and each timer line
+    of its stream, with the numbers as groups.  ``read`` checks the line after it too."""
+
+    def __init__(
+        self, rx: re.Pattern[bytes], kind: str, recipe: list[tuple[str, str | None]], key: str
+    ) -> None:
+        self.rx = rx
+        self.kind = kind
+        self.recipe = recipe
+        self.key = key
+
+    def read(self, bulk: _Bulk, block: bytes, ls: int, T: int) -> Any:
+        m = self.rx.match(block, ls, T)
+        if m is None:
+            return None
+        nums = [_finite(g) for g in m.groups()]
+        if None in nums:
+            return None
+        values: dict[str, Any] = {}
+        j = 0
+        for how, name in self.recipe:
+            if how == "pair":
+                values[name] = (nums[j], nums[j + 1])  # type: ignore[index]
+                j += 2
+            elif how == "one":
+                values[name] = nums[j]  # type: ignore[index]
+                j += 1
+            elif how == "rank":
+                v = nums[j]
+                lo, hi = values.get(name, (v, v))  # type: ignore[arg-type]
+                values[name] = (min(lo, v), max(hi, v))  # type: ignore[type-var]
+                j += 1
+        # The lines of the block, then the line that closes it.
+        mine = []
+        q = block.find(b"\n", ls) + 1
+        while q < m.end():
+            nl = block.find(b"\n", q)
+            mine.append((q, nl + 1))
+            q = nl + 1
+        name = next((n for how, n in reversed(self.recipe) if how == "name"), None)
+        while q < T:
+            le = _line_end(block, q, T)
+            if le >= T or le - q > MAX_LINE_CHARS:
+                return _OPEN
+            k2, cs = bulk._line_key(block, q, le)
+            s = q
+            if k2 != self.key:
+                nxt = bulk._next_of_stream(block, self.key, le + 1, T)
+                if nxt is None:
+                    return _OPEN
+                s, le, cs = nxt
+                if le - s > MAX_LINE_CHARS:
+                    return _OPEN
+            probe = dict(values)
+            if bulk._body_step(block, s, le, cs, self.kind, name, probe) is not None:
+                return None  # the block goes on: read it line by line
+            return s, values, mine, self.key
+        return _OPEN
+
+
 class _Bulk:
     """The bulk path over one file (module doc)."""
 
     def __init__(self, core: _Core, kw: Keywords) -> None:
         self.core = core
         self.kw = kw
-        self.seg = 1 << 18
+        self.seg = SEG_START
+        self.line_budget = 0  # bytes the line path reads before the bulk path tries again
+        self.taken = 0  # records the last bulk step took
         # Launcher prefixes as printed -> stream key, or None when not only prefixes.  The
         # contents they are checked with ("[Rank", a timer header) are never read as one.
         self.prefixes: dict[bytes, str | None] = {}
         # Shapes (a line with its digits removed) -> names, or None: not taken in bulk.
         self.ds_shapes: dict[bytes, tuple[str, ...] | None] = {}
+        self.ds_fast: set[bytes] = set()  # shapes whose values _ds_values_fast reads
         self.mem_shapes: dict[bytes, tuple[str, ...] | None] = {}
         # -> [(piece, Iteration field, "int" | "float", factor)], or None.
         self.it_shapes: dict[bytes, list[tuple[int, str, str, float]] | None] = {}
@@ -336,7 +471,10 @@ class _Bulk:
         # Prefix runs as matched by _PREFIXES_RE -> (key, length that really is prefixes).
         self.prefix_runs: dict[bytes, tuple[str, int]] = {}
         self.timer_res: tuple[re.Pattern[bytes], ...] | None = None
+        self.str_timer_res: tuple[Any, ...] = ()
         self.body_res: dict[bytes, re.Pattern[bytes]] = {}
+        # A timer block's header line as printed -> patterns of whole blocks seen after it.
+        self.block_tmpls: dict[bytes, list[_BlockPattern]] = {}
 
     # -- checks against the line path -------------------------------------------------------
 
@@ -382,6 +520,8 @@ class _Bulk:
                     b = blocks[0]
                     if b.values_ms == want and b.rank == rank and b.line == 1:
                         result = tuple(want)
+                        if all(_FAST_PIECE_RE.match(p) for p in body.split(b"|")):
+                            self.ds_fast.add(shape)
         self.ds_shapes[shape] = result
         return result
 
@@ -598,11 +738,15 @@ class _Bulk:
             p = block.find(bad, pos, limit)
             if p >= 0:
                 limit = block.rfind(b"\n", pos, p) + 1 or pos
+        self.taken = 0
         T = self._segment(block, pos, limit, lineno) if limit > pos else pos
+        if T - pos >= SEG_START and self.taken * 1e6 < SPARSE_RECORDS * (T - pos):
+            self.line_budget = SPARSE_BYTES
+            self.seg = SEG_START // 8  # the next look is a small one again
         if pos >= T:
-            self.seg = max(1 << 14, self.seg // 2)
+            self.seg = max(SEG_MIN, self.seg // 2)
             return pos, lineno, True
-        self.seg = min(4 << 20, self.seg * 2) if seg_end <= T else max(1 << 14, self.seg // 2)
+        self.seg = min(SEG_MAX, self.seg * 2) if seg_end <= T else max(SEG_MIN, self.seg // 2)
         return T, self.lineno_at, seg_end > T
 
     def _segment(self, block: bytes, pos: int, limit: int, lineno: int) -> int:
@@ -665,6 +809,7 @@ class _Bulk:
         mem = [x for x in mem if x[0] < T]
         ds.keep &= ds.ls < T
 
+        self.taken = len(new_its) + int(ds.keep.sum()) + len(mem) + len(blocks)
         nl = (
             np.flatnonzero(np.frombuffer(block, dtype=np.uint8, count=T - pos, offset=pos) == 10)
             + pos
@@ -721,6 +866,13 @@ class _Bulk:
                 cols_m[f] = np.array([x[4].get(f, np.nan) for x in mem], dtype=float)
             run.memory.add_columns(len(mem), cols_m)
         if blocks:
+            # The line path keeps a state per stream, created on its first block: the order
+            # in which open blocks are closed at the end of the file.
+            from analysis.parse import _Stream
+
+            for b in blocks:
+                if b[3] not in self.core.streams:
+                    self.core.streams[b[3]] = _Stream(key=b[3])
             self._add_blocks(blocks, lines_at([b[0] for b in blocks]), it_pos, it_num, last_before)
         self.lineno_at = lineno + int(np.searchsorted(nl, T))
         return T
@@ -769,7 +921,9 @@ class _Bulk:
             if nm is None:
                 out.keep[idx] = False
                 continue
-            vals = _ds_values([bodies[i] for i in idx.tolist()], len(nm))
+            mine = [bodies[i] for i in idx.tolist()]
+            fast = set(map(shapes.__getitem__, idx.tolist())) <= self.ds_fast
+            vals = _ds_values_fast(mine, len(nm)) if fast else _ds_values(mine, len(nm))
             if vals is None:  # a value does not convert: look line by line
                 rows = [_ds_values([bodies[i]], len(nm)) for i in idx.tolist()]
                 good = np.array([r is not None for r in rows], dtype=bool)
@@ -885,108 +1039,169 @@ class _Bulk:
     def _timer_blocks(
         self, block: bytes, pos: int, T: int
     ) -> tuple[
-        int, list[tuple[int, int, dict[str, Any]]], list[tuple[int, int]], list[tuple[int, int]]
+        int,
+        list[tuple[int, int, dict[str, Any], str]],
+        list[tuple[int, int]],
+        list[tuple[int, int]],
     ]:
         """Megatron timer blocks of [pos, T): the header, then the lines of its stream while
         they are timer lines; the first other line of the stream closes it.  Returns (T, the
-        blocks as (header start, close, values), header lines, body lines); T moves to the
-        header of a block that does not close before it."""
-        from analysis._lines import to_float
-        from analysis.parse import _TIMER_LINE_RE as str_line_re
-        from analysis.parse import _TIMER_NAME_RE as str_name_re
-        from analysis.parse import _TIMER_RANK_RE as str_rank_re
-
-        if self.timer_res is None:
-            self.timer_res = tuple(
-                re.compile(r.pattern.encode()) for r in (str_line_re, str_name_re, str_rank_re)
-            )
-        line_re, name_re, rank_re = self.timer_res
-        blocks: list[tuple[int, int, dict[str, Any]]] = []
+        blocks as (header start, close, values, stream), header lines, body lines); T moves to
+        the header of a block that does not close before it.  A block printed in one piece
+        like one read before is read by one match of that block's pattern."""
+        blocks: list[tuple[int, int, dict[str, Any], str]] = []
         headers: list[tuple[int, int]] = []
         bodies: list[tuple[int, int]] = []
         for m in _HEAD_RE.finditer(block, pos, T):
             ls = block.rfind(b"\n", pos, m.start()) + 1 or pos
-            e = _line_end(block, m.end(), T)
-            if e >= T:
+            e = block.find(b"\n", m.end(), T)
+            if e < 0:
                 return ls, blocks, headers, bodies
-            key, c = self._line_key(block, ls, e)
-            if c < 0:
-                continue
-            text = block[c:e].rstrip()
-            kind = _HEADS.get(text) if _printable(text) else None
-            if kind is None or e - ls > MAX_LINE_CHARS:
-                continue
-            values: dict[str, Any] = {}
-            name: str | None = None
-            q = e + 1
-            close = -1
-            mine: list[tuple[int, int]] = []
-            body_re = self._body_re(block[ls:c]) if kind != "times" else None
-            while q < T:
-                if body_re is not None:
-                    mm = body_re.match(block, q, T)
-                    if mm is not None and _printable(block[q : mm.end() - 1]):
-                        a = _finite(mm.group(2))
-                        b = _finite(mm.group(3)) if mm.group(3) else None
-                        if a is not None:
-                            values[mm.group(1).strip().decode()] = (a, b) if b is not None else a
-                            mine.append((q, mm.end()))
-                            q = mm.end()
-                            continue
-                le = _line_end(block, q, T)
-                if le >= T:
+            got = None
+            for tmpl in self.block_tmpls.get(block[ls : e + 1], ()):
+                got = tmpl.read(self, block, ls, T)
+                if got is not None:
                     break
-                k2, cs = self._line_key(block, q, le)
-                s = q
-                if k2 != key:
-                    nxt = self._next_of_stream(block, key, le + 1, T)
-                    if nxt is None:
-                        break
-                    s, le, cs = nxt
-                body: bytes | str = block[cs:le].rstrip(b"\r\n") if cs >= 0 else b"\x00"
-                if _printable(body):  # type: ignore[arg-type]
-                    res, num, dec = (line_re, name_re, rank_re), _finite, bytes.decode
-                else:  # read as the line path does
-                    body = split_prefix(
-                        block[s:le].decode("utf-8", "replace")[:MAX_LINE_CHARS].rstrip("\r\n")
-                    )[1]
-                    res, num, dec = (str_line_re, str_name_re, str_rank_re), to_float, str  # type: ignore[assignment]
-                took = False
-                tm = res[0].match(body)
-                if tm and kind != "times":
-                    a = num(tm.group(2))
-                    b = num(tm.group(3)) if tm.group(3) else None
-                    if a is not None:
-                        values[dec(tm.group(1).strip())] = (a, b) if b is not None else a
-                        took = True
-                if not took and kind == "times":
-                    r = res[2].match(body)
-                    if r and name is not None:
-                        v = num(r.group(2))
-                        if v is not None:
-                            lo, hi = values.get(name, (v, v))
-                            values[name] = (min(lo, v), max(hi, v))
-                        took = True
-                    else:
-                        nm = res[1].match(body)
-                        if nm:
-                            name = dec(nm.group(1).strip())
-                            took = True
-                if not took:
-                    close = s
-                    break
-                mine.append((s, le + 1))
-                q = le + 1
-            if close < 0:  # not closed here: the line path reads it
+            if got is None:
+                key, c = self._line_key(block, ls, e)
+                if c < 0:
+                    continue
+                text = block[c:e].rstrip()
+                kind = _HEADS.get(text) if _printable(text) else None
+                if kind is None or e - ls > MAX_LINE_CHARS:
+                    continue
+                got = self._read_block(block, ls, e, c, key, kind, T)
+            if got is _OPEN:  # not closed here: the line path reads it
                 return ls, blocks, headers, bodies
-            blocks.append((ls, close, values))
+            close, values, mine, key = got  # type: ignore[misc]
+            blocks.append((ls, close, values, key))
             headers.append((ls, e + 1))
             bodies.extend(mine)
         return T, blocks, headers, bodies
 
+    def _read_block(
+        self, block: bytes, ls: int, e: int, c: int, key: str, kind: str, T: int
+    ) -> Any:
+        """One timer block line by line: (close, values, body lines, stream), or _OPEN."""
+        values: dict[str, Any] = {}
+        name: str | None = None
+        q = e + 1
+        mine: list[tuple[int, int]] = []
+        recipe: list[tuple[bytes, str, str | None]] = []  # for a pattern of the block
+        while q < T:
+            le = _line_end(block, q, T)
+            if le >= T or le - q > MAX_LINE_CHARS:  # truncated lines: the line path reads it
+                return _OPEN
+            k2, cs = self._line_key(block, q, le)
+            s = q
+            if k2 != key:
+                nxt = self._next_of_stream(block, key, le + 1, T)
+                if nxt is None:
+                    return _OPEN
+                s, le, cs = nxt
+                if le - s > MAX_LINE_CHARS:
+                    return _OPEN
+                recipe = []  # not in one piece
+            step = self._body_step(block, s, le, cs, kind, name, values)
+            if step is None:
+                if recipe is not None and mine and mine[-1][1] == s and len(recipe) == len(mine):
+                    self._learn(block, ls, c, kind, recipe, mine)
+                return s, values, mine, key
+            name, what = step
+            if what is not None:
+                recipe.append(what)
+            mine.append((s, le + 1))
+            q = le + 1
+        return _OPEN
+
+    def _body_step(
+        self,
+        block: bytes,
+        s: int,
+        le: int,
+        cs: int,
+        kind: str,
+        name: str | None,
+        values: dict[str, Any],
+    ) -> tuple[str | None, tuple[bytes, str, str | None] | None] | None:
+        """Read one line of a timer block's stream as ``_Core._continue_block`` does: None
+        when it closes the block, else (current name, how the line reads for a pattern)."""
+        if self.timer_res is None:
+            from analysis._lines import to_float
+            from analysis.parse import _TIMER_LINE_RE, _TIMER_NAME_RE, _TIMER_RANK_RE
+
+            self.str_timer_res = (_TIMER_LINE_RE, _TIMER_NAME_RE, _TIMER_RANK_RE, to_float)
+            self.timer_res = tuple(
+                re.compile(r.pattern.encode())
+                for r in (_TIMER_LINE_RE, _TIMER_NAME_RE, _TIMER_RANK_RE)
+            )
+        body: bytes | str = block[cs:le] if cs >= 0 else b"\x00"
+        if body[-1:] == b"\r":
+            body = body.rstrip(b"\r\n")  # type: ignore[arg-type]
+        plain = _printable(body)  # type: ignore[arg-type]
+        if plain:
+            (line_re, name_re, rank_re), num, dec = self.timer_res, _finite, bytes.decode
+        else:  # read as the line path does
+            body = split_prefix(
+                block[s:le].decode("utf-8", "replace")[:MAX_LINE_CHARS].rstrip("\r\n")
+            )[1]
+            line_re, name_re, rank_re, num = self.str_timer_res  # type: ignore[assignment]
+            dec = str  # type: ignore[assignment]
+        raw = block[s:le] if plain else b"\x00"
+        tm = line_re.match(body)
+        if tm and kind != "times":
+            a = num(tm.group(2))
+            b = num(tm.group(3)) if tm.group(3) else None
+            if a is not None:
+                n = dec(tm.group(1).strip())
+                values[n] = (a, b) if b is not None else a
+                spans = [tm.span(2)] + ([tm.span(3)] if b is not None else [])
+                return name, (_pattern(raw, spans, cs - s), "pair" if b is not None else "one", n)
+        if kind == "times":
+            r = rank_re.match(body)
+            if r and name is not None:
+                v = num(r.group(2))
+                if v is None:
+                    return name, (b"\x00", "skip", name)
+                lo, hi = values.get(name, (v, v))
+                values[name] = (min(lo, v), max(hi, v))
+                return name, (_pattern(raw, [r.span(2)], cs - s), "rank", name)
+            nm = name_re.match(body)
+            if nm:
+                n = dec(nm.group(1).strip())
+                return n, (re.escape(raw), "name", n)
+        return None
+
+    def _learn(
+        self,
+        block: bytes,
+        ls: int,
+        c: int,
+        kind: str,
+        recipe: list[tuple[bytes, str, str | None]],
+        mine: list[tuple[int, int]],
+    ) -> None:
+        """Keep a pattern of a block read line by line that was printed in one piece."""
+        e = mine[0][0] - 1
+        head = block[ls : e + 1]
+        known = self.block_tmpls.setdefault(head, [])
+        if len(known) >= 8 or any(p == b"\x00" or how == "skip" for p, how, _n in recipe):
+            return
+        if not _printable(head.rstrip(b"\n")):
+            return
+        pattern = re.escape(head) + b"".join(p + b"\n" for p, _h, _n in recipe)
+        known.append(
+            _BlockPattern(
+                re.compile(pattern),
+                kind,
+                [(h, n) for _p, h, n in recipe],
+                self._line_key(block, ls, e)[0],
+            )
+        )
+
     def _add_blocks(
         self,
-        blocks: list[tuple[int, int, dict[str, Any]]],
+        blocks: list[tuple[int, int, dict[str, Any], str]],
         hlines: np.ndarray,
         it_pos: np.ndarray,
         it_num: np.ndarray,
@@ -1000,7 +1215,9 @@ class _Bulk:
             it_pos, np.array([b[1] for b in blocks], dtype=np.int64)
         ).tolist()
         by_group: dict[tuple[Any, ...], list[tuple[list[float], int | None, int]]] = {}
-        for (_ls, _close, values), hl, kb in zip(blocks, hlines.tolist(), k_before, strict=True):
+        for (_ls, _close, values, _key), hl, kb in zip(
+            blocks, hlines.tolist(), k_before, strict=True
+        ):
             if values:
                 it = int(it_num[kb - 1]) if kb > 0 else last_before
                 flat = [x for v in values.values() for x in (v if isinstance(v, tuple) else (v,))]
@@ -1040,7 +1257,7 @@ class _Bulk:
         if not starts:
             return None
         gaps = b"".join(map(block.__getitem__, map(slice, starts, ends)))
-        hit = self.kw.first(gaps, 0, len(gaps), self.core.run.pipe_iterations)
+        hit = self.kw.first(gaps, 0, len(gaps), self.core.run.pipe_iterations, once=True)
         if hit < 0:
             return None
         offsets = np.cumsum([0] + [e - s for s, e in zip(starts, ends, strict=True)])
