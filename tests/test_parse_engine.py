@@ -286,3 +286,39 @@ def test_json_stream_equals_the_records(tmp_path):
         "logs": [{"path": str(p), "runs": [r.to_dict() for r in parse.parse_file(p)]} for p in logs]
     }
     assert json.loads(text) == want
+
+
+def test_interleaved_streams_bulk_attributes_per_stream(tmp_path, small_chunks, monkeypatch):
+    """Two nodes interleaved pdsh-style: node0 (rank 0) prints DeepSpeed's timers, node1 (the
+    last rank) the iteration lines and Megatron's timer blocks.  The bulk path places each
+    block among its own stream's iteration lines, as the line path does, and reads in bulk."""
+    n = 3000
+    lines = ["node0: training ...", "node1: training ..."]
+    for i in range(1, n + 1):
+        lines += [
+            f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
+            f"node1: [Rank 1] time (ms) | fwd: {11 + i % 5}.5 | bwd: 21.25 | step: 3.5",
+            f"node1:  iteration {i:8d}/{n + 10:8d} | consumed samples: {8 * i:12d} | "
+            f"elapsed time per iteration (ms): 84.7 | lm loss: 5.866232E+00 | loss scale: 1.0 "
+            "| number of skipped iterations:   0 | number of nan iterations:   0 |",
+            "node1: (min, max) time across ranks (ms):",
+            f"node1:     forward-compute ................................: (40.{i % 9}, 41.5)",
+            "node0: NCCL INFO chatter",
+        ]
+    path = tmp_path / "two-nodes.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    fed = []
+    real = parse._Core.feed
+    monkeypatch.setattr(
+        parse._Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
+    )
+    parse.parse_file(path)
+    assert len(fed) < len(lines) / 2, f"{len(fed)} of {len(lines)} lines fed one by one"
+    ds = [t for t in run["timers"] if t["source"] == "deepspeed"]
+    by_rank = {r: [t["iteration"] for t in ds if t["rank"] == r] for r in (0, 1)}
+    # node0 has no iteration line: its n blocks are iterations 1..n (one per iteration).
+    assert by_rank[0] == list(range(1, n + 1))
+    assert by_rank[1] == list(range(1, n + 1))
+    megatron = [t["iteration"] for t in run["timers"] if t["source"] == "megatron"]
+    assert megatron == list(range(1, n + 1))
