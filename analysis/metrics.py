@@ -815,12 +815,10 @@ def compute(run: LoadedRun) -> RunMetrics:
     ds = deepspeed_step_timers(p, warmup)
     mg = megatron_timers(p, warmup)
     if ds.get("fwd") and ds.get("step"):
-        per_iter = [
-            a + b + c
-            for a, b, c in zip(
-                ds["fwd"], ds.get("bwd", ds.get("bwd_inner", [])), ds["step"], strict=False
-            )
-        ]
+        parts = [np.asarray(ds["fwd"]), np.asarray(ds.get("bwd", ds.get("bwd_inner", []))),
+                 np.asarray(ds["step"])]  # fmt: skip
+        n = min(len(x) for x in parts)
+        per_iter = (parts[0][:n] + parts[1][:n]) + parts[2][:n]  # as (a + b) + c per iteration
         if len(per_iter) >= 2:
             row["iter_ms_std"] = statistics.stdev(per_iter)
             row["iter_ms_std_source"] = (

@@ -375,16 +375,8 @@ class RecordTable(_Rows[R]):
         return zip(*its, strict=True)
 
     def __iter__(self) -> Iterator[R]:
-        its = []
-        for n in self._names:
-            col = self._cols[n]
-            if n in self.strs:
-                codes = self._codes[n]
-                its.append(None if c is None else codes[c] for c in col)
-            else:
-                its.append(iter(col))
         rec = self.record
-        for row in zip(*its, strict=True):
+        for row in self.rows():
             yield rec(*row)
 
     def __repr__(self) -> str:
@@ -650,21 +642,18 @@ class TimerTable(_Rows[TimerBlock]):
             yield TimerBlock(grp.source, grp.values(next(readers[g])), ranks[r], its[r], lines[r])  # type: ignore[arg-type]
 
     def group_views(self, source: str) -> list[TimerGroupView]:
-        """The blocks of one source as column groups (``timer_groups``)."""
+        """The blocks of one source as column groups (``timer_groups``); values are read when
+        asked for."""
+        gs = [g for g, grp in enumerate(self._groups) if grp.source == source]
+        if not gs:
+            return []
         gid = self.group_ids()
         its = self._iteration.floats()
         out = []
-        for g, grp in enumerate(self._groups):
-            if grp.source != source:
-                continue
+        for g in gs:
+            grp = self._groups[g]
             rows = np.flatnonzero(gid == g)
-            values: dict[str, np.ndarray] = {}
-            j = 0
-            for name, k in zip(grp.names, grp.shape, strict=True):
-                cols = [c.floats() for c in grp.cols[j : j + max(k, 1)]]
-                values[name] = cols[0] if len(cols) == 1 else np.maximum.reduce(cols)
-                j += max(k, 1)
-            out.append(TimerGroupView(grp.names, grp.shape, rows, its[rows], values))
+            out.append(TimerGroupView(grp.names, grp.shape, rows, its[rows], _LazyValues(grp)))
         return out
 
     @property
@@ -691,6 +680,26 @@ def blocks_of(timers: Sequence[TimerBlock], source: str) -> Iterator[TimerBlock]
         yield from (b for b in timers if b.source == source)
         return
     yield from timers.blocks_of(source)
+
+
+class _LazyValues(dict):  # type: ignore[type-arg]
+    """Name -> values of a timer group, read from its columns on first access."""
+
+    def __init__(self, grp: _Group) -> None:
+        super().__init__()
+        self.grp = grp
+
+    def __missing__(self, name: str) -> np.ndarray:
+        grp = self.grp
+        j = 0
+        for n, k in zip(grp.names, grp.shape, strict=True):
+            if n == name:
+                cols = [c.floats() for c in grp.cols[j : j + max(k, 1)]]
+                value = cols[0] if len(cols) == 1 else np.maximum.reduce(cols)
+                self[name] = value
+                return value
+            j += max(k, 1)
+        raise KeyError(name)
 
 
 @dataclass(frozen=True)

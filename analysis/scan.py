@@ -27,6 +27,7 @@ import math
 import re
 import warnings
 from array import array
+from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter, methodcaller
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -43,7 +44,7 @@ CHUNK_BYTES = 8 << 20
 SEG_START, SEG_MIN, SEG_MAX = 1 << 18, 1 << 14, 4 << 20
 """Bytes the bulk path looks at in one step: it grows while no line needs the line path and
 shrinks when one soon does."""
-SPARSE_RECORDS, SPARSE_BYTES = 1000, 16 << 20
+SPARSE_RECORDS, SPARSE_BYTES = 1000, 8 << 20
 """A bulk step of at least SEG_START bytes that took fewer records per MB than this hands the
 next SPARSE_BYTES to the line path (whose keyword jumps are cheaper over chatter)."""
 
@@ -375,8 +376,28 @@ class _DSLines:
         self.groups: list[tuple[tuple[str, ...], np.ndarray, np.ndarray]] = []
 
 
+_VALUE = rb"( *[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)? *)"
+
+
+@dataclass
+class _IterPattern:
+    """A Megatron iteration line shape as a pattern (``_Bulk._learn_iteration``)."""
+
+    rx: re.Pattern[bytes]
+    """From ``iteration`` to the end of the line; groups: spaces, number, spaces, total,
+    spaces, one value per piece, trailing spaces."""
+    fields: list[tuple[int, str, str, float]]
+    """(piece, Iteration field, "int" | "float", factor) as ``_Bulk._it_shape`` found."""
+    const: int
+    """Bytes of a match outside its groups."""
+
+
+_BULK_KEYWORDS = ("|", "(ms)", "(s)", "iteration")
+"""The keywords lines read in bulk can hold."""
 _OPEN = object()
 """A timer block that does not close in the bytes looked at."""
+_LONG = object()
+"""A timer block with an over-long line (the line path truncates it, and counts it)."""
 _NUMBER = rb"([-\d.eE+]+)"
 
 
@@ -434,8 +455,10 @@ class _BlockPattern:
         name = next((n for how, n in reversed(self.recipe) if how == "name"), None)
         while q < T:
             le = _line_end(block, q, T)
-            if le >= T or le - q > MAX_LINE_CHARS:
+            if le >= T:
                 return _OPEN
+            if le - q > MAX_LINE_CHARS:
+                return _LONG
             k2, cs = bulk._line_key(block, q, le)
             s = q
             if k2 != self.key:
@@ -444,7 +467,7 @@ class _BlockPattern:
                     return _OPEN
                 s, le, cs = nxt
                 if le - s > MAX_LINE_CHARS:
-                    return _OPEN
+                    return _LONG
             probe = dict(values)
             if bulk._body_step(block, s, le, cs, self.kind, name, probe) is not None:
                 return None  # the block goes on: read it line by line
@@ -458,9 +481,13 @@ class _Bulk:
     def __init__(self, core: _Core, kw: Keywords) -> None:
         self.core = core
         self.kw = kw
+        self.ranks: dict[bytes, int] = {}
+        self.rare = Keywords(tuple(k for k in kw.keywords if k not in _BULK_KEYWORDS))
         self.seg = SEG_START
         self.line_budget = 0  # bytes the line path reads before the bulk path tries again
+        self.sparse = 0  # bulk steps in a row that found few records
         self.taken = 0  # records the last bulk step took
+        self.open_at_limit = False  # the last look ended in an open timer block
         # Launcher prefixes as printed -> stream key, or None when not only prefixes.  The
         # contents they are checked with ("[Rank", a timer header) are never read as one.
         self.prefixes: dict[bytes, str | None] = {}
@@ -470,6 +497,8 @@ class _Bulk:
         self.mem_shapes: dict[bytes, tuple[str, ...] | None] = {}
         # -> [(piece, Iteration field, "int" | "float", factor)], or None.
         self.it_shapes: dict[bytes, list[tuple[int, str, str, float]] | None] = {}
+        self.it_tmpls: list[_IterPattern] = []
+        self.it_heads: dict[bytes, bool] = {}  # text before "iteration" -> takeable
         self.stream_res: dict[str, re.Pattern[bytes]] = {}
         # Prefix runs as matched by _PREFIXES_RE -> (key, length that really is prefixes).
         self.prefix_runs: dict[bytes, tuple[str, int]] = {}
@@ -608,8 +637,26 @@ class _Bulk:
                         and (it.iteration, it.train_iters) == (int(m.group(1)), int(m.group(2)))
                     ):
                         result = fields
+                        self._learn_iteration(text[m.start() :], rest, fields)
         self.it_shapes[shape] = result
         return result
+
+    def _learn_iteration(
+        self, text: bytes, rest: bytes, fields: list[tuple[int, str, str, float]]
+    ) -> None:
+        """Keep a pattern of an iteration line shape the line path reads as ``fields``: the
+        keys as printed, the numbers as groups (``re.split`` then reads all such lines)."""
+        if len(self.it_tmpls) >= 4 or any(t.rx.match(text + b"\n") for t in self.it_tmpls):
+            return
+        pat = rb"iteration( +)(\d+)/( *)(\d+)( *)\|"
+        for piece in rest.split(b"|")[1:-1]:
+            pat += re.escape(piece.partition(b":")[0] + b":") + _VALUE + rb"\|"
+        rx = re.compile(pat + rb"([ \t]*\r?)\n")
+        m = rx.match(text + b"\n")
+        if m is None:  # a value not in plain decimals: such lines are read one by one
+            return
+        const = m.end() - sum(len(g) for g in m.groups())
+        self.it_tmpls.append(_IterPattern(rx, fields, const))
 
     @staticmethod
     def _mapping(core: _Core, probe: list[int]) -> list[tuple[int, str, str, float]] | None:
@@ -736,23 +783,48 @@ class _Bulk:
         if seg_end < end:
             nl = block.find(b"\n", seg_end - 1, end)
             seg_end = end if nl < 0 else nl + 1
-        limit = seg_end
+        hard = min(end, pos + 4 * self.seg)  # how far a timer block may make it grow
+        if hard < end:
+            nl = block.find(b"\n", hard - 1, end)
+            hard = end if nl < 0 else nl + 1
         for bad in (b"\x00", b"\x1b"):  # the line path rewrites such lines: it reads them
-            p = block.find(bad, pos, limit)
+            p = block.find(bad, pos, hard)
             if p >= 0:
-                limit = block.rfind(b"\n", pos, p) + 1 or pos
+                hard = block.rfind(b"\n", pos, p) + 1 or pos
+        # A keyword no line read in bulk holds (an error, a launcher exit, DeepSpeed's memory
+        # line): the line path reads that line, so the bulk step ends there.
+        p = self.rare.first(block, pos, hard, self.core.run.pipe_iterations)
+        if 0 <= p < hard:
+            hard = block.rfind(b"\n", pos, p) + 1 or pos
+        limit = min(seg_end, hard)
         self.taken = 0
-        T = self._segment(block, pos, limit, lineno) if limit > pos else pos
+        T: int | None = pos
+        while limit > pos:
+            T = self._segment(block, pos, limit, lineno, can_grow=limit < hard)
+            if T is not None:
+                break
+            # A timer block open at the limit: look at twice as much.
+            grown = min(hard, pos + 2 * (limit - pos))
+            nl = block.find(b"\n", grown - 1, hard)
+            limit = hard if nl < 0 else nl + 1
+            seg_end = max(seg_end, limit)
+        assert T is not None
         if T - pos >= SEG_START and self.taken * 1e6 < SPARSE_RECORDS * (T - pos):
-            self.line_budget = SPARSE_BYTES
+            # Sparse again and again: look less and less often (up to 8 x SPARSE_BYTES).
+            self.line_budget = SPARSE_BYTES << min(self.sparse, 3)
+            self.sparse += 1
             self.seg = SEG_START // 8  # the next look is a small one again
+        elif T - pos >= SEG_START:
+            self.sparse = 0
         if pos >= T:
             self.seg = max(SEG_MIN, self.seg // 2)
             return pos, lineno, True
         self.seg = min(SEG_MAX, self.seg * 2) if seg_end <= T else max(SEG_MIN, self.seg // 2)
         return T, self.lineno_at, seg_end > T
 
-    def _segment(self, block: bytes, pos: int, limit: int, lineno: int) -> int:
+    def _segment(
+        self, block: bytes, pos: int, limit: int, lineno: int, can_grow: bool = False
+    ) -> int | None:
         """Read [pos, limit) in bulk up to the first line for the line path; add what was read
         to the run; return where it stopped (``self.lineno_at``: the line number there)."""
         run = self.core.run
@@ -760,7 +832,10 @@ class _Bulk:
         ds = self._ds_lines(block, pos, T)
         mem = self._mem_lines(block, pos, T)
         its = self._iteration_lines(block, pos, T)
+        self.open_at_limit = False
         T, blocks, headers, bodies = self._timer_blocks(block, pos, T)
+        if self.open_at_limit and can_grow:
+            return None  # look at more bytes (nothing was added)
         if bodies:  # lines a timer block took are not read as anything else
             taken = {s for s, _e in bodies}
             ds.keep &= np.array([ls not in taken for ls in ds.ls.tolist()], dtype=bool)
@@ -769,15 +844,10 @@ class _Bulk:
 
         # The first line the line path must read: one holding a keyword among the others.
         k = ds.keep
-        spans = (
-            list(zip(ds.ls[k].tolist(), ds.le[k].tolist(), strict=True))
-            + [(x[0], x[1]) for x in mem]
-            + [(x[0], x[1]) for x in its]
-            + headers
-            + bodies
-        )
-        spans.sort()
-        R = self._first_keyword(block, pos, T, spans)
+        others = [(x[0], x[1]) for x in mem] + [(x[0], x[1]) for x in its] + headers + bodies
+        span_s = np.concatenate([ds.ls[k], np.array([x[0] for x in others], dtype=np.int64)])
+        span_e = np.concatenate([ds.le[k], np.array([x[1] for x in others], dtype=np.int64)])
+        R = self._first_keyword(block, pos, T, span_s, span_e)
         if R is not None:
             T = min(T, R)
 
@@ -939,9 +1009,9 @@ class _Bulk:
                 for r, k in zip(raws, keys, strict=True)
             ]
         out.keys = keys  # type: ignore[assignment]
-        out.keep = np.fromiter((k is not None for k in keys), dtype=bool, count=n) & (
-            out.le - out.ls <= MAX_LINE_CHARS
-        )
+        out.keep = out.le - out.ls <= MAX_LINE_CHARS
+        if None in keys:
+            out.keep &= np.array([k is not None for k in keys], dtype=bool)
         shapes = list(map(bytes.translate, bodies, repeat(None), repeat(_DIGITS)))
         names = list(map(self.ds_shapes.get, shapes, repeat(_MISSING)))
         if _MISSING in names:
@@ -953,9 +1023,14 @@ class _Bulk:
                         if nm is _MISSING
                         else nm
                     )
-        ids: dict[Any, int] = {}
-        gid = np.fromiter((ids.setdefault(nm, len(ids)) for nm in names), dtype=np.int64, count=n)
-        out.rank = np.fromiter(map(int, ranks), dtype=np.int64, count=n)
+        ids = {nm: i for i, nm in enumerate(dict.fromkeys(names))}
+        gid = np.array(list(map(ids.__getitem__, names)), dtype=np.int64)
+        rank_of = self.ranks
+        if len(rank_of) > 4096:
+            rank_of.clear()
+        for r in set(ranks).difference(rank_of):
+            rank_of[r] = int(r)
+        out.rank = np.array(list(map(rank_of.__getitem__, ranks)), dtype=np.int64)
         for nm, g in ids.items():
             idx = np.flatnonzero(gid == g)
             if nm is None:
@@ -1016,9 +1091,12 @@ class _Bulk:
     ) -> list[tuple[int, int, int, int, dict[str, Any], str]]:
         """Megatron iteration lines of [pos, T) the bulk path knows: (start, end, number,
         total, field values, stream)."""
+        out, taken = self._iteration_patterns(block, pos, T)
         found: list[tuple[int, int, int, int, bytes, list[tuple[int, str, str, float]], str]] = []
         for m in _IT_RE.finditer(block, pos, T):
             st = m.start()
+            if taken and (block.rfind(b"\n", pos, st) + 1 or pos) in taken:
+                continue
             if st > pos and block[st - 1] in _WORD:  # (?<![\w-]) of the line path
                 continue
             ls = block.rfind(b"\n", pos, st) + 1 or pos
@@ -1074,7 +1152,114 @@ class _Bulk:
                 conv = v.astype(np.int64).tolist() if kd == "int" else v.tolist()
                 for i, value in zip(idx, conv, strict=True):
                     got[i][f] = value
-        return [(x[0], x[1], x[2], x[3], got[i], x[6]) for i, x in enumerate(found) if keep[i]]
+        out += [(x[0], x[1], x[2], x[3], got[i], x[6]) for i, x in enumerate(found) if keep[i]]
+        if taken and found:
+            out.sort(key=lambda x: x[0])
+        return out
+
+    def _iteration_patterns(
+        self, block: bytes, pos: int, T: int
+    ) -> tuple[list[tuple[int, int, int, int, dict[str, Any], str]], set[int]]:
+        """Iteration lines of the learned patterns, read by ``re.split`` (no Python step per
+        line but a few maps), as ``_iteration_lines`` gives them; their starts."""
+        out: list[tuple[int, int, int, int, dict[str, Any], str]] = []
+        taken: set[int] = set()
+        if not self.it_tmpls:
+            return out, taken
+        seg = block[pos:T]
+        for tp in self.it_tmpls:
+            parts = tp.rx.split(seg)
+            G = tp.rx.groups
+            n = (len(parts) - 1) // (G + 1)
+            if not n:
+                continue
+            gaps = parts[0 :: G + 1]
+            heads = list(map(itemgetter(2), map(methodcaller("rpartition", b"\n"), gaps[:-1])))
+            glen = np.fromiter(map(len, gaps), dtype=np.int64, count=n + 1)
+            mlen = np.full(n, tp.const, dtype=np.int64)
+            for j in range(1, G + 1):
+                mlen += np.fromiter(map(len, parts[j :: G + 1]), dtype=np.int64, count=n)
+            start = pos + np.cumsum(glen[:n]) + np.concatenate([[0], np.cumsum(mlen[:-1])])
+            hlen = np.fromiter(map(len, heads), dtype=np.int64, count=n)
+            ls = start - hlen
+            ok = np.array(list(map(self._it_head, heads, (ls == pos).tolist())), dtype=bool)
+            ok &= hlen + mlen <= MAX_LINE_CHARS
+            if not ok.any():
+                continue
+            cols = []
+            for piece, f, kind, factor in tp.fields:
+                toks = parts[5 + piece :: G + 1]
+                try:
+                    vals = np.array(list(map(float, toks)), dtype=float)
+                except ValueError:
+                    vals = np.full(n, np.nan)
+                bad = ~np.isfinite(vals)
+                if kind == "int":
+                    bad |= (vals != np.floor(vals)) | (np.abs(vals) >= 2**53)
+                elif factor != 1.0:
+                    vals = vals * factor
+                ok &= ~bad
+                cols.append((f, kind, vals))
+            sel = np.flatnonzero(ok)
+            if taken:
+                sel = sel[[int(x) not in taken for x in ls[sel].tolist()]]
+            numbers = np.array(list(map(int, parts[2 :: G + 1])), dtype=np.int64)[sel].tolist()
+            totals = np.array(list(map(int, parts[4 :: G + 1])), dtype=np.int64)[sel].tolist()
+            names = [f for f, _k, _v in cols]
+            values = [
+                v[sel].astype(np.int64).tolist() if kind == "int" else v[sel].tolist()
+                for _f, kind, v in cols
+            ]
+            starts, ends = ls[sel].tolist(), (start + mlen)[sel].tolist()
+            keys = list(map(self._head_key, map(heads.__getitem__, sel.tolist())))
+            rows = zip(*values, strict=True) if values else ((),) * len(starts)
+            for a, b, num, tot, row, key in zip(
+                starts, ends, numbers, totals, rows, keys, strict=True
+            ):
+                out.append((a, b, num, tot, dict(zip(names, row, strict=True)), key))
+            taken.update(starts)
+        out.sort(key=lambda x: x[0])
+        return out, taken
+
+    def _head_key(self, head: bytes) -> str:
+        """Stream key of an iteration line whose text before ``iteration`` is ``head`` (one
+        ``_it_head`` took), as ``_line_key`` finds it."""
+        m = _PREFIXES_RE.match(head)
+        raw = m.group(0) if m else b""
+        got = self.prefix_runs.get(raw)
+        if got is None:
+            k, rest = split_prefix(raw.decode("ascii"))
+            got = self.prefix_runs[raw] = (k, len(raw) - len(rest))
+        return got[0]
+
+    def _it_head(self, head: bytes, at_start: bool) -> bool:
+        """Whether a line whose text before ``iteration`` is ``head`` is read in bulk (its
+        prefixes valid, nothing in it that makes the line path read it otherwise)."""
+        got = self.it_heads.get(head)
+        if got is None:
+            got = False
+            if (not head or head[-1] not in _WORD) and b"\n" not in head:
+                m = _PREFIXES_RE.match(head)
+                raw = m.group(0) if m else b""
+                _k, rest = split_prefix(raw.decode("ascii"))
+                text = head[len(raw) - len(rest) :]
+                got = (
+                    _printable(text)
+                    and (not text or 0x20 <= text[0] < 0x7F)
+                    and not any(
+                        w in text
+                        for w in (
+                            b"|",
+                            b"iteration",
+                            b"time (ms)",
+                            b"memory (MB)",
+                            b"# run outcome",
+                        )
+                    )
+                )
+            if len(self.it_heads) < 4096:
+                self.it_heads[head] = got
+        return got
 
     def _timer_blocks(
         self, block: bytes, pos: int, T: int
@@ -1096,6 +1281,7 @@ class _Bulk:
             ls = block.rfind(b"\n", pos, m.start()) + 1 or pos
             e = block.find(b"\n", m.end(), T)
             if e < 0:
+                self.open_at_limit = True
                 return ls, blocks, headers, bodies
             got = None
             for tmpl in self.block_tmpls.get(block[ls : e + 1], ()):
@@ -1111,7 +1297,8 @@ class _Bulk:
                 if kind is None or e - ls > MAX_LINE_CHARS:
                     continue
                 got = self._read_block(block, ls, e, c, key, kind, T)
-            if got is _OPEN:  # not closed here: the line path reads it
+            if got is _OPEN or got is _LONG:  # not closed here: the line path reads it
+                self.open_at_limit = got is _OPEN
                 return ls, blocks, headers, bodies
             close, values, mine, key = got  # type: ignore[misc]
             blocks.append((ls, close, values, key))
@@ -1130,8 +1317,10 @@ class _Bulk:
         recipe: list[tuple[bytes, str, str | None]] = []  # for a pattern of the block
         while q < T:
             le = _line_end(block, q, T)
-            if le >= T or le - q > MAX_LINE_CHARS:  # truncated lines: the line path reads it
+            if le >= T:
                 return _OPEN
+            if le - q > MAX_LINE_CHARS:  # truncated by the line path: it reads this block
+                return _LONG
             k2, cs = self._line_key(block, q, le)
             s = q
             if k2 != key:
@@ -1140,7 +1329,7 @@ class _Bulk:
                     return _OPEN
                 s, le, cs = nxt
                 if le - s > MAX_LINE_CHARS:
-                    return _OPEN
+                    return _LONG
                 recipe = []  # not in one piece
             step = self._body_step(block, s, le, cs, kind, name, values)
             if step is None:
@@ -1288,29 +1477,26 @@ class _Bulk:
             )
 
     def _first_keyword(
-        self, block: bytes, pos: int, T: int, spans: list[tuple[int, int]]
+        self, block: bytes, pos: int, T: int, span_s: np.ndarray, span_e: np.ndarray
     ) -> int | None:
-        """Start of the first line in [pos, T) outside ``spans`` that holds a keyword."""
-        starts: list[int] = []
-        ends: list[int] = []
-        q = pos
-        for s, e in spans:
-            if s >= T:
-                break
-            if s > q:
-                starts.append(q)
-                ends.append(s)
-            q = max(q, e)
-        if q < T:
-            starts.append(q)
-            ends.append(T)
-        if not starts:
+        """Start of the first line in [pos, T) outside the lines taken (starts, ends) that
+        holds a keyword."""
+        order = np.argsort(span_s, kind="stable")
+        s, e = span_s[order], span_e[order]
+        inside = s < T
+        s, e = s[inside], np.minimum(e[inside], T)
+        covered = np.maximum.accumulate(e) if len(e) else e
+        starts = np.concatenate([[pos], covered]).astype(np.int64)
+        ends = np.concatenate([s, [T]]).astype(np.int64)
+        gap = ends > starts
+        starts_l, ends_l = starts[gap].tolist(), ends[gap].tolist()
+        if not starts_l:
             return None
-        gaps = b"".join(map(block.__getitem__, map(slice, starts, ends)))
+        gaps = b"".join(map(block.__getitem__, map(slice, starts_l, ends_l)))
         hit = self.kw.first(gaps, 0, len(gaps), self.core.run.pipe_iterations, once=True)
         if hit < 0:
             return None
-        offsets = np.cumsum([0] + [e - s for s, e in zip(starts, ends, strict=True)])
+        offsets = np.cumsum(np.concatenate([[0], ends[gap] - starts[gap]]))
         g = int(np.searchsorted(offsets, hit, side="right")) - 1
-        p = starts[g] + hit - int(offsets[g])
+        p = starts_l[g] + hit - int(offsets[g])
         return block.rfind(b"\n", pos, p) + 1 or pos
