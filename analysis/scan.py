@@ -184,11 +184,14 @@ def line_step(
     return e + 1, lineno + 1
 
 
-def drive_block(core: _Core, kw: Keywords, bulk: _Bulk | None, block: bytes, lineno: int) -> int:
+def drive_block(
+    core: _Core, kw: Keywords, bulk: _Bulk | None, block: bytes, lineno: int, end: int = -1
+) -> int:
     """Feed the whole lines of ``block``; return the line number after it.  Where the last
     bulk step found few records (a log of mostly NCCL chatter), the line path, which jumps
-    from keyword to keyword, reads the next ``SPARSE_BYTES``."""
-    end = len(block)
+    from keyword to keyword, reads the next ``SPARSE_BYTES``.  ``end``: where the whole
+    lines end (default: the end of ``block``)."""
+    end = len(block) if end < 0 else end
     pos = 0
     while pos < end:
         if bulk is not None and not core.active and not core.timer_keys and bulk.line_budget <= 0:
@@ -234,7 +237,7 @@ def drive_file(core: _Core, kw: Keywords, fh: BinaryIO, bulk: bool = True) -> No
             if len(carry) > MAX_LINE_CHARS * 4:
                 carry, skipping = carry[: MAX_LINE_CHARS * 4], True
             continue
-        lineno = drive_block(core, kw, fast, buf[: cut + 1], lineno)
+        lineno = drive_block(core, kw, fast, buf, lineno, cut + 1)
         carry = buf[cut + 1 :]
     if carry:
         core.feed(lineno, carry.decode("utf-8", "replace"))
@@ -989,7 +992,7 @@ class _Bulk:
     def _ds_lines(self, block: bytes, pos: int, T: int) -> _DSLines:
         """DeepSpeed ``[Rank N] time (ms) |`` lines of [pos, T) whose form the bulk path
         knows, converted (``re.split`` and maps: no Python step per line but a few)."""
-        parts = _DS_RE.split(block[pos:T])
+        parts = _DS_RE.split(memoryview(block)[pos:T])
         n = (len(parts) - 1) // 3
         out = _DSLines(n)
         if not n:
@@ -1166,7 +1169,7 @@ class _Bulk:
         taken: set[int] = set()
         if not self.it_tmpls:
             return out, taken
-        seg = block[pos:T]
+        seg = memoryview(block)[pos:T]
         for tp in self.it_tmpls:
             parts = tp.rx.split(seg)
             G = tp.rx.groups

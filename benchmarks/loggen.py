@@ -109,42 +109,48 @@ _NCCL_COLL = (
 _NCCL_COLL_WEIGHTS = (40, 25, 6, 2, 1, 1)
 
 
+def _noise_iteration(it: int, iters: int, rng: random.Random, op: int) -> tuple[list[str], int]:
+    """400 chatter lines, then the iteration's records; and the op counter after them."""
+    parts = []
+    for _ in range(400):  # NCCL COLL lines between two iteration lines (16 ranks)
+        op += 1
+        tmpl = rng.choices(_NCCL_COLL, _NCCL_COLL_WEIGHTS)[0]
+        n = rng.randint(0, 1)
+        parts.append(tmpl.format(n=n, pid=1000 + n, tid=2000 + op % 7, r=op % 8, op=op))
+    u = rng.uniform
+    parts += [
+        f"node0: [Rank 0] time (ms) | fwd_microstep: {u(50, 90):.2f} | bwd_microstep: "
+        f"{u(60, 110):.2f} | bwd_inner_microstep: {u(50, 90):.2f} | "
+        f"bwd_allreduce_microstep: {u(5, 25):.2f} | step_microstep: {u(5, 15):.2f}",
+        f"node0: [Rank 0] time (ms) | fwd: {u(50, 90):.2f} | bwd: {u(60, 110):.2f} | "
+        f"bwd_inner: {u(50, 90):.2f} | bwd_allreduce: {u(5, 25):.2f} | step: {u(5, 15):.2f}",
+        f"node1:  iteration {it:8d}/{iters:8d} | consumed samples: {it * 16:12d} | consumed "
+        f"tokens: {it * 16384:12d} | elapsed time per iteration (ms): {u(180, 240):.1f} | "
+        f"learning rate: 9.747E-04 | global batch size:    16 | lm loss: {u(2, 6):.6E} | "
+        "loss scale: 1.0 | actual seqlen:  1024 | number of skipped iterations:   0 | "
+        f"number of nan iterations:   0 | samples per second: {u(60, 90):.3f} | tokens per "
+        "gpu per second (tgs): 4096.000 | TFLOPs: 120.5 |",
+        "node1: (min, max) time across ranks (ms):",
+        f"node1:     forward-backward ...............................: "
+        f"({u(150, 200):.2f}, {u(200, 210):.2f})",
+        f"node1:     optimizer ......................................: "
+        f"({u(5, 10):.2f}, {u(10, 12):.2f})",
+    ]
+    return parts, op
+
+
 def write_noise(path: Path, size_mb: float, seed: int = 0) -> Written:
     """Noise-dominated: 400 NCCL/warning lines per iteration, 16 ranks on 2 nodes, 3 timer
     blocks per iteration (2 DeepSpeed lines, 1 Megatron block), a launcher exit at the end."""
+    probe = random.Random(seed + 1)  # the size of an iteration, measured on 20 of them
+    sample = sum(len("\n".join(_noise_iteration(1, 10**7, probe, 10**6)[0])) + 1 for _ in range(20))
+    iters = max(1, int(size_mb * 2**20 * 20 / sample))
     rng = random.Random(seed)
-    noise_per_iter = 400
-    iters = max(1, int(size_mb * 2**20) // (noise_per_iter * 170 + 1200))
     out = _Out(path)
     out.add(_NOISE_HEADER.format(iters=iters).split("\n"))
-    op = noise = 0
+    op = 0
     for it in range(1, iters + 1):
-        parts = []
-        for _ in range(noise_per_iter):
-            op += 1
-            tmpl = rng.choices(_NCCL_COLL, _NCCL_COLL_WEIGHTS)[0]
-            n = rng.randint(0, 1)
-            parts.append(tmpl.format(n=n, pid=1000 + n, tid=2000 + op % 7, r=op % 8, op=op))
-        noise += len(parts)
-        u = rng.uniform
-        parts += [
-            f"node0: [Rank 0] time (ms) | fwd_microstep: {u(50, 90):.2f} | bwd_microstep: "
-            f"{u(60, 110):.2f} | bwd_inner_microstep: {u(50, 90):.2f} | "
-            f"bwd_allreduce_microstep: {u(5, 25):.2f} | step_microstep: {u(5, 15):.2f}",
-            f"node0: [Rank 0] time (ms) | fwd: {u(50, 90):.2f} | bwd: {u(60, 110):.2f} | "
-            f"bwd_inner: {u(50, 90):.2f} | bwd_allreduce: {u(5, 25):.2f} | step: {u(5, 15):.2f}",
-            f"node1:  iteration {it:8d}/{iters:8d} | consumed samples: {it * 16:12d} | consumed "
-            f"tokens: {it * 16384:12d} | elapsed time per iteration (ms): {u(180, 240):.1f} | "
-            f"learning rate: 9.747E-04 | global batch size:    16 | lm loss: {u(2, 6):.6E} | "
-            "loss scale: 1.0 | actual seqlen:  1024 | number of skipped iterations:   0 | "
-            f"number of nan iterations:   0 | samples per second: {u(60, 90):.3f} | tokens per "
-            "gpu per second (tgs): 4096.000 | TFLOPs: 120.5 |",
-            "node1: (min, max) time across ranks (ms):",
-            f"node1:     forward-backward ...............................: "
-            f"({u(150, 200):.2f}, {u(200, 210):.2f})",
-            f"node1:     optimizer ......................................: "
-            f"({u(5, 10):.2f}, {u(10, 12):.2f})",
-        ]
+        parts, op = _noise_iteration(it, iters, rng, op)
         out.add(parts)
     out.add(
         [
@@ -155,7 +161,7 @@ def write_noise(path: Path, size_mb: float, seed: int = 0) -> Written:
         ]
     )
     out.close()
-    return Written(iters, iters, 3 * iters, 0, out.lines, noise)
+    return Written(iters, iters, 3 * iters, 0, out.lines, op)
 
 
 # -- content-dense, from the real lab log -----------------------------------------------------
@@ -248,56 +254,65 @@ _ITER_NUM_RE = re.compile(
 )
 
 
+def _dense_window(
+    run: _LabRun, w: int, iters: int, rng: random.Random, op: int
+) -> tuple[list[str], int]:
+    """The lines of logging window ``w`` (its DeepSpeed lines, iteration line, timer block and
+    NCCL lines between them), and the NCCL op counter after it."""
+    step = run.interval
+    k = w % len(run.iter_lines)
+    it = (w + 1) * step
+    content = ["node0: " + ln for ln in run.ds_windows[k % len(run.ds_windows)]]
+    if w == 0:
+        content += ["node0: " + ln for ln in run.memory]
+    head = (
+        f" iteration {it:8d}/{iters:8d} | consumed samples: {it * 8:12d} | "
+        f"consumed tokens: {it * 8 * 128:12d} |"
+    )
+    content.append("node1: " + _ITER_NUM_RE.sub(head, run.iter_lines[k]))
+    content += ["node1: " + ln for ln in run.blocks[k]]
+    lines: list[str] = []
+    # A timer block is one write of one process, which pdsh prints as it read it: its lines
+    # stay together, except in 1 block of 50 (a read that ended inside the write), where only
+    # the other node's lines come between them.
+    split = rng.random() < 0.02
+    for line in content:
+        inside = line.startswith("node1:     ")
+        while (split or not inside) and rng.random() < 0.5:
+            op += 1
+            n = 0 if inside else rng.randint(0, 1)
+            tmpl = rng.choices(_DENSE_NCCL, _DENSE_NCCL_WEIGHTS)[0]
+            lines.append(
+                tmpl.format(n=n, m=1 - n, pid=1069 + n, tid=1100 + op % 5, c=op % 2, op=op)
+            )
+        lines.append(line)
+    return lines, op
+
+
 def write_dense(path: Path, size_mb: float, lab: Path, seed: int = 0) -> Written:
     """Content-dense: the real two-node run replayed (module doc)."""
-    rng = random.Random(seed)
     run = _read_lab(lab)
     step = run.interval
-    window_bytes = 3300  # measured: ~2350 content + ~950 NCCL per window of 5 iterations
-    windows = max(2, int(size_mb * 2**20) // window_bytes)
+    probe = random.Random(seed + 1)  # the size of a window, measured on 500 of them
+    sample = sum(
+        len("\n".join(_dense_window(run, w, 10**7, probe, 10**6)[0])) + 1 for w in range(500)
+    )
+    windows = max(2, int(size_mb * 2**20 * 500 / sample))
     iters = windows * step
+    rng = random.Random(seed)
     out = _Out(path)
     out.add([run.runner.format(iters=iters)])
     out.add(["node0: " + ln.format(iters=iters) for ln in run.head0])
     out.add(["node1: " + ln.format(iters=iters) for ln in run.head1])
     out.add(["node1: " + ln for ln in run.setup_block])
-    samples_per_iter = 8
-    tokens_per_iter = 8 * 128
-    op = noise = memory = 0
+    op = 0
     for w in range(windows):
-        k = w % len(run.iter_lines)
-        it = (w + 1) * step
-        content = ["node0: " + ln for ln in run.ds_windows[k % len(run.ds_windows)]]
-        if w == 0:
-            content += ["node0: " + ln for ln in run.memory]
-            memory += len(run.memory)
-        head = (
-            f" iteration {it:8d}/{iters:8d} | consumed samples: {it * samples_per_iter:12d} | "
-            f"consumed tokens: {it * tokens_per_iter:12d} |"
-        )
-        content.append("node1: " + _ITER_NUM_RE.sub(head, run.iter_lines[k]))
-        content += ["node1: " + ln for ln in run.blocks[k]]
-        lines: list[str] = []
-        # A timer block is one write of one process, which pdsh prints as it read it: its
-        # lines stay together, except in 1 block of 50 (a read that ended inside the write),
-        # where only the other node's lines come between them.
-        split = rng.random() < 0.02
-        for line in content:
-            inside = line.startswith("node1:     ")
-            while (split or not inside) and rng.random() < 0.5:
-                op += 1
-                n = 0 if inside else rng.randint(0, 1)
-                tmpl = rng.choices(_DENSE_NCCL, _DENSE_NCCL_WEIGHTS)[0]
-                lines.append(
-                    tmpl.format(n=n, m=1 - n, pid=1069 + n, tid=1100 + op % 5, c=op % 2, op=op)
-                )
-                noise += 1
-            lines.append(line)
+        lines, op = _dense_window(run, w, iters, rng, op)
         out.add(lines)
     out.add(["node0: " + ln for ln in run.tail0] + ["node1: " + ln for ln in run.tail1])
     out.close()
     blocks = windows * (2 * step + 1) + 1  # + the set-up block before the first iteration
-    return Written(iters, windows, blocks, memory, out.lines, noise)
+    return Written(iters, windows, blocks, len(run.memory), out.lines, op)
 
 
 # -- 64 ranks, log interval 1, other prefixes and dialects ------------------------------------
@@ -318,58 +333,72 @@ size: 4, pipeline-model-parallel size: 2
  0: training ..."""
 
 
+def _ranks_iteration(
+    it: int, iters: int, ranks: int, rng: random.Random
+) -> tuple[list[str], int, int]:
+    """The lines of iteration ``it`` of the 64-rank log; (lines, chatter lines, memory reports)."""
+    u = rng.uniform
+    noise = memory = 0
+    lines = []
+    order = list(range(ranks))
+    rng.shuffle(order)
+    for r in order:  # ranks finish their step in any order
+        lines.append(
+            f"{r:2d}: [Rank {r}] time (ms) | forward: {u(900, 1300):.2f} | backward: "
+            f"{u(1800, 2600):.2f} | optimizer_step: {u(40, 90):.2f}"
+        )
+        if rng.random() < 0.05:
+            lines.append(
+                f"{r:2d}: /usr/lib/python3/dist-packages/torch/autograd/graph.py:824: "
+                "UserWarning: c10d::allreduce_: an autograd kernel was not registered"
+            )
+            noise += 1
+    lines.append(
+        f"{ranks - 1:2d}:  [2026-11-22 03:{it // 60 % 60:02d}:{it % 60:02d}] iteration "
+        f"{it:8d}/{iters:8d} | consumed samples: {it * 512:12d} | elapsed time per iteration"
+        f" (ms): {u(3000, 3400):.1f} | throughput per GPU (TFLOP/s/GPU): {u(180, 200):.1f} | "
+        f"learning rate: {3e-4 * (1 - it / (iters + 1)):.6E} | global batch size:   512 | "
+        f"lm loss: {u(1.8, 2.4):.6E} | loss scale: 1.0 | grad norm: {u(0.2, 0.9):.3f} | "
+        "number of skipped iterations:   0 | number of nan iterations:   0 |"
+    )
+    lines.append(f"{ranks - 1:2d}: times across ranks (ms):")
+    for name in ("forward-backward", "optimizer"):
+        lines.append(f"{ranks - 1:2d}:   {name}:")
+        for r in range(0, ranks, 16):  # 'all' prints every rank; every 16th here
+            lines.append(f"{ranks - 1:2d}:      rank {r:2d}: {u(2900, 3300):.2f}")
+    if it % 10 == 0:
+        for r in range(ranks):
+            lines.append(
+                f"{r:2d}: [Rank {r}] (after {it} iterations) memory (MB) | allocated: "
+                f"{u(20000, 22000):.1f} | max allocated: {u(30000, 32000):.1f} | reserved: "
+                f"{u(34000, 36000):.1f} | max reserved: {u(36000, 38000):.1f}"
+            )
+        memory += ranks
+        lines.append(
+            f" 0: [2026-11-22 03:00:00,000] [INFO] [logging.py:128:log_dist] [Rank 0] step="
+            f"{it}, skipped=0, lr=[0.0003], mom=[(0.9, 0.95)]"
+        )
+        lines.append(
+            " 0: [Rank 0] MemAllocated=21.5GB MaxMemAllocated=31.2GB CA=34.6GB MaxCA=36.0GB"
+        )
+    return lines, noise, memory
+
+
 def write_ranks(path: Path, size_mb: float, ranks: int = 64, seed: int = 0) -> Written:
     """64 ranks, log interval 1, srun labels, per-rank timers and memory (module doc)."""
+    probe = random.Random(seed + 1)  # the size of an iteration, measured on 100 of them
+    sample = sum(
+        len("\n".join(_ranks_iteration(it, 10**7, ranks, probe)[0])) + 1 for it in range(1, 101)
+    )
+    iters = max(2, int(size_mb * 2**20 * 100 / sample))
     rng = random.Random(seed)
-    per_iter = 64 * 112 + 64 * 30 + 320 + 6 * 130 + 120
-    iters = max(2, int(size_mb * 2**20) // per_iter)
     out = _Out(path)
     out.add(_RANKS_HEADER.format(iters=iters).split("\n"))
     memory = noise = 0
-    u = rng.uniform
     for it in range(1, iters + 1):
-        lines = []
-        order = list(range(ranks))
-        rng.shuffle(order)
-        for r in order:  # ranks finish their step in any order
-            lines.append(
-                f"{r:2d}: [Rank {r}] time (ms) | forward: {u(900, 1300):.2f} | backward: "
-                f"{u(1800, 2600):.2f} | optimizer_step: {u(40, 90):.2f}"
-            )
-            if rng.random() < 0.05:
-                lines.append(
-                    f"{r:2d}: /usr/lib/python3/dist-packages/torch/autograd/graph.py:824: "
-                    "UserWarning: c10d::allreduce_: an autograd kernel was not registered"
-                )
-                noise += 1
-        lines.append(
-            f"{ranks - 1:2d}:  [2026-11-22 03:{it // 60 % 60:02d}:{it % 60:02d}] iteration "
-            f"{it:8d}/{iters:8d} | consumed samples: {it * 512:12d} | elapsed time per iteration"
-            f" (ms): {u(3000, 3400):.1f} | throughput per GPU (TFLOP/s/GPU): {u(180, 200):.1f} | "
-            f"learning rate: {3e-4 * (1 - it / (iters + 1)):.6E} | global batch size:   512 | "
-            f"lm loss: {u(1.8, 2.4):.6E} | loss scale: 1.0 | grad norm: {u(0.2, 0.9):.3f} | "
-            "number of skipped iterations:   0 | number of nan iterations:   0 |"
-        )
-        lines.append(f"{ranks - 1:2d}: times across ranks (ms):")
-        for name in ("forward-backward", "optimizer"):
-            lines.append(f"{ranks - 1:2d}:   {name}:")
-            for r in range(0, ranks, 16):  # 'all' prints every rank; every 16th here
-                lines.append(f"{ranks - 1:2d}:      rank {r:2d}: {u(2900, 3300):.2f}")
-        if it % 10 == 0:
-            for r in range(ranks):
-                lines.append(
-                    f"{r:2d}: [Rank {r}] (after {it} iterations) memory (MB) | allocated: "
-                    f"{u(20000, 22000):.1f} | max allocated: {u(30000, 32000):.1f} | reserved: "
-                    f"{u(34000, 36000):.1f} | max reserved: {u(36000, 38000):.1f}"
-                )
-            memory += ranks
-            lines.append(
-                f" 0: [2026-11-22 03:00:00,000] [INFO] [logging.py:128:log_dist] [Rank 0] step="
-                f"{it}, skipped=0, lr=[0.0003], mom=[(0.9, 0.95)]"
-            )
-            lines.append(
-                " 0: [Rank 0] MemAllocated=21.5GB MaxMemAllocated=31.2GB CA=34.6GB MaxCA=36.0GB"
-            )
+        lines, n, m = _ranks_iteration(it, iters, ranks, rng)
+        noise += n
+        memory += m
         out.add(lines)
     out.add([" 0: [after training is done] datetime: 2026-11-22 09:00:00"])
     out.close()
