@@ -25,7 +25,7 @@ import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 from analysis.records import ParsedRun
 
@@ -502,11 +502,44 @@ def _status(parsed: ParsedRun | None, run_json: dict[str, Any] | None) -> Status
     return parsed.status if parsed else "incomplete"
 
 
-def _parse_all(paths: list[Path], problems: list[str]) -> list[ParsedRun]:
-    """Parse each file and merge the k-th run of every file into one run (per-node logs)."""
-    from analysis.parse import merge_runs, parse_file
+_HEAD_CHARS = 200_000
+"""Characters at the start of a log searched for launcher lines (``nnodes=``)."""
 
-    per_file = [parse_file(p) for p in paths]
+
+class _HeadReader:
+    """A binary file that keeps the first bytes read from it (the log is read once)."""
+
+    def __init__(self, fh: BinaryIO, keep: int) -> None:
+        self.fh, self.keep, self.head = fh, keep, b""
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.fh.read(n)
+        if len(self.head) < self.keep:
+            self.head += data[: self.keep - len(self.head)]
+        return data
+
+
+def _parse_one(path: Path) -> tuple[list[ParsedRun], str]:
+    """A log's runs and the first ``_HEAD_CHARS`` characters of its text, in one read."""
+    from analysis.parse import parse_file, parse_stream
+
+    try:
+        fh = path.open("rb")
+    except OSError:
+        return parse_file(path), ""  # says why it cannot be read
+    with fh:
+        reader = _HeadReader(fh, 4 * _HEAD_CHARS)  # UTF-8: at most 4 bytes a character
+        runs = parse_stream(reader, str(path))  # type: ignore[arg-type]
+    return runs, reader.head.decode("utf-8", errors="replace")[:_HEAD_CHARS]
+
+
+def _parse_all(paths: list[Path], problems: list[str]) -> tuple[list[ParsedRun], str]:
+    """Parse each file and merge the k-th run of every file into one run (per-node logs);
+    also the heads of the files' text, joined."""
+    from analysis.parse import merge_runs
+
+    parsed = [_parse_one(p) for p in paths]
+    per_file = [runs for runs, _head in parsed]
     count = max((len(runs) for runs in per_file), default=0)
     merged = []
     for k in range(count):
@@ -514,7 +547,7 @@ def _parse_all(paths: list[Path], problems: list[str]) -> list[ParsedRun]:
         merged.append(merge_runs(parts) if len(parts) > 1 else parts[0])
     if len({len(r) for r in per_file}) > 1:
         problems.append("log files disagree on the number of training runs they hold")
-    return merged
+    return merged, "\n".join(head for _runs, head in parsed)
 
 
 def _make_runs(
@@ -529,11 +562,10 @@ def _make_runs(
     netbench: dict[str, Any] | None,
     problems: list[str],
 ) -> list[LoadedRun]:
-    parsed_runs = _parse_all(logs, problems) if logs else []
+    parsed_runs, log_text = _parse_all(logs, problems) if logs else ([], "")
     if not logs:
         problems.append("no *.log file")
     node_files = sum(1 for p in logs if _NODE_SUFFIX.match(p.stem) or p.stem.startswith("node"))
-    log_text = "\n".join(p.read_text(errors="replace")[:200_000] for p in logs)
     out = []
     for k, parsed in enumerate(parsed_runs or [None]):
         run_name = name if len(parsed_runs) <= 1 else f"{name}#{k + 1}"

@@ -15,15 +15,24 @@ from __future__ import annotations
 
 import math
 import statistics
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from analysis import comm
 from analysis.load import LoadedRun, RunSetup
-from analysis.records import ParsedRun, TimerBlock
+from analysis.records import (
+    ParsedRun,
+    TimerBlock,
+    TimerGroupView,
+    blocks_of,
+    record_values,
+    timer_groups,
+)
 
 STEADY_RULE = (
     "drop the first logging window (warm-up), use every later window; each window is the mean "
@@ -129,12 +138,19 @@ def wire_bytes(run_json: dict[str, Any] | None) -> tuple[float | None, str]:
     return float(per["max_tx_bytes"]), ""
 
 
+def _iteration_series(parsed: ParsedRun, name: str) -> list[tuple[int, float]]:
+    """(iteration, value) of the iteration records that have the value, by iteration (stable)."""
+    numbers = record_values(parsed.iterations, "iteration")
+    values = record_values(parsed.iterations, name)
+    keep = ~np.isnan(values)
+    numbers, values = numbers[keep], values[keep]
+    order = np.argsort(numbers, kind="stable")
+    return list(zip(numbers[order].astype(np.int64).tolist(), values[order].tolist(), strict=True))
+
+
 def steady_state(parsed: ParsedRun) -> tuple[SteadyState | None, str | None]:
     """Apply ``STEADY_RULE`` to Megatron iteration lines, else to PipelineEngine step lines."""
-    lines = sorted(
-        ((i.iteration, i.elapsed_ms) for i in parsed.iterations if i.elapsed_ms is not None),
-        key=lambda x: x[0],
-    )
+    lines = _iteration_series(parsed, "elapsed_ms")
     source = "megatron"
     if not lines:
         lines = sorted((p.step, p.iter_ms) for p in parsed.pipeline_steps if p.iter_ms is not None)
@@ -186,24 +202,31 @@ def deepspeed_step_timers(parsed: ParsedRun, warmup_iters: int) -> dict[str, lis
     iteration line closing its window) is kept when that is past the warm-up, otherwise blocks
     are taken in file order, one per iteration (rank 0's node log has no iteration lines).
     """
-    by_signature: dict[frozenset[str], list[TimerBlock]] = {}
-    for block in parsed.timers:
-        keys = frozenset(block.values_ms)
-        if block.source != "deepspeed" or all(k.endswith("_microstep") for k in keys):
-            continue
-        by_signature.setdefault(keys, []).append(block)
-    out: dict[str, list[float]] = {}
-    for blocks in by_signature.values():
-        if all(b.iteration is not None for b in blocks):
-            # Attributed to an iteration (or to the iteration line closing its window).
-            kept = [b for b in blocks if (b.iteration or 0) > warmup_iters]
-        else:
-            kept = blocks[warmup_iters:]  # one block per iteration, in file order
-        for block in kept:
-            for key, value in block.values_ms.items():
-                if isinstance(value, int | float):
-                    out.setdefault(_ALIASES.get(key, key), []).append(float(value))
-    return out
+    # Column-wise (a long run has millions of blocks): groups of one key set, blocks in order.
+    by_signature: dict[frozenset[str], list[TimerGroupView]] = {}
+    for view in timer_groups(parsed.timers, "deepspeed"):
+        keys = frozenset(view.names)
+        if not all(k.endswith("_microstep") for k in keys):
+            by_signature.setdefault(keys, []).append(view)
+    out: dict[str, array[float]] = {}
+    for views in by_signature.values():
+        order = np.argsort(np.concatenate([v.rows for v in views]), kind="stable")
+        its = np.concatenate([v.iteration for v in views])[order]
+        attributed = not np.isnan(its).any()
+        # Attributed to an iteration (or to the iteration line closing its window); else one
+        # block per iteration, in file order.
+        kept = order[its > warmup_iters] if attributed else order[warmup_iters:]
+        keep = np.zeros(len(order), dtype=bool)
+        keep[kept] = True
+        keep = keep[order]  # in file order
+        for key in views[0].names:
+            parts = [
+                v.values[key] if v.shape[v.names.index(key)] == 0 else np.full(len(v.rows), np.nan)
+                for v in views
+            ]  # numbers only, not Megatron-style pairs
+            vals = np.concatenate(parts)[order][keep]
+            out.setdefault(_ALIASES.get(key, key), array("d")).extend(vals[~np.isnan(vals)])
+    return out  # type: ignore[return-value]
 
 
 def megatron_timers(parsed: ParsedRun, after_iteration: int) -> dict[str, list[float]]:
@@ -213,8 +236,8 @@ def megatron_timers(parsed: ParsedRun, after_iteration: int) -> dict[str, list[f
     ``training_log``), so each value is already per iteration.
     """
     out: dict[str, list[float]] = {}
-    for block in parsed.timers:
-        if block.source != "megatron" or (block.iteration or 0) <= after_iteration:
+    for block in blocks_of(parsed.timers, "megatron"):
+        if (block.iteration or 0) <= after_iteration:
             continue
         for key, value in block.values_ms.items():
             ms = max(value) if isinstance(value, tuple) else value
@@ -239,9 +262,8 @@ def pipeline_timers(parsed: ParsedRun, steps_per_print: int) -> dict[str, list[f
     if steps_per_print < 1:
         raise ValueError(f"steps_per_print({steps_per_print}) must be >= 1")
     groups: dict[frozenset[str], list[TimerBlock]] = {}
-    for block in parsed.timers:
-        if block.source == "pipeline":
-            groups.setdefault(frozenset(block.values_ms), []).append(block)
+    for block in blocks_of(parsed.timers, "pipeline"):
+        groups.setdefault(frozenset(block.values_ms), []).append(block)
     has_global = any("fwd" in keys or "forward" in keys for keys in groups)
     out: dict[str, list[float]] = {}
     for keys, blocks in groups.items():
@@ -656,13 +678,19 @@ SCHEMA: dict[str, str] = {
 
 def _peak_memory(parsed: ParsedRun) -> tuple[float | None, float | None, int | None, int | None]:
     peak = reserved = rank = after = None
-    for m in parsed.memory:
-        alloc = m.max_allocated_mb if m.max_allocated_mb is not None else m.allocated_mb
-        res = m.max_reserved_mb if m.max_reserved_mb is not None else m.reserved_mb
-        if alloc is not None and (peak is None or alloc > peak):
-            peak, rank, after = alloc, m.rank, m.after_iteration
-        if res is not None and (reserved is None or res > reserved):
-            reserved = res
+    mem = parsed.memory
+    if not len(mem):
+        return peak, reserved, rank, after
+    # Column-wise: the first report with the largest figure, as a loop over reports would.
+    alloc = record_values(mem, "max_allocated_mb")
+    alloc = np.where(np.isnan(alloc), record_values(mem, "allocated_mb"), alloc)
+    res = record_values(mem, "max_reserved_mb")
+    res = np.where(np.isnan(res), record_values(mem, "reserved_mb"), res)
+    if not np.isnan(alloc).all():
+        i = int(np.nanargmax(alloc))
+        peak, rank, after = float(alloc[i]), mem[i].rank, mem[i].after_iteration
+    if not np.isnan(res).all():
+        reserved = float(np.nanmax(res))
     return peak, reserved, rank, after
 
 
@@ -787,12 +815,10 @@ def compute(run: LoadedRun) -> RunMetrics:
     ds = deepspeed_step_timers(p, warmup)
     mg = megatron_timers(p, warmup)
     if ds.get("fwd") and ds.get("step"):
-        per_iter = [
-            a + b + c
-            for a, b, c in zip(
-                ds["fwd"], ds.get("bwd", ds.get("bwd_inner", [])), ds["step"], strict=False
-            )
-        ]
+        parts = [np.asarray(ds["fwd"]), np.asarray(ds.get("bwd", ds.get("bwd_inner", []))),
+                 np.asarray(ds["step"])]  # fmt: skip
+        n = min(len(x) for x in parts)
+        per_iter = (parts[0][:n] + parts[1][:n]) + parts[2][:n]  # as (a + b) + c per iteration
         if len(per_iter) >= 2:
             row["iter_ms_std"] = statistics.stdev(per_iter)
             row["iter_ms_std_source"] = (
@@ -829,18 +855,16 @@ def compute(run: LoadedRun) -> RunMetrics:
         row["tflops"] = tflops_per_gpu(flops, st.mean, s.world_size)
     else:
         na["tflops"] = "model dimensions, padded vocabulary, batch or world size unknown"
-    windows = [
-        i
-        for i in p.iterations
-        if i.tflops is not None and i.elapsed_ms and i.iteration >= steady.first_iteration
-    ]
+    tf, el = record_values(p.iterations, "tflops"), record_values(p.iterations, "elapsed_ms")
+    numbers = record_values(p.iterations, "iteration")
+    sel = ~np.isnan(tf) & ~np.isnan(el) & (el != 0) & (numbers >= steady.first_iteration)
+    windows = list(zip(tf[sel].tolist(), el[sel].tolist(), strict=True))  # (tflops, elapsed)
     if windows:
-        row["tflops_printed"] = statistics.fmean(i.tflops or 0.0 for i in windows)
+        row["tflops_printed"] = statistics.fmean(t for t, _e in windows)
         if row["tflops"] is not None:
             # Window by window: recompute from that window's time, compare with the printed
             # value, which Megatron rounds to 2 decimals (+-0.005).
-            worst = max(abs(row["tflops"] * st.mean / (i.elapsed_ms or 1) - (i.tflops or 0.0))
-                        for i in windows)  # fmt: skip
+            worst = max(abs(row["tflops"] * st.mean / e - t) for t, e in windows)
             row["tflops_check"] = (
                 f"agrees in all {len(windows)} windows within print rounding (0.005)"
                 if worst <= 0.005 + 1e-9

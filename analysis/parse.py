@@ -7,14 +7,16 @@ log content: what cannot be read becomes a line in ``ParsedRun.problems``.
 How a file is read
   Until a run's training starts (first iteration, ``steps:`` or DeepSpeed timer line, or
   Megatron's ``training ...``), after it ends (final iteration, launcher exit, failure), and
-  while a multi-line block is open (argument dump, timer block, traceback, JSON dump), every
-  line is parsed.  In between, only lines holding one of ``_KEYWORDS`` can matter, and the
-  file reader looks for those with ``bytes.find`` over whole chunks: that is what makes a
-  1 GB log of NCCL chatter cheap.  A new run that starts in the middle of training output
-  without any of those lines is still split off when the iteration counter goes back.
-  ``iteration`` is a keyword of its own (``iteration=N`` lines have no ``|``) only until the
-  run's first iteration line: once that line holds ``|``, the run's iteration lines are found
-  by ``|`` and the costly multi-byte search for ``iteration`` stops.
+  while a multi-line block is open (argument dump, traceback, JSON dump), every line is
+  parsed.  In between, only lines holding one of ``_KEYWORDS`` are parsed; a line without one
+  of a stream (launcher prefix) whose Megatron timer block is open only continues or closes
+  that block.  ``iteration`` is a keyword of
+  its own (``iteration=N`` lines have no ``|``) only until the run's first iteration line:
+  once that line holds ``|``, the run's iteration lines are found by ``|``.  A new run that
+  starts in the middle of training output without any of those lines is still split off
+  when the iteration counter goes back.  ``analysis.scan`` is the file reader: it finds
+  keyword lines with ``bytes.find`` over whole chunks (what makes a 1 GB log of NCCL chatter
+  cheap) and reads the frequent lines of a training phase in bulk, with the same result.
 
 Attribution of DeepSpeed ``wall_clock_breakdown`` lines to iterations
   The plain engine prints one line per optimizer step and per timer group, before Megatron's
@@ -47,14 +49,16 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import math
 import re
 import shlex
 import sys
 import warnings
+from array import array
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -72,13 +76,34 @@ from analysis.records import (
     Failure,
     FailureKind,
     Iteration,
+    IterationTable,
     Memory,
+    MemoryTable,
     ParsedRun,
     PipelineStep,
+    RecordTable,
     TimerBlock,
+    TimerTable,
+    block_dict,
+)
+from analysis.scan import Keywords, drive_file
+from analysis.storage import (
+    DeepSpeedBlocks,
+    IterIndex,
+    attribute_blocks,
+    merge_attribution,
+    merge_iterations,
 )
 
-__all__ = ["merge_runs", "parse_file", "parse_lines", "parse_text", "strict", "strip_prefix"]
+__all__ = [
+    "merge_runs",
+    "parse_file",
+    "parse_lines",
+    "parse_stream",
+    "parse_text",
+    "strict",
+    "strip_prefix",
+]
 
 _STRICT: ContextVar[bool] = ContextVar("analysis.parse strict mode", default=False)
 """Strict mode (``strict()``): a handler's exception propagates instead of becoming a problem."""
@@ -119,20 +144,8 @@ _KEYWORDS: tuple[str, ...] = (
     "MemAlloc",  # DeepSpeed ThroughputTimer memory
     "Max_MA",  # DeepSpeed see_memory_usage
 )
-# How the file reader finds them: a rare single byte found with memchr speed, then the
-# keywords holding it are checked at that position; two keywords have no rare byte.
-_ANCHORS: tuple[tuple[bytes, tuple[tuple[bytes, int], ...]], ...] = (
-    *(
-        (a.encode(), tuple((k.encode(), k.index(a)) for k in _KEYWORDS if a in k))
-        for a in ("|", ")", "E", "*", "T", "K", "#", "M")
-    ),
-    (b"iteration", ()),
-    # One multi-byte search for both launcher exit keywords (each such pass costs ~1 ms/MB).
-    (b"xit", tuple((k.encode(), k.index("xit")) for k in ("exits", "ssh exited"))),
-)
-
-_ITERATION_ANCHOR = next(i for i, (a, _) in enumerate(_ANCHORS) if a == b"iteration")
-_CHUNK_BYTES = 1 << 20
+_KW = Keywords(_KEYWORDS)
+"""How the readers look for them (``analysis.scan``)."""
 _LATE_CONFIG_LINES = 5_000
 """Lines read in full after training began in one stream of an interleaved multi-node log while
 the set-up lines of another stream (Megatron's argument dump, the padded vocabulary) were still
@@ -275,6 +288,8 @@ class _Stream:
     offset: int = 0
     """Where the record starts in the first line of a ``wrap``/``listtb`` block (the lines
     are kept whole: their widths tell a cut at a fixed width from a word wrap)."""
+    key: str = ""
+    """The stream's key (launcher prefixes)."""
 
 
 @dataclass
@@ -283,16 +298,13 @@ class _Run:
 
     source: str
     first_line: int
-    iterations: list[Iteration] = field(default_factory=list)
-    iter_index: dict[int, int] = field(default_factory=dict)
-    memory: list[Memory] = field(default_factory=list)
-    memory_other: list[Memory] = field(default_factory=list)
-    megatron_blocks: list[TimerBlock] = field(default_factory=list)
-    # DeepSpeed blocks: (values, rank, line, iterations of the same stream seen before,
-    # pipeline steps before, stream)
-    ds_blocks: list[tuple[dict[str, Any], int | None, int, int, int, str]] = field(
-        default_factory=list
-    )
+    iterations: IterationTable = field(default_factory=IterationTable)
+    iter_index: IterIndex = field(init=False)
+    memory: MemoryTable = field(default_factory=MemoryTable)
+    memory_other: MemoryTable = field(default_factory=MemoryTable)
+    megatron_blocks: TimerTable = field(default_factory=TimerTable)
+    # DeepSpeed blocks: (values, rank, line, iterations seen before, pipeline steps before)
+    ds_blocks: DeepSpeedBlocks = field(default_factory=DeepSpeedBlocks)
     steps: list[PipelineStep] = field(default_factory=list)
     args: dict[str, Any] = field(default_factory=dict)
     cmd_args: dict[str, Any] = field(default_factory=dict)
@@ -316,7 +328,7 @@ class _Run:
     spawned: int = 0
     exited_ok: int = 0
     exit_codes: list[int] = field(default_factory=list)
-    iter_numbers: dict[str, list[int]] = field(default_factory=dict)
+    iter_numbers: dict[str, array[int]] = field(default_factory=dict)
     """Stream -> numbers of the iteration lines it printed, in order (per-stream attribution
     of timer blocks: the position of one node's line among another's means nothing)."""
     training_streams: set[str] = field(default_factory=set)
@@ -350,6 +362,9 @@ class _Run:
         of the stream that printed the dump (its own training output): the spec is known."""
         return bool(self.args) and (bool(self.vocab) or self.args_stream in self.training_streams)
 
+    def __post_init__(self) -> None:
+        self.iter_index = IterIndex(self.iterations)
+
 
 class _Core:
     """The line-by-line state machine shared by every entry point."""
@@ -360,6 +375,7 @@ class _Core:
         self.run = _Run(source=source, first_line=1)
         self.streams: dict[str, _Stream] = {}
         self.open_blocks = 0
+        self.timer_keys: set[str] = set()
         self.truncated = 0
         self.strict = _STRICT.get()
         self.line = 0
@@ -368,14 +384,27 @@ class _Core:
 
     @property
     def active(self) -> bool:
-        """Whether every line must be fed (not only those holding a keyword)."""
+        """Whether every line must be fed (not only those holding a keyword).  An open
+        Megatron timer block needs only the lines of its own stream (``timer_keys``)."""
         run = self.run
-        return self.open_blocks > 0 or not run.training or run.ended or self.line < run.config_until
+        return (
+            self.open_blocks > len(self.timer_keys)
+            or not run.training
+            or run.ended
+            or self.line < run.config_until
+        )
 
-    def feed(self, lineno: int, raw: str) -> None:
-        """Parse one physical line (1-based ``lineno``)."""
+    @staticmethod
+    def stream_key(raw: str) -> str:
+        """The stream key ``feed`` finds for a line."""
+        raw = raw[:MAX_LINE_CHARS].rstrip("\r\n")
+        return split_prefix(raw.replace("\x00", "") if "\x00" in raw else raw)[0]
+
+    def feed(self, lineno: int, raw: str, dispatch: bool = True) -> None:
+        """Parse one physical line (1-based ``lineno``).  ``dispatch=False``: only continue
+        or close an open block of its stream (a training line without a keyword)."""
         try:
-            self._feed(lineno, raw)
+            self._feed(lineno, raw, dispatch)
         except Exception as exc:
             if self.strict:
                 raise
@@ -395,7 +424,7 @@ class _Core:
 
     # -- dispatch ---------------------------------------------------------------------------
 
-    def _feed(self, lineno: int, raw: str) -> None:
+    def _feed(self, lineno: int, raw: str, dispatch: bool = True) -> None:
         self.line = lineno
         if len(raw) > MAX_LINE_CHARS:
             raw = raw[:MAX_LINE_CHARS]
@@ -407,7 +436,8 @@ class _Core:
         st = self.streams.get(key)
         if st is not None and st.mode is not None and self._continue_block(key, st, text, lineno):
             return
-        self._dispatch(key, text, lineno)
+        if dispatch:
+            self._dispatch(key, text, lineno)
 
     def _open(self, key: str, mode: str, lineno: int) -> _Stream:
         st = self.streams.get(key)
@@ -416,6 +446,11 @@ class _Core:
         if st.mode is None:
             self.open_blocks += 1
         st.mode = mode
+        st.key = key
+        if mode == "timer":
+            self.timer_keys.add(key)
+        else:
+            self.timer_keys.discard(key)
         st.start_line = lineno
         st.lines = 0
         st.buf = []
@@ -428,6 +463,8 @@ class _Core:
     def _close(self, st: _Stream) -> None:
         if st.mode is not None:
             self.open_blocks -= 1
+        if st.mode == "timer":
+            self.timer_keys.discard(st.key)
         st.mode = None
         st.buf = []
         st.timer_values = {}
@@ -706,7 +743,7 @@ class _Core:
         run.iter_index[it.iteration] = len(run.iterations)
         run.iterations.append(it)
         run.last_iter = it.iteration
-        run.iter_numbers.setdefault(key, []).append(it.iteration)
+        run.iter_numbers.setdefault(key, array("q")).append(it.iteration)
         run.max_iter = max(run.max_iter, it.iteration)
         if it.train_iters is not None:
             run.train_iters = it.train_iters
@@ -1177,70 +1214,9 @@ def _classify(message: str, default: FailureKind) -> FailureKind:
     return default
 
 
-def _attribute(run: _Run, pipeline: bool) -> tuple[list[TimerBlock], list[str]]:
-    """DeepSpeed/pipeline timer blocks with their iteration (see module doc).
-
-    Positions count only within one stream: a block is placed among the iteration lines of the
-    stream that printed it. A stream with no iteration line of its own (rank 0's node beside
-    the last rank's, interleaved in one file) has its blocks attributed as ``merge_runs`` does
-    for per-node files: when one block per iteration 1..N was printed.
-    """
-    problems: list[str] = []
-    steps = [s.step for s in run.steps]
-    source = "pipeline" if pipeline else "deepspeed"
-    last = max((n for ns in run.iter_numbers.values() for n in ns), default=None)
-    # Group blocks of one timer group (same names) between two consecutive iteration lines.
-    groups: dict[tuple[tuple[str, ...], str, int], list[int]] = {}
-    for idx, (values, _rank, _line, n_iter, _n_steps, key) in enumerate(run.ds_blocks):
-        groups.setdefault((tuple(values), key, n_iter), []).append(idx)
-    assigned: dict[int, int | None] = {}
-    mismatch = False
-    for (names, key, j), idxs in groups.items():
-        m = len(idxs)
-        numbers = run.iter_numbers.get(key, [])
-        prev = numbers[j - 1] if j > 0 else None
-        nxt = numbers[j] if j < len(numbers) else None
-        for k, idx in enumerate(idxs, start=1):
-            if pipeline:
-                values, _r, _l, _ni, n_steps, _key = run.ds_blocks[idx]
-                first = next(iter(values), "")
-                if first.startswith("pipe_"):
-                    assigned[idx] = steps[n_steps - 1] if n_steps > 0 else None
-                else:
-                    assigned[idx] = steps[n_steps] if n_steps < len(steps) else None
-            elif not numbers:
-                # Another stream prints the iteration lines: one block per iteration 1..N.
-                assigned[idx] = k if m == last else None
-            elif prev is not None and nxt is not None:
-                assigned[idx] = prev + k if nxt - prev == m else None
-                mismatch |= nxt - prev != m
-            elif nxt is not None:
-                # Before the first iteration line: one block per step since the start (m == N)
-                # or since a resume one log interval earlier; anything else (a one-off set-up
-                # timer such as ZeRO-3's init_optimizer_state) stays unattributed.
-                interval = numbers[1] - numbers[0] if len(numbers) > 1 else None
-                ok = m in (nxt, interval)
-                assigned[idx] = nxt - m + k if ok else None
-            elif prev is not None:
-                assigned[idx] = prev + k
-            else:
-                assigned[idx] = None
-        if not pipeline and not numbers and last is not None and m != last:
-            problems.append(
-                f"DeepSpeed timer group {names[0]}...: {m} blocks for {last} iterations "
-                "printed by another stream; left unattributed"
-            )
-    if mismatch:
-        problems.append(
-            "some DeepSpeed timer blocks could not be matched to iterations (their count "
-            "between two iteration lines differs from the iterations between them); left "
-            "unattributed"
-        )
-    blocks = [
-        TimerBlock(source=source, values_ms=values, rank=rank, iteration=assigned.get(i), line=line)
-        for i, (values, rank, line, _ni, _ns, _key) in enumerate(run.ds_blocks)
-    ]
-    return blocks, problems
+def _attribute(run: _Run, pipeline: bool) -> tuple[TimerTable, list[str]]:
+    """DeepSpeed/pipeline timer blocks with their iteration (see module doc)."""
+    return attribute_blocks(run.ds_blocks, run.iter_numbers, [s.step for s in run.steps], pipeline)
 
 
 def _summary(run: _Run) -> tuple[dict[str, Any], list[str]]:
@@ -1321,11 +1297,14 @@ def _finish(run: _Run) -> ParsedRun:
     """Turn the filled state into a ParsedRun: config, attribution, status."""
     config, problems = _summary(run)
     ds_blocks, attr_problems = _attribute(run, _is_pipeline(config, bool(run.steps)))
+    timers = run.megatron_blocks
+    timers.extend(ds_blocks)
+    timers.sort_by_line()
     out = ParsedRun(
         iterations=run.iterations,
         memory=run.memory,
         memory_other=run.memory_other,
-        timers=run.megatron_blocks + ds_blocks,
+        timers=timers,
         pipeline_steps=run.steps,
         config=config,
         ds_config=run.ds_config,
@@ -1335,7 +1314,6 @@ def _finish(run: _Run) -> ParsedRun:
         sources=[run.source],
         first_line=run.first_line,
     )
-    out.timers.sort(key=lambda b: b.line or 0)
     train_iters = config.get("train_iters")
     reached = run.reached_final or (
         isinstance(train_iters, int) and run.max_iter >= train_iters > 0
@@ -1377,14 +1355,6 @@ def _finish(run: _Run) -> ParsedRun:
 # -- entry points -----------------------------------------------------------------------------
 
 
-_KEYWORDS_PIPE = tuple(k for k in _KEYWORDS if k != "iteration")
-"""The keywords once a run's iteration lines are known to hold ``|`` (module doc)."""
-
-
-def _has_keyword(line: str, pipe_iterations: bool) -> bool:
-    return any(k in line for k in (_KEYWORDS_PIPE if pipe_iterations else _KEYWORDS))
-
-
 def parse_lines(lines: Iterable[str], source: str) -> list[ParsedRun]:
     """Parse log lines (with or without trailing newlines) into one ParsedRun per training run.
 
@@ -1393,8 +1363,10 @@ def parse_lines(lines: Iterable[str], source: str) -> list[ParsedRun]:
     core = _Core(source)
     try:
         for lineno, line in enumerate(lines, start=1):
-            if core.active or _has_keyword(line, core.run.pipe_iterations):
+            if core.active or _KW.has(line, core.run.pipe_iterations):
                 core.feed(lineno, line)
+            elif core.timer_keys and core.stream_key(line) in core.timer_keys:
+                core.feed(lineno, line, dispatch=False)
     except (OSError, UnicodeError) as exc:
         core.run.problems.append(f"reading stopped: {exc}")
     return core.finish()
@@ -1405,101 +1377,28 @@ def parse_text(text: str, source: str = "<text>") -> list[ParsedRun]:
     return parse_lines(text.splitlines(), source)
 
 
-def _next_hit(block: bytes, anchor: bytes, checks: tuple[tuple[bytes, int], ...], pos: int) -> int:
-    """Position of the next keyword hit of one anchor at or after ``pos``, or -1."""
-    find = block.find
-    p = find(anchor, pos)
-    if not checks or (len(checks) == 1 and checks[0][1] == 0 and checks[0][0] == anchor):
-        return p
-    startswith = block.startswith
-    while p >= 0:
-        for kw, off in checks:
-            if p >= off and startswith(kw, p - off):
-                return p
-        p = find(anchor, p + 1)
-    return -1
-
-
-def _drive_block(core: _Core, block: bytes, lineno: int) -> int:
-    """Feed the lines of ``block`` (whole lines) that can matter to ``core``; return the line
-    number after the block."""
-    end = len(block)
-    pos = 0
-    nxt = [-2] * len(_ANCHORS)
-    find = block.find
-    while pos < end:
-        if core.active:
-            e = find(b"\n", pos)
-            if e < 0:
-                e = end
-            core.feed(lineno, block[pos:e].decode("utf-8", "replace"))
-            lineno += 1
-            pos = e + 1
-            continue
-        best = -1
-        run = core.run
-        for i, (anchor, checks) in enumerate(_ANCHORS):
-            if i == _ITERATION_ANCHOR and run.pipe_iterations:
-                continue
-            p = nxt[i]
-            if p < pos and p != -1:
-                p = nxt[i] = _next_hit(block, anchor, checks, pos)
-            if p >= 0 and (best < 0 or p < best):
-                best = p
-        if best < 0:
-            break
-        s = block.rfind(b"\n", pos, best) + 1 or pos
-        lineno += block.count(b"\n", pos, s)
-        e = find(b"\n", s)
-        if e < 0:
-            e = end
-        core.feed(lineno, block[s:e].decode("utf-8", "replace"))
-        lineno += 1
-        pos = e + 1
-    if pos < end:
-        lineno += block.count(b"\n", pos, end)
-    return lineno
-
-
-def _drive_file(core: _Core, fh: BinaryIO) -> None:
-    lineno = 1
-    carry = b""
-    skipping = False  # inside the tail of an over-long line
-    while True:
-        data = fh.read(_CHUNK_BYTES)
-        if not data:
-            break
-        if skipping:
-            nl = data.find(b"\n")
-            if nl < 0:
-                continue
-            core.feed(lineno, carry.decode("utf-8", "replace"))  # counted as truncated there
-            lineno += 1
-            carry, skipping = b"", False
-            data = data[nl + 1 :]
-        buf = carry + data if carry else data
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            carry = buf
-            if len(carry) > MAX_LINE_CHARS * 4:
-                carry, skipping = carry[: MAX_LINE_CHARS * 4], True
-            continue
-        lineno = _drive_block(core, buf[: cut + 1], lineno)
-        carry = buf[cut + 1 :]
-    if carry:
-        core.feed(lineno, carry.decode("utf-8", "replace"))
-
-
-def parse_file(path: str | Path) -> list[ParsedRun]:
-    """Parse one log file, streaming it in chunks (constant memory whatever its size).
+def parse_file(path: str | Path, bulk: bool = True) -> list[ParsedRun]:
+    """Parse one log file, streaming it in chunks (memory grows with the records, not the
+    lines).  ``bulk=False`` reads every line through the line path (``analysis.scan``; the
+    result is the same, only slower).
 
     An unreadable file gives one incomplete run whose problems say why.
     """
     source = str(path)
-    core = _Core(source)
     try:
         with open(path, "rb") as fh:
-            _drive_file(core, fh)
+            return parse_stream(fh, source, bulk)
+    except OSError as exc:
+        core = _Core(source)
+        core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
+        return core.finish()
+
+
+def parse_stream(fh: BinaryIO, source: str, bulk: bool = True) -> list[ParsedRun]:
+    """Parse a log from an open binary file (``parse_file`` without the opening)."""
+    core = _Core(source)
+    try:
+        drive_file(core, _KW, fh, bulk=bulk)
     except OSError as exc:
         core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
     return core.finish()
@@ -1523,11 +1422,8 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
     if len(runs) == 1:
         return runs[0]
     out = ParsedRun(first_line=runs[0].first_line)
-    seen_iter: dict[int, Iteration] = {}
     seen_steps: dict[int, PipelineStep] = {}
     for part in runs:
-        for it in part.iterations:
-            seen_iter.setdefault(it.iteration, it)
         for st in part.pipeline_steps:
             seen_steps.setdefault(st.step, st)
         out.memory.extend(part.memory)
@@ -1550,7 +1446,7 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
         src = ",".join(part.sources)
         out.problems.extend(f"{src}: {p}" for p in part.problems)
         out.sources.extend(part.sources)
-    out.iterations = sorted(seen_iter.values(), key=lambda it: it.iteration)
+    out.iterations = merge_iterations(p.iterations for p in runs)
     out.pipeline_steps = sorted(seen_steps.values(), key=lambda s: s.step)
     by_rank = out.config.get("num_parameters_by_rank")
     if isinstance(by_rank, dict):
@@ -1558,7 +1454,8 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
         if why:
             out.problems.append(why)
     pipeline = _is_pipeline(out.config, bool(out.pipeline_steps))
-    out.timers = _merge_attribution(out, pipeline)
+    last_it = out.iterations[-1].iteration if out.iterations else None
+    out.problems.extend(merge_attribution(out.timers, last_it, pipeline))  # type: ignore[arg-type]
     failed = next((p for p in runs if p.status == "failed"), None)
     train_iters = out.config.get("train_iters")
     last = out.iterations[-1].iteration if out.iterations else None
@@ -1569,32 +1466,6 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
     ):
         out.status = "completed"
     return out
-
-
-def _merge_attribution(out: ParsedRun, pipeline: bool) -> list[TimerBlock]:
-    """Re-source DeepSpeed blocks of a pipeline run; attribute blocks of files that had no
-    iteration lines when one block per iteration 1..N was printed."""
-    blocks = [
-        replace(b, source="pipeline") if pipeline and b.source == "deepspeed" else b
-        for b in out.timers
-    ]
-    if pipeline or not out.iterations:
-        return blocks
-    last = out.iterations[-1].iteration
-    groups: dict[tuple[str, ...], list[int]] = {}
-    for i, b in enumerate(blocks):
-        if b.source == "deepspeed" and b.iteration is None:
-            groups.setdefault(tuple(b.values_ms), []).append(i)
-    for names, idxs in groups.items():
-        if len(idxs) == last:
-            for k, i in enumerate(idxs, start=1):
-                blocks[i] = replace(blocks[i], iteration=k)
-        else:
-            out.problems.append(
-                f"DeepSpeed timer group {names[0]}...: {len(idxs)} unattributed blocks for "
-                f"{last} iterations; left unattributed"
-            )
-    return blocks
 
 
 # -- CLI --------------------------------------------------------------------------------------
@@ -1617,9 +1488,76 @@ def _summary_line(run: ParsedRun) -> str:
     )
 
 
-def _iter_docs(paths: Iterable[str]) -> Iterator[dict[str, Any]]:
-    for p in paths:
-        yield {"path": p, "runs": [r.to_dict() for r in parse_file(p)]}
+def _json_value(v: Any) -> str:
+    """One number (or None) as JSON, as ``json`` writes it."""
+    if v is None:
+        return "null"
+    if type(v) is float:
+        if v != v or v in (math.inf, -math.inf):
+            raise ValueError(f"out of range float value in the JSON output: {v!r}")
+        return float.__repr__(v)
+    if type(v) is int:
+        return int.__repr__(v)
+    return json.dumps(v, allow_nan=False, default=str)
+
+
+def _json_records(records: Any, encode: Any) -> Iterator[str]:
+    """The elements of a record list as JSON texts (column tables row by row, without an
+    object per record)."""
+    if isinstance(records, RecordTable):
+        names = [json.dumps(f) for f in records._names]
+        template = "{" + ", ".join(f"{n}: %s" for n in names) + "}"
+        for row in records.rows():
+            yield template % tuple(map(_json_value, row))
+    elif isinstance(records, TimerTable):
+        templates = []
+        for source, names, shape in records.groups:
+            parts = []
+            for n, k in zip(names, shape, strict=True):
+                value = "[" + ", ".join(["%s"] * k) + "]" if k else "%s"
+                parts.append(f"{json.dumps(n).replace('%', '%%')}: {value}")
+            src = json.dumps(source).replace("%", "%%")
+            templates.append(
+                f'{{"source": {src}, "values_ms": {{{", ".join(parts)}}}, '
+                '"rank": %s, "iteration": %s, "line": %s}'
+            )
+        for g, flat, rank, it, line in records.rows():
+            yield templates[g] % (*map(_json_value, flat), _json_value(rank), _json_value(it),
+                                  _json_value(line))  # fmt: skip
+    else:
+        for r in records:
+            yield encode(block_dict(r) if isinstance(r, TimerBlock) else asdict(r))
+
+
+def _iter_json(paths: Iterable[str]) -> Iterator[str]:
+    """The ``--json`` document in pieces: one log parsed at a time, one record a line."""
+    encode = json.JSONEncoder(allow_nan=False, default=str).encode
+    lists = ("iterations", "memory", "memory_other", "timers", "pipeline_steps")
+    yield '{"logs": ['
+    for i, p in enumerate(paths):
+        yield ("," if i else "") + f'\n {{"path": {encode(p)}, "runs": ['
+        for j, run in enumerate(parse_file(p)):
+            yield ("," if j else "") + "\n  {"
+            for k, f in enumerate(fields(run)):
+                value = getattr(run, f.name)
+                yield ("," if k else "") + f"\n   {encode(f.name)}: "
+                if f.name not in lists:
+                    yield encode(asdict(value) if f.name == "failure" and value else value)
+                    continue
+                yield "["
+                chunk: list[str] = []
+                first = True
+                for text in _json_records(value, encode):
+                    chunk.append(text)
+                    if len(chunk) >= 2048:
+                        yield ("" if first else ",") + "\n    " + ",\n    ".join(chunk)
+                        chunk, first = [], False
+                if chunk:
+                    yield ("" if first else ",") + "\n    " + ",\n    ".join(chunk)
+                yield "]"
+            yield "}"
+        yield "]}"
+    yield "\n]}\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1631,9 +1569,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help='print {"logs": [...]} as JSON')
     ns = ap.parse_args(argv)
     if ns.json:
-        doc = {"logs": list(_iter_docs(ns.logs))}
-        json.dump(doc, sys.stdout, indent=1, allow_nan=False, default=str)
-        sys.stdout.write("\n")
+        write = sys.stdout.write
+        for text in _iter_json(ns.logs):
+            write(text)
         return 0
     try:
         from rich.console import Console

@@ -1,175 +1,222 @@
-"""Throughput and memory of ``analysis.parse.parse_file`` on a large multi-node log.
+"""Throughput and memory of the log parser on large logs, next to a one-field perl scan.
 
-Writes a realistic log (default 1 GB) to a temporary directory: two nodes' output interleaved
-through pdsh (``node0: `` / ``node1: `` prefixes), NCCL INFO chatter (NCCL_DEBUG=INFO with the
-COLL subsystem prints one line per collective, which is what makes real logs this large), gloo
-and torch warnings, DeepSpeed ``wall_clock_breakdown`` lines, Megatron timer blocks, memory
-reports and iteration lines, then a launcher exit.  Streams it through ``parse_file`` and
-prints MB/s and peak RSS.
+For each log kind (``benchmarks/loggen.py``: ``noise`` = mostly NCCL chatter, ``dense`` = one
+long two-node run replayed from a real lab log, ``ranks`` = 64 ranks with log interval 1), it
+writes a log of ``--size-mb`` MiB, then measures, each in its own process:
 
-    python benchmarks/parse_bench.py [--size-mb 1024] [--tracemalloc] [--keep PATH]
+- ``parse_file``: MB/s (CPU time of the parse, and wall time), peak RSS of the process, the
+  bytes the parsed records keep (per training iteration and per record), and whether what was
+  parsed is what was written;
+- ``python -m analysis.parse LOG --json > /dev/null``: MB/s and peak RSS;
+- ``python -m analysis.report DIR`` on a directory holding the log: MB/s and peak RSS;
+- ``perl -ne '...elapsed time per iteration (ms): ...'`` (average of one field): MB/s, and the
+  ratio of the parser's CPU time to perl's on the same file, measured in the same run.
+
+CPU times are user + system of the measured process (parse_file: of the parse call alone); on a
+machine shared with other work, wall times are longer and vary more: both are printed.
+
+    python benchmarks/parse_bench.py [--size-mb 1024] [--logs noise,dense,ranks] [--dir DIR]
+                                     [--keep] [--skip-json] [--skip-report]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import random
-import resource
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
-import tracemalloc
+from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
 
+import loggen  # noqa: E402
+
+LAB = REPO.parent / "shared" / "lab-logs"
+PERL = (
+    r"$s+=$1,$n++ if /elapsed time per iteration \(ms\): ([\d.]+)/; "
+    r'END{printf "%.3f %d\n",$s/$n,$n}'
+)
+
+_CHILD = r"""
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[2])
 from analysis.parse import parse_file
-
-_HEADER = """\
-[2026-11-22 01:29:57,285] [INFO] [runner.py:630:main] cmd = /usr/bin/python3 -u -m \
-deepspeed.launcher.launch --world_info=e30= --master_addr=10.0.0.1 --master_port=29500 \
-pretrain_gpt.py --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --num-layers 24 \
---hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 2 \
---global-batch-size 16 --train-iters {iters} --zero-stage 1
-node0: using world size: 16, data-parallel-size: 16, sequence-parallel size: 1, \
-tensor-model-parallel size: 1, pipeline-model-parallel size: 1
-node0: ------------------------ arguments ------------------------
-node0:   num_layers ...................................... 24
-node0:   hidden_size ..................................... 1024
-node0:   train_iters ..................................... {iters}
-node0: -------------------- end of arguments ---------------------
-node0:  > number of parameters on (tensor, pipeline) model parallel rank (0, 0): 354823168
-node0: training ...
+c0, w0 = time.process_time(), time.perf_counter()
+runs = parse_file(sys.argv[1])
+cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+sizes = [r.nbytes() for r in runs]
+print(json.dumps({
+    "cpu": cpu, "wall": wall,
+    "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "runs": len(runs),
+    "iteration_lines": sum(len(r.iterations) for r in runs),
+    "last_iteration": max((r.iterations[-1].iteration for r in runs if r.iterations), default=0),
+    "timer_blocks": sum(len(r.timers) for r in runs),
+    "memory_reports": sum(len(r.memory) for r in runs),
+    "bytes": sum(sum(s.values()) for s in sizes),
+    "bytes_by_table": {k: sum(s[k] for s in sizes) for k in sizes[0]} if sizes else {},
+    "status": [r.status for r in runs],
+}))
 """
 
-_NOISE = (
-    "node{n}: node{n}:{pid}:{tid} [{r}] NCCL INFO AllReduce: opCount {op:x} "
-    "sendbuff 0x7f2c{op:08x} recvbuff 0x7f2c{op:08x} count 1048576 datatype 7 op 0 root 0 "
-    "comm 0x55d1c0a3e2b0 [nranks=16] stream 0x55d1bf0c9a40",
-    "node{n}: node{n}:{pid}:{tid} [{r}] NCCL INFO AllGather: opCount {op:x} "
-    "sendbuff 0x7f2c{op:08x} recvbuff 0x7f2c00000000 count 524288 datatype 7 op 0 root 0 "
-    "comm 0x55d1c0a3e2b0 [nranks=16] stream 0x55d1bf0c9a40",
-    "node{n}: node{n}:{pid}:{tid} [{r}] NCCL INFO Channel 02/0 : {r}[{r}] -> 8[0] [send] via "
-    "NET/Socket/0",
-    "node{n}: [W1122 01:36:06.160200179 ProcessGroupGloo.cpp:{op}] Warning: Unable to resolve "
-    "hostname to a (local) address. Using the loopback address as fallback.",
-    "node{n}: /opt/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:83: "
-    "FutureWarning: `torch.distributed.all_gather_into_tensor` is deprecated.",
-    "node{n}:   return func(*args, **kwargs)",
-)
-_NOISE_WEIGHTS = (40, 25, 6, 2, 1, 1)
+
+@dataclass
+class Measure:
+    """One measured process."""
+
+    cpu: float
+    """User + system CPU seconds."""
+    wall: float
+    """Wall seconds."""
+    rss_mib: float
+    """Peak resident set size, MiB."""
+    out: str = ""
+    """What it printed."""
 
 
-def _iteration_block(rng: random.Random, it: int, iters: int) -> list[str]:
-    lines = []
-    lines.append(
-        f"node0: [Rank 0] time (ms) | fwd_microstep: {rng.uniform(50, 90):.2f} | bwd_microstep: "
-        f"{rng.uniform(60, 110):.2f} | bwd_inner_microstep: {rng.uniform(50, 90):.2f} | "
-        f"bwd_allreduce_microstep: {rng.uniform(5, 25):.2f} | step_microstep: "
-        f"{rng.uniform(5, 15):.2f}"
+def _run(cmd: list[str], stdout: int | None = subprocess.PIPE) -> Measure:
+    """Run ``cmd`` and measure it (its own rusage, through wait4)."""
+    w0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, cwd=REPO)
+    out = proc.stdout.read().decode() if proc.stdout else ""  # type: ignore[union-attr]
+    err = proc.stderr.read().decode() if proc.stderr else ""  # type: ignore[union-attr]
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}: {err[-2000:]}")
+    return Measure(
+        usage.ru_utime + usage.ru_stime, time.perf_counter() - w0, usage.ru_maxrss / 1024, out
     )
-    lines.append(
-        f"node0: [Rank 0] time (ms) | fwd: {rng.uniform(50, 90):.2f} | bwd: "
-        f"{rng.uniform(60, 110):.2f} | bwd_inner: {rng.uniform(50, 90):.2f} | bwd_allreduce: "
-        f"{rng.uniform(5, 25):.2f} | step: {rng.uniform(5, 15):.2f}"
-    )
-    lines.append(
-        f"node1:  iteration {it:8d}/{iters:8d} | consumed samples: {it * 16:12d} | consumed "
-        f"tokens: {it * 16384:12d} | elapsed time per iteration (ms): {rng.uniform(180, 240):.1f}"
-        f" | learning rate: 9.747E-04 | global batch size:    16 | lm loss: "
-        f"{rng.uniform(2, 6):.6E} | loss scale: 1.0 | actual seqlen:  1024 | number of skipped "
-        f"iterations:   0 | number of nan iterations:   0 | samples per second: "
-        f"{rng.uniform(60, 90):.3f} | tokens per gpu per second (tgs): 4096.000 | TFLOPs: 120.5 |"
-    )
-    lines.append("node1: (min, max) time across ranks (ms):")
-    lines.append(
-        f"node1:     forward-backward ...............................: "
-        f"({rng.uniform(150, 200):.2f}, {rng.uniform(200, 210):.2f})"
-    )
-    lines.append(
-        f"node1:     optimizer ......................................: "
-        f"({rng.uniform(5, 10):.2f}, {rng.uniform(10, 12):.2f})"
-    )
-    return lines
 
 
-def write_log(path: Path, size_mb: float, seed: int = 0) -> int:
-    """Write about ``size_mb`` MiB of log to ``path``; return the number of iterations."""
-    rng = random.Random(seed)
-    target = int(size_mb * 1024 * 1024)
-    noise_per_iter = 400  # NCCL COLL lines between two iteration lines (16 ranks, ~25 per rank)
-    approx_iter_bytes = noise_per_iter * 170 + 1200
-    iters = max(1, target // approx_iter_bytes)
-    written = 0
-    with open(path, "w", encoding="utf-8") as fh:
-        head = _HEADER.format(iters=iters)
-        fh.write(head)
-        written += len(head)
-        it = 0
-        op = 0
-        while written < target and it < iters:
-            it += 1
-            parts = []
-            for _ in range(noise_per_iter):
-                op += 1
-                tmpl = rng.choices(_NOISE, _NOISE_WEIGHTS)[0]
-                n = rng.randint(0, 1)
-                parts.append(tmpl.format(n=n, pid=1000 + n, tid=2000 + op % 7, r=op % 8, op=op))
-            parts.extend(_iteration_block(rng, it, iters))
-            text = "\n".join(parts) + "\n"
-            fh.write(text)
-            written += len(text)
-        tail = (
-            "node0: [2026-11-22 02:30:19,060] [INFO] [launch.py:367:main] Process 30444 exits "
-            "successfully.\nnode1: [2026-11-22 02:30:19,062] [INFO] [launch.py:367:main] "
-            "Process 30445 exits successfully.\n"
-        )
-        fh.write(tail)
-        fh.flush()
-        os.fsync(fh.fileno())  # time the parser, not the kernel writing this log back to disk
-    return it
+def _write(kind: str, path: Path, size_mb: float) -> loggen.Written:
+    if kind == "noise":
+        return loggen.write_noise(path, size_mb)
+    if kind == "dense":
+        if not LAB.is_dir():
+            raise SystemExit(f"the dense log replays {LAB}, which is not there")
+        return loggen.write_dense(path, size_mb, LAB)
+    return loggen.write_ranks(path, size_mb)
+
+
+def bench(kind: str, folder: Path, size_mb: float, json_too: bool, report_too: bool) -> dict:
+    """Write one log and measure everything on it; returns the figures."""
+    run_dir = folder / kind
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / f"{kind}.log"
+    t0 = time.perf_counter()
+    written = _write(kind, path, size_mb)
+    size = path.stat().st_size
+    mb = size / 1e6
+    print(
+        f"[{kind}] wrote {size / 2**20:.0f} MiB, {written.iterations} iterations, "
+        f"{written.lines} lines ({written.noise_lines / written.lines:.0%} chatter) in "
+        f"{time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
+    res: dict = {"log": kind, "mb": mb, "iterations": written.iterations}
+    perl = _run(["perl", "-ne", PERL, str(path)])
+    res["perl_mb_s"] = mb / perl.cpu
+    child = _run([sys.executable, "-c", _CHILD, str(path), str(REPO)])
+    got = json.loads(child.out)
+    res |= {
+        "parse_mb_s": mb / got["cpu"],
+        "parse_wall_mb_s": mb / got["wall"],
+        "parse_rss_mib": child.rss_mib,
+        "ratio_to_perl": got["cpu"] / perl.cpu,
+        "bytes_per_iteration": got["bytes"] / max(1, got["last_iteration"]),
+        "bytes_per_record": got["bytes"]
+        / max(1, got["iteration_lines"] + got["timer_blocks"] + got["memory_reports"]),
+        "bytes_by_table": got["bytes_by_table"],
+    }
+    want = (written.iteration_lines, written.timer_blocks, written.memory_reports)
+    have = (got["iteration_lines"], got["timer_blocks"], got["memory_reports"])
+    res["as_written"] = have == want and got["runs"] == 1
+    print(
+        f"[{kind}] parse_file {res['parse_mb_s']:.0f} MB/s CPU "
+        f"({res['parse_wall_mb_s']:.0f} wall), "
+        f"peak RSS {child.rss_mib:.0f} MiB, {res['bytes_per_iteration']:.1f} B/iteration, "
+        f"{res['bytes_per_record']:.1f} B/record; perl {res['perl_mb_s']:.0f} MB/s CPU, "
+        f"ratio {res['ratio_to_perl']:.1f}x; records "
+        f"{'as written' if res['as_written'] else f'MISMATCH: parsed {have}, wrote {want}'}",
+        flush=True,
+    )
+    if json_too:
+        with open(os.devnull, "wb") as null:
+            js = _run(
+                [sys.executable, "-m", "analysis.parse", str(path), "--json"], stdout=null.fileno()
+            )
+        res |= {
+            "json_mb_s": mb / js.cpu,
+            "json_wall_mb_s": mb / js.wall,
+            "json_rss_mib": js.rss_mib,
+        }
+        print(f"[{kind}] --json {res['json_mb_s']:.0f} MB/s CPU "
+              f"({res['json_wall_mb_s']:.0f} wall), peak RSS {js.rss_mib:.0f} MiB",
+              flush=True)  # fmt: skip
+    if report_too:
+        out = folder / f"{kind}-report"
+        rep = _run([sys.executable, "-m", "analysis.report", str(run_dir), "--out", str(out)])
+        res |= {"report_mb_s": mb / rep.cpu, "report_wall_mb_s": mb / rep.wall,
+                "report_rss_mib": rep.rss_mib}  # fmt: skip
+        print(f"[{kind}] analysis.report {res['report_mb_s']:.0f} MB/s CPU "
+              f"({res['report_wall_mb_s']:.0f} wall), peak RSS {rep.rss_mib:.0f} MiB",
+              flush=True)  # fmt: skip
+        shutil.rmtree(out, ignore_errors=True)
+    return res
+
+
+def _table(results: list[dict]) -> str:
+    def cell(r: dict, key: str, fmt: str = ".0f") -> str:
+        return format(r[key], fmt) if key in r else "-"
+
+    head = (
+        "| log | size MB | iterations | parse_file MB/s CPU (wall) | RSS MiB | --json MB/s CPU "
+        "(wall) | RSS MiB | report MB/s CPU (wall) | RSS MiB | B/iteration | B/record | "
+        "perl MB/s | parse/perl |\n" + "|---" * 13 + "|"
+    )
+    rows = [
+        f"| {r['log']} | {r['mb']:.0f} | {r['iterations']} | {cell(r, 'parse_mb_s')} "
+        f"({cell(r, 'parse_wall_mb_s')}) | {cell(r, 'parse_rss_mib')} | {cell(r, 'json_mb_s')} "
+        f"({cell(r, 'json_wall_mb_s')}) | {cell(r, 'json_rss_mib')} | {cell(r, 'report_mb_s')} "
+        f"({cell(r, 'report_wall_mb_s')}) | {cell(r, 'report_rss_mib')} | "
+        f"{cell(r, 'bytes_per_iteration', '.1f')} | {cell(r, 'bytes_per_record', '.1f')} | "
+        f"{cell(r, 'perl_mb_s')} | {cell(r, 'ratio_to_perl', '.1f')}x |"
+        for r in results
+    ]
+    return "\n".join([head, *rows])
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-mb", type=float, default=1024.0, help="log size in MiB (default 1024)")
-    ap.add_argument("--tracemalloc", action="store_true", help="also report Python heap peak")
-    ap.add_argument("--keep", type=Path, help="write the log here and keep it")
+    ap.add_argument("--logs", default="noise,dense,ranks", help="which logs (comma-separated)")
+    ap.add_argument("--dir", type=Path, help="where to write the logs (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the logs")
+    ap.add_argument("--skip-json", action="store_true", help="do not time --json")
+    ap.add_argument("--skip-report", action="store_true", help="do not time analysis.report")
+    ap.add_argument("--out-json", type=Path, help="also write the figures here")
     ns = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="parse-bench-") as tmp:
-        path = ns.keep or Path(tmp) / "bench.log"
-        t0 = time.perf_counter()
-        iters = write_log(path, ns.size_mb)
-        size = path.stat().st_size
-        print(
-            f"wrote {size / 2**20:.0f} MiB ({iters} iterations) in {time.perf_counter() - t0:.1f} s"
-        )
-        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        if ns.tracemalloc:
-            tracemalloc.start()
-        t0 = time.perf_counter()
-        runs = parse_file(path)
-        dt = time.perf_counter() - t0
-        heap_peak = tracemalloc.get_traced_memory()[1] / 2**20 if ns.tracemalloc else None
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-        run = runs[0]
-        ok = (
-            len(runs) == 1
-            and len(run.iterations) == iters
-            and run.status == "completed"
-            and len(run.timers) == 3 * iters
-        )
-        print(
-            f"parsed {size / 1e6:.0f} MB in {dt:.2f} s: {size / 1e6 / dt:.0f} MB/s; "
-            f"peak RSS {rss:.0f} MiB (before parsing {rss_before:.0f} MiB)"
-            + (f"; Python heap peak {heap_peak:.0f} MiB" if heap_peak is not None else "")
-        )
-        print(
-            f"runs {len(runs)}, iterations {len(run.iterations)}, timer blocks {len(run.timers)}, "
-            f"status {run.status}: {'as written' if ok else 'MISMATCH with what was written'}"
-        )
-        return 0 if ok else 1
+    folder = ns.dir or Path(tempfile.mkdtemp(prefix="parse-bench-"))
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
+    results = []
+    try:
+        for kind in ns.logs.split(","):
+            results.append(bench(kind, folder, ns.size_mb, not ns.skip_json, not ns.skip_report))
+    finally:
+        if not ns.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    print(_table(results))
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    if ns.out_json:
+        ns.out_json.write_text(json.dumps(results, indent=1))
+    return 0 if all(r["as_written"] for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,577 @@
+"""Typed columns of optional numbers: what the parser keeps per record, in compact arrays.
+
+A ``Column`` holds ints or floats, each possibly None, and gives back exactly what was put in
+(same value, same type, ``-0.0`` stays ``-0.0``).  It picks the smallest exact storage:
+
+- a run of one repeated value (``loss scale: 1.0`` on every line) is one value and a count;
+- ints: a signed array of 1, 2, 4 or 8 bytes, widened when a value does not fit; with
+  ``delta=True`` (line numbers, iteration numbers) the differences are stored instead;
+- floats: a printed decimal such as ``230.93`` is stored as the integer 23093 with the column's
+  scale 10**2, in 1 to 8 bytes, only when dividing back gives the very same double (checked for
+  every value); else 8-byte doubles;
+- anything else (ints beyond 64 bits, a NaN, an int in a float column) keeps the Python objects.
+
+None is stored as the array type's smallest value (ints, scaled floats) or NaN (doubles).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+_CODES = ("b", "h", "i", "q")
+_MIN = {"b": -(2**7), "h": -(2**15), "i": -(2**31), "q": -(2**63)}
+_MAX = {c: -m - 1 for c, m in _MIN.items()}
+_MAX_SCALE = 9
+"""Largest number of decimals a float column is scaled by (10**9)."""
+_EXACT = 2**53
+"""Integers up to this are exact doubles."""
+
+
+def _code_for(lo: int, hi: int) -> str | None:
+    """Smallest array code holding every int in [lo, hi] (the code's minimum is None)."""
+    for code in _CODES:
+        if _MIN[code] < lo and hi <= _MAX[code]:
+            return code
+    return None
+
+
+def _scale_of(values: np.ndarray) -> int | None:
+    """Smallest number of decimals d with round(v * 10**d) / 10**d == v for every value."""
+    if not len(values):
+        return 0
+    if not np.isfinite(values).all() or (np.signbit(values) & (values == 0)).any():
+        return None
+    for d in range(_MAX_SCALE + 1):
+        f = 10.0**d
+        scaled = np.rint(values * f)
+        if np.abs(scaled).max() >= _EXACT:
+            return None
+        back = scaled / f
+        if (back == values).all() and (np.signbit(back) == np.signbit(values)).all():
+            return d
+    return None
+
+
+class Column:
+    """A column of optional ints (``kind="i"``) or floats (``kind="f"``) (module doc)."""
+
+    __slots__ = (
+        "_arr",
+        "_const",
+        "_delta",
+        "_last",
+        "_list",
+        "_n",
+        "_pend",
+        "_prefix",
+        "_scale",
+        "kind",
+    )
+
+    def __init__(self, kind: str, values: Iterable[Any] = (), delta: bool = False) -> None:
+        if kind not in ("i", "f"):
+            raise ValueError(f"kind({kind!r}) must be 'i' or 'f'")
+        self.kind = kind
+        self._delta = delta and kind == "i"
+        self._arr: array[Any] | None = None
+        self._list: list[Any] | None = None
+        self._const: Any = None
+        self._n = 0
+        self._scale = -1  # floats: decimals of the scaled ints, -1 = doubles
+        self._last = 0  # delta mode: the last value
+        self._prefix: np.ndarray | None = None  # delta mode: cached running sums
+        self._pend: list[Any] = []  # values appended, not yet stored
+        for v in values:
+            self.append(v)
+
+    # -- size -------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        if self._arr is not None:
+            return len(self._arr) + len(self._pend)
+        if self._list is not None:
+            return len(self._list) + len(self._pend)
+        return self._n + len(self._pend)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored values (not counting the fixed size of the objects)."""
+        if self._pend:
+            self._sync()
+        if self._arr is not None:
+            return len(self._arr) * self._arr.itemsize
+        if self._list is not None:
+            return 8 * len(self._list) + sum(32 for x in self._list if x is not None)
+        return 0
+
+    @property
+    def storage(self) -> str:
+        """How the values are stored, in words (``const``, ``int16``, ``x100 int16``, ...)."""
+        if self._pend:
+            self._sync()
+        if self._list is not None:
+            return "objects"
+        if self._arr is None:
+            return "const"
+        width = f"int{8 * self._arr.itemsize}" if self._arr.typecode in _CODES else "float64"
+        if self._delta:
+            width = "delta " + width
+        return f"x1e{self._scale} {width}" if self._scale > 0 else width
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _decode(self, x: Any) -> Any:
+        arr = self._arr
+        assert arr is not None
+        if self.kind == "f":
+            if self._scale < 0:
+                return None if x != x else x
+            if x == _MIN[arr.typecode]:
+                return None
+            return x / 10.0**self._scale if self._scale else float(x)
+        return None if x == _MIN[arr.typecode] else x
+
+    def __getitem__(self, i: int) -> Any:
+        if self._pend:
+            self._sync()
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("column index out of range")
+        if self._list is not None:
+            return self._list[i]
+        if self._arr is None:
+            return self._const
+        if self._delta:
+            if self._prefix is None or len(self._prefix) != n:
+                self._prefix = np.cumsum(
+                    np.frombuffer(self._arr, dtype=self._arr.typecode), dtype=np.int64
+                )
+            return int(self._prefix[i])
+        return self._decode(self._arr[i])
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._pend:
+            self._sync()
+        if self._list is not None:
+            return iter(self._list)
+        if self._arr is None:
+            return (
+                iter([self._const] * self._n) if self._n < 4096 else _repeat(self._const, self._n)
+            )
+        if self._delta:
+            return _running(self._arr)
+        if self.kind == "i":
+            low = _MIN[self._arr.typecode]
+            return (None if x == low else x for x in self._arr)
+        if self._scale < 0:
+            return (None if x != x else x for x in self._arr)
+        low = _MIN[self._arr.typecode]
+        f = 10.0**self._scale
+        if self._scale == 0:
+            return (None if x == low else float(x) for x in self._arr)
+        return (None if x == low else x / f for x in self._arr)
+
+    def floats(self) -> np.ndarray:
+        """The values as float64 (None as NaN); ints exact up to 2**53."""
+        if self._pend:
+            self._sync()
+        n = len(self)
+        if self._list is not None:
+            return np.array([math.nan if x is None else float(x) for x in self._list], dtype=float)
+        if self._arr is None:
+            fill = math.nan if self._const is None else float(self._const)
+            return np.full(n, fill, dtype=float)
+        raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
+        if self._delta:
+            return np.cumsum(raw, dtype=np.int64).astype(float)
+        if self._arr.typecode == "d":
+            return raw.copy()
+        out = raw.astype(float)
+        out[raw == _MIN[self._arr.typecode]] = math.nan
+        if self._scale > 0:
+            out /= 10.0**self._scale
+        return out
+
+    def ints(self, fill: int = 0) -> np.ndarray:
+        """The values as int64, None as ``fill`` (int columns only)."""
+        if self._pend:
+            self._sync()
+        if self.kind != "i":
+            raise TypeError("ints() of a float column")
+        n = len(self)
+        if self._list is not None:
+            return np.array([fill if x is None else x for x in self._list], dtype=np.int64)
+        if self._arr is None:
+            return np.full(n, fill if self._const is None else self._const, dtype=np.int64)
+        raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
+        if self._delta:
+            return np.cumsum(raw, dtype=np.int64)
+        out = raw.astype(np.int64)
+        out[raw == _MIN[self._arr.typecode]] = fill
+        return out
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def append(self, v: Any) -> None:
+        """Add one value (None, an int for ``kind="i"``, a float for ``kind="f"``); values
+        are gathered and stored a few hundred at a time."""
+        pend = self._pend
+        pend.append(v)
+        if len(pend) >= 256:
+            self._sync()
+
+    def _sync(self) -> None:
+        """Store the gathered values."""
+        vals = self._pend
+        if not vals:
+            return
+        self._pend = []
+        if self.kind == "f":
+            if all(type(v) is float and v == v for v in vals):
+                self.extend_floats(np.array(vals, dtype=float))
+                return
+        elif all(type(v) is int for v in vals) and _MIN["q"] < min(vals) and max(vals) <= _MAX["q"]:
+            self.extend_ints(np.array(vals, dtype=np.int64))
+            return
+        for v in vals:
+            self._append_one(v)
+
+    def _append_one(self, v: Any) -> None:
+        arr = self._arr
+        if arr is not None:
+            if self._put(arr, v):
+                return
+            self._widen([v])
+            return
+        if self._list is not None:
+            self._list.append(v)
+            return
+        if self._n == 0:
+            self._const, self._n = v, 1
+        elif v is self._const or (
+            type(v) is type(self._const)
+            and v == self._const
+            and (v != 0 or math.copysign(1, v) == math.copysign(1, self._const))
+        ):
+            self._n += 1
+        else:
+            self._widen([v])
+
+    def _put(self, arr: array[Any], v: Any) -> bool:
+        """Append ``v`` to the array if it is exactly representable there."""
+        code = arr.typecode
+        if self.kind == "i":
+            if type(v) is not int:
+                if v is None and not self._delta:
+                    arr.append(_MIN[code])
+                    return True
+                return False
+            if self._delta:
+                d = v - self._last
+                if _MIN[code] < d <= _MAX[code] and -(2**62) < v < 2**62:
+                    arr.append(d)
+                    self._last = v
+                    return True
+                return False
+            if _MIN[code] < v <= _MAX[code]:
+                arr.append(v)
+                return True
+            return False
+        if v is None:
+            arr.append(math.nan if code == "d" else _MIN[code])
+            return True
+        if type(v) is not float or v != v:
+            return False
+        if code == "d":
+            arr.append(v)
+            return True
+        f = 10.0**self._scale
+        x = v * f
+        if not -9e18 < x < 9e18:
+            return False
+        s = round(x)
+        if _MIN[code] < s <= _MAX[code] and s / f == v and (s != 0 or math.copysign(1, v) > 0):
+            arr.append(s)
+            return True
+        return False
+
+    def _current(self) -> tuple[np.ndarray, np.ndarray]:
+        """Current values as (float64 or int64 array, None mask), from array or const storage."""
+        if self._pend:
+            self._sync()
+        n = len(self)
+        if self._arr is None:
+            none = np.full(n, self._const is None)
+            if self.kind == "f":
+                return np.full(n, math.nan if self._const is None else self._const), none
+            return np.full(n, 0 if self._const is None else self._const, dtype=np.int64), none
+        raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
+        if self._delta:
+            return np.cumsum(raw, dtype=np.int64), np.zeros(n, dtype=bool)
+        if self._arr.typecode == "d":
+            return raw.copy(), np.isnan(raw)
+        none = raw == _MIN[self._arr.typecode]
+        if self.kind == "i":
+            return raw.astype(np.int64), none
+        out = raw.astype(float)
+        if self._scale > 0:
+            out /= 10.0**self._scale
+        out[none] = math.nan
+        return out, none
+
+    def _fits(self, v: Any) -> bool:
+        """Whether ``v`` (not None) can live in an array of this column."""
+        if self.kind == "i":
+            return type(v) is int and _MIN["q"] < v <= _MAX["q"]
+        return type(v) is float and v == v
+
+    def _widen(self, new: list[Any]) -> None:
+        """Rebuild the storage so that it holds the current values and ``new``."""
+        if self._pend:
+            self._sync()
+        if self._list is not None:
+            self._list.extend(new)
+            return
+        const_ok = self._arr is not None or self._const is None or self._fits(self._const)
+        if not const_ok or not all(v is None or self._fits(v) for v in new):
+            values = [*self, *new]
+            self._reset()
+            self._list = values
+            return
+        cur, none = self._current()
+        if self._delta and (None in new or none.any()):
+            self._delta = False  # a None: plain values from now on
+        if self.kind == "i":
+            add = np.array([0 if v is None else v for v in new], dtype=np.int64)
+        else:
+            add = np.array([math.nan if v is None else v for v in new], dtype=float)
+        vals = np.concatenate([cur, add])
+        mask = np.concatenate([none, np.array([v is None for v in new], dtype=bool)])
+        self._reset()
+        self._store_np(vals, mask)
+
+    def _reset(self) -> None:
+        self._arr, self._list, self._prefix = None, None, None
+        self._n, self._const, self._scale, self._last = 0, None, -1, 0
+
+    def _store_np(self, vals: np.ndarray, none: np.ndarray) -> None:
+        """Store values (None where ``none``) in the most compact exact array (column empty)."""
+        present = vals[~none]
+        if self.kind == "i":
+            if self._delta and len(vals) and not -(2**62) < vals.min() <= vals.max() < 2**62:
+                self._delta = False  # differences could overflow: plain values
+            if self._delta:
+                diffs = np.diff(vals, prepend=0)
+                code = _code_for(int(diffs.min(initial=0)), int(diffs.max(initial=0)))
+                if code is not None:
+                    self._arr = array(code, diffs.astype(code).tobytes())
+                    self._last = int(vals[-1]) if len(vals) else 0
+                    return
+                self._delta = False  # differences too large: plain values
+            code = _code_for(int(present.min(initial=0)), int(present.max(initial=0)))
+            assert code is not None  # values are int64 here
+            out = vals.astype(code)
+            out[none] = _MIN[code]
+            self._arr = array(code, out.tobytes())
+            return
+        d = _scale_of(present)
+        if d is not None:
+            scaled = np.rint(present * 10.0**d)
+            code = _code_for(int(scaled.min(initial=0)), int(scaled.max(initial=0)))
+            if code is not None:
+                out = np.full(len(vals), _MIN[code], dtype=code)
+                out[~none] = scaled.astype(code)
+                self._arr = array(code, out.tobytes())
+                self._scale = d
+                return
+        self._arr = array("d", np.where(none, math.nan, vals).astype(float).tobytes())
+
+    def extend(self, values: Iterable[Any]) -> None:
+        """Add several values."""
+        for v in values:
+            self.append(v)
+
+    def extend_const(self, v: Any, n: int) -> None:
+        """Add ``n`` copies of ``v``."""
+        if self._pend:
+            self._sync()
+        if n <= 0:
+            return
+        if self._arr is None and self._list is None:
+            c = self._const
+            if (
+                self._n == 0
+                or v is c
+                or (
+                    type(v) is type(c)
+                    and v == c
+                    and (v != 0 or math.copysign(1, v) == math.copysign(1, c))
+                )
+            ):
+                self._const = v if self._n == 0 else c
+                self._n += n
+                return
+        if v is None and self._arr is not None and not self._delta:
+            code = self._arr.typecode
+            self._arr.extend(array(code, [math.nan if code == "d" else _MIN[code]]) * n)
+            return
+        if self.kind == "f" and type(v) is float and v == v:
+            self.extend_floats(np.full(n, v))
+        elif self.kind == "i" and type(v) is int and _MIN["q"] < v <= _MAX["q"]:
+            self.extend_ints(np.full(n, v, dtype=np.int64))
+        else:
+            for _ in range(n):
+                self.append(v)
+
+    def extend_floats(self, values: array[float] | np.ndarray) -> None:
+        """Add finite doubles in bulk (``kind="f"``; NaN is taken as None)."""
+        if self._pend:
+            self._sync()
+        v = np.asarray(values, dtype=float)
+        if not len(v):
+            return
+        negzero = bool((np.signbit(v) & (v == 0)).any())
+        if self._arr is None and self._list is None and not negzero:
+            first = float(v[0])
+            if first == first and (v == first).all():
+                if self._n == 0:
+                    self._const, self._n = first, len(v)
+                    return
+                c = self._const
+                if (
+                    type(c) is float
+                    and c == first
+                    and math.copysign(1, c) == math.copysign(1, first)
+                ):
+                    self._n += len(v)
+                    return
+        arr = self._arr
+        if arr is not None and not negzero and not np.isnan(v).any():
+            if arr.typecode == "d":
+                arr.frombytes(v.tobytes())
+                return
+            f = 10.0**self._scale
+            scaled = np.rint(v * f)
+            code = arr.typecode
+            if scaled.min() > _MIN[code] and scaled.max() <= _MAX[code] and (scaled / f == v).all():
+                arr.frombytes(scaled.astype(code).tobytes())
+                return
+        if self._list is None and (
+            self._arr is not None or self._const is None or self._fits(self._const)
+        ):
+            cur, none = self._current()
+            vals = np.concatenate([cur.astype(float), v])
+            mask = np.concatenate([none, np.isnan(v)])
+            self._reset()
+            self._store_np(vals, mask)
+            return
+        self._widen([None if x != x else x for x in v.tolist()])
+
+    def extend_ints(self, values: Sequence[int] | np.ndarray) -> None:
+        """Add ints in bulk (``kind="i"``, no None)."""
+        if self._pend:
+            self._sync()
+        v = np.asarray(values, dtype=np.int64)
+        if not len(v):
+            return
+        if (
+            self._arr is None
+            and self._list is None
+            and (self._n == 0 or type(self._const) is int)
+            and (v == v[0]).all()
+            and (self._n == 0 or int(v[0]) == self._const)
+        ):
+            self._const = int(v[0])
+            self._n += len(v)
+            return
+        arr = self._arr
+        if arr is not None:
+            code = arr.typecode
+            if self._delta:
+                if min(v.min(), self._last) > -(2**62) and max(v.max(), self._last) < 2**62:
+                    d = np.diff(v, prepend=self._last)
+                    if d.min() > _MIN[code] and d.max() <= _MAX[code]:
+                        arr.frombytes(d.astype(code).tobytes())
+                        self._last = int(v[-1])
+                        self._prefix = None
+                        return
+            elif v.min() > _MIN[code] and v.max() <= _MAX[code]:
+                arr.frombytes(v.astype(code).tobytes())
+                return
+        if (
+            self._list is None
+            and (self._arr is not None or self._const is None or self._fits(self._const))
+            and v.min() > _MIN["q"]
+        ):
+            cur, none = self._current()
+            vals = np.concatenate([cur, v])
+            mask = np.concatenate([none, np.zeros(len(v), dtype=bool)])
+            delta = self._delta
+            self._reset()
+            self._delta = delta and not mask.any()
+            self._store_np(vals, mask)
+            return
+        self._widen(v.tolist())
+
+    def take(self, order: np.ndarray) -> Column:
+        """A new column with the values at ``order`` (indices), exactly."""
+        if self._pend:
+            self._sync()
+        out = Column(self.kind, delta=self._delta)
+        if self._list is not None:
+            out._list = [self._list[i] for i in order.tolist()]
+        elif self._arr is None:
+            out._const, out._n = self._const, len(order)
+        elif self._delta:
+            vals = np.cumsum(np.frombuffer(self._arr, dtype=self._arr.typecode), dtype=np.int64)
+            out._store_np(vals[order], np.zeros(len(order), dtype=bool))
+        else:
+            raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
+            out._arr = array(self._arr.typecode, raw[order].tobytes())
+            out._scale = self._scale
+        return out
+
+    def concat(self, other: Column) -> None:
+        """Append every value of ``other`` (same kind)."""
+        if self._pend:
+            self._sync()
+        if other._pend:
+            other._sync()
+        plain = other._list is None and (
+            other._arr is not None or other._const is None or other._fits(other._const)
+        )
+        if not plain or other.kind != self.kind:
+            self.extend(other)
+        elif self.kind == "f":
+            self.extend_floats(other.floats())  # None travels as NaN
+        else:
+            vals, none = other._current()
+            if none.any():
+                self.extend(other)
+            else:
+                self.extend_ints(vals)
+
+    def replace_all(self, values: list[Any]) -> None:
+        """Replace every value."""
+        self._reset()
+        for v in values:
+            self.append(v)
+
+
+def _repeat(value: Any, n: int) -> Iterator[Any]:
+    for _ in range(n):
+        yield value
+
+
+def _running(diffs: array[int]) -> Iterator[int]:
+    total = 0
+    for d in diffs:
+        total += d
+        yield total

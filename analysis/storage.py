@@ -1,0 +1,276 @@
+"""How the parser keeps what it reads while a file is parsed, and the columnar steps of
+finishing and merging runs (attribution of DeepSpeed timer blocks, iteration dedup).
+
+Everything per record lives in typed columns (``analysis.columns``): memory grows with the
+records, by a few bytes each, not with the lines of the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from analysis.columns import Column
+from analysis.records import IterationTable, TimerBlock, TimerTable
+
+
+class IterIndex:
+    """``number in index`` and ``index[number] = position`` over a run's iteration numbers,
+    without a dict entry per iteration: numbers usually only grow, so a number above the
+    largest is new; anything else is looked up in a set built on first need."""
+
+    def __init__(self, table: IterationTable) -> None:
+        self._table = table
+        self._max: int | None = None
+        self._seen: set[int] | None = None
+
+    def __contains__(self, number: int) -> bool:
+        if self._max is None or number > self._max:
+            return False
+        if number == self._max:
+            return True
+        if self._seen is None:
+            self._seen = set(self._table.column("iteration").ints().tolist())
+        return number in self._seen
+
+    def __setitem__(self, number: int, _position: int) -> None:
+        self.add(number)
+
+    def add(self, number: int) -> None:
+        """Record a number (added to the table by the caller)."""
+        if self._seen is not None:
+            self._seen.add(number)
+        if self._max is None or number > self._max:
+            self._max = number
+
+    def add_increasing(self, numbers: np.ndarray) -> None:
+        """Record numbers that are each above every number before (bulk)."""
+        if not len(numbers):
+            return
+        if self._seen is not None:
+            self._seen.update(numbers.tolist())
+        self._max = int(numbers[-1])
+
+
+class DeepSpeedBlocks:
+    """DeepSpeed ``time (ms) |`` blocks of a run being parsed, before attribution: the values
+    as a ``TimerTable`` and, per block, how many iteration lines of its own stream and how many
+    pipeline steps preceded it, and its stream (what attribution needs).  ``append`` takes the
+    parser's tuple ``(values, rank, line, iterations before, steps before, stream)``."""
+
+    def __init__(self) -> None:
+        self.table = TimerTable()
+        self.n_iter = Column("i", delta=True)
+        self.n_steps = Column("i", delta=True)
+        self.stream = Column("i")
+        self.keys: dict[str, int] = {}
+        """Stream key (launcher prefixes) -> the id stored in ``stream``."""
+
+    def stream_id(self, key: str) -> int:
+        """The id of stream ``key``."""
+        return self.keys.setdefault(key, len(self.keys))
+
+    def append(self, block: tuple[dict[str, Any], int | None, int, int, int, str]) -> None:
+        values, rank, line, n_iter, n_steps, key = block
+        self.table.append(TimerBlock("deepspeed", values, rank, None, line))
+        self.n_iter.append(n_iter)
+        self.n_steps.append(n_steps)
+        self.stream.append(self.stream_id(key))
+
+    def add_rows(
+        self,
+        names: tuple[str, ...],
+        values: np.ndarray,
+        rank: np.ndarray,
+        line: np.ndarray,
+        n_iter: np.ndarray,
+        n_steps: int,
+        stream: np.ndarray,
+    ) -> None:
+        """Add blocks of one set of names column-wise (the file reader's bulk path)."""
+        g = self.table.group("deepspeed", names, (0,) * len(names))
+        self.table.add_rows(g, values, rank, None, line)
+        self.n_iter.extend_ints(n_iter)
+        self.n_steps.extend_const(n_steps, len(line))
+        self.stream.extend_ints(stream)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored values."""
+        return self.table.nbytes + self.n_iter.nbytes + self.n_steps.nbytes + self.stream.nbytes
+
+
+def _runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For consecutive equal keys: the 1-based position of each element in its run, and the
+    length of its run."""
+    n = len(keys)
+    if not n:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+    lengths = np.diff(np.concatenate([starts, [n]]))
+    run_id = np.repeat(np.arange(len(starts)), lengths)
+    k = np.arange(n) - starts[run_id] + 1
+    return k, lengths[run_id]
+
+
+def attribute_blocks(
+    blocks: DeepSpeedBlocks,
+    iter_numbers: Mapping[str, Sequence[int]],
+    steps: list[int],
+    pipeline: bool,
+) -> tuple[TimerTable, list[str]]:
+    """The DeepSpeed blocks with their iteration (``analysis.parse`` module doc), as a table.
+
+    Positions count only within one stream (``iter_numbers``: stream -> the numbers of the
+    iteration lines it printed): blocks of one timer group (same names) and one stream between
+    two consecutive iteration lines of that stream are the iterations between them when their
+    count matches; before the first iteration line, one block per step since the start or since
+    one log interval; after the last, the next iterations.  A stream with no iteration line of
+    its own (rank 0's node beside the last rank's, interleaved in one file) has its blocks
+    attributed as ``merge_runs`` does for per-node files: when one block per iteration 1..N was
+    printed.  Pipeline blocks: ``pipe_*`` groups go to the preceding ``steps:`` line, the others
+    to the next one.
+    """
+    table = blocks.table
+    n = len(table)
+    problems: list[str] = []
+    if not n:
+        return table, problems
+    n_iter = blocks.n_iter.ints()
+    n_steps = blocks.n_steps.ints()
+    stream = blocks.stream.ints()
+    numbers_of = {
+        blocks.keys[k]: np.asarray(v, dtype=np.int64)
+        for k, v in iter_numbers.items()
+        if k in blocks.keys
+    }
+    last = max((int(max(v)) for v in iter_numbers.values() if len(v)), default=None)
+    gid = table.group_ids()
+    out = np.zeros(n, dtype=np.int64)
+    none = np.ones(n, dtype=bool)
+    mismatch = False
+    steps_arr = np.array(steps, dtype=np.int64)
+    for g, (_source, names, _shape) in enumerate(table.groups):
+        in_group = gid == g
+        if pipeline:
+            rows = np.flatnonzero(in_group)
+            if not len(rows):
+                continue
+            ns = n_steps[rows]
+            if names and names[0].startswith("pipe_"):
+                ok = ns > 0
+                out[rows[ok]] = steps_arr[ns[ok] - 1]
+            else:
+                ok = ns < len(steps_arr)
+                out[rows[ok]] = steps_arr[ns[ok]]
+            none[rows[ok]] = False
+            continue
+        for sid in np.unique(stream[in_group]).tolist():
+            rows = np.flatnonzero(in_group & (stream == sid))
+            numbers = numbers_of.get(sid, np.zeros(0, dtype=np.int64))
+            ni = n_iter[rows]
+            k, m = _runs(ni)
+            if not len(numbers):
+                # Another stream prints the iteration lines: one block per iteration 1..N.
+                if last is not None and len(rows) == last and bool((m == last).all()):
+                    out[rows] = k
+                    none[rows] = False
+                elif last is not None:
+                    problems.append(
+                        f"DeepSpeed timer group {names[0]}...: {len(rows)} blocks for {last} "
+                        "iterations printed by another stream; left unattributed"
+                    )
+                continue
+            has_prev = ni > 0
+            has_next = ni < len(numbers)
+            prev = np.where(has_prev, numbers[np.maximum(ni - 1, 0)], 0)
+            nxt = np.where(has_next, numbers[np.minimum(ni, len(numbers) - 1)], 0)
+            both = has_prev & has_next
+            match = both & (nxt - prev == m)
+            mismatch |= bool((both & (nxt - prev != m)).any())
+            out[rows[match]] = (prev + k)[match]
+            none[rows[match]] = False
+            # Before the first iteration line: one block per step since the start (m == N) or
+            # since a resume one log interval earlier; anything else (a one-off set-up timer
+            # such as ZeRO-3's init_optimizer_state) stays unattributed.
+            first = ~has_prev & has_next
+            if first.any():
+                interval = int(numbers[1] - numbers[0]) if len(numbers) > 1 else None
+                ok = first & ((m == nxt) | (m == interval if interval is not None else False))
+                out[rows[ok]] = (nxt - m + k)[ok]
+                none[rows[ok]] = False
+            after = has_prev & ~has_next
+            out[rows[after]] = (prev + k)[after]
+            none[rows[after]] = False
+    if mismatch:
+        problems.append(
+            "some DeepSpeed timer blocks could not be matched to iterations (their count "
+            "between two iteration lines differs from the iterations between them); left "
+            "unattributed"
+        )
+    table.set_iterations(out, none)
+    if pipeline:
+        for g in range(len(table.groups)):
+            table.set_source(g, "pipeline")
+    return table, problems
+
+
+def merge_iterations(parts: Iterable[Sequence[Any]]) -> IterationTable:
+    """Iterations of several files of one run: the first record of each number, by number."""
+    merged = IterationTable()
+    for part in parts:
+        merged.extend(part if isinstance(part, IterationTable) else IterationTable(part))
+    if not len(merged):
+        return merged
+    numbers = merged.column("iteration").ints()
+    _, first = np.unique(numbers, return_index=True)  # sorted by number, first occurrence
+    return merged.take(first)
+
+
+def merge_attribution(timers: TimerTable, last: int | None, pipeline: bool) -> list[str]:
+    """Re-source DeepSpeed blocks of a pipeline run; attribute blocks of files that had no
+    iteration lines when one block per iteration 1..N was printed (in place); problems."""
+    problems: list[str] = []
+    groups = timers.groups
+    if pipeline:
+        for g, (source, _names, _shape) in enumerate(groups):
+            if source == "deepspeed":
+                timers.set_source(g, "pipeline")
+        return problems
+    if last is None or not len(timers):
+        return problems
+    gid = timers.group_ids()
+    it_col = timers.column("iteration")
+    its = it_col.ints(fill=0)
+    unset = np.array([v is None for v in it_col], dtype=bool)
+    by_names: dict[tuple[str, ...], list[int]] = {}
+    for g, (source, names, _shape) in enumerate(groups):
+        if source == "deepspeed":
+            by_names.setdefault(names, []).append(g)
+    first_row: dict[tuple[str, ...], int] = {}
+    rows_of: dict[tuple[str, ...], np.ndarray] = {}
+    for names, gs in by_names.items():
+        rows = np.flatnonzero(np.isin(gid, gs) & unset)
+        if len(rows):
+            rows_of[names] = rows
+            first_row[names] = int(rows[0])
+    changed = False
+    for names in sorted(rows_of, key=first_row.__getitem__):
+        rows = rows_of[names]
+        if len(rows) == last:
+            its[rows] = np.arange(1, last + 1)
+            unset[rows] = False
+            changed = True
+        else:
+            problems.append(
+                f"DeepSpeed timer group {names[0]}...: {len(rows)} unattributed blocks for "
+                f"{last} iterations; left unattributed"
+            )
+    if changed:
+        timers.set_iterations(its, unset)
+    return problems

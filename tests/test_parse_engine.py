@@ -1,0 +1,324 @@
+"""The file reader's bulk path (``analysis.scan``) reads exactly what the line path reads.
+
+Every log here is parsed three ways: ``parse_file`` (bulk path), ``parse_file(bulk=False)``
+(every line through the line state machine) and ``parse_lines`` on the same lines; the runs must
+be equal field by field.  The generated logs mix the frequent line kinds with every variant the
+bulk path must leave to the line path (glued, wrapped, non-ASCII, NaN values, counters going
+back, interleaved timer blocks, prefixes of several launchers), in chunks and segments small
+enough that records straddle their boundaries.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from analysis import parse, scan
+from analysis.columns import Column
+
+REPO = Path(__file__).resolve().parents[1]
+LAB = REPO.parent / "shared" / "lab-logs"
+EXTERNAL = REPO / "tests" / "fixtures" / "external"
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+
+def _three_ways(path: Path) -> list[dict]:
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if data.endswith(b"\n"):
+        lines.pop()
+    bulk = [r.to_dict() for r in parse.parse_file(path)]
+    line = [r.to_dict() for r in parse.parse_file(path, bulk=False)]
+    ref = [
+        r.to_dict()
+        for r in parse.parse_lines((x.decode("utf-8", "replace") for x in lines), str(path))
+    ]
+    assert bulk == line, f"{path.name}: bulk path differs from the line path"
+    assert line == ref, f"{path.name}: file line path differs from parse_lines"
+    return bulk
+
+
+def _logs(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.log")) if folder.is_dir() else []
+
+
+@pytest.mark.parametrize(
+    "path", _logs(LAB) + _logs(EXTERNAL), ids=lambda p: f"{p.parent.name}/{p.name}"
+)
+def test_corpus_bulk_equals_line_path(path):
+    _three_ways(path)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks and segments of a few KB: records straddle their boundaries."""
+    monkeypatch.setattr(scan, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(scan, "SEG_START", 512)
+    monkeypatch.setattr(scan, "SEG_MIN", 256)
+    monkeypatch.setattr(scan, "SEG_MAX", 2048)
+
+
+@pytest.mark.parametrize("kind", ["dense", "ranks", "noise"])
+def test_generated_logs(tmp_path, kind, small_chunks):
+    import loggen
+
+    path = tmp_path / f"{kind}.log"
+    if kind == "dense":
+        if not LAB.is_dir():
+            pytest.skip(f"the dense generator replays {LAB} (not present)")
+        written = loggen.write_dense(path, 0.3, LAB)
+    elif kind == "ranks":
+        written = loggen.write_ranks(path, 0.3)
+    else:
+        written = loggen.write_noise(path, 0.3)
+    runs = _three_ways(path)
+    assert len(runs) == 1
+    run = runs[0]
+    assert len(run["iterations"]) == written.iteration_lines
+    assert run["iterations"][-1]["iteration"] == written.iterations
+    assert len(run["timers"]) == written.timer_blocks
+    assert len(run["memory"]) == written.memory_reports
+
+
+def test_bulk_path_reads_most_lines_in_bulk(tmp_path, monkeypatch):
+    """On a content-dense log the line path sees few lines (else the bulk path is off)."""
+    import loggen
+
+    if not LAB.is_dir():
+        pytest.skip(f"the dense generator replays {LAB} (not present)")
+    path = tmp_path / "dense.log"
+    written = loggen.write_dense(path, 2, LAB)
+    fed = []
+    real = parse._Core.feed
+    monkeypatch.setattr(
+        parse._Core, "feed", lambda self, n, raw, **kw: (fed.append(n), real(self, n, raw, **kw))
+    )
+    parse.parse_file(path)
+    assert len(fed) < written.lines / 20, f"{len(fed)} of {written.lines} lines fed one by one"
+
+
+# -- generated mixtures -------------------------------------------------------------------
+
+_PREFIXES = ["", "node0: ", "node1: ", "[default0]:", "[rank1]: ", " 3: ", "node1: [default0]:"]
+_NUM = st.sampled_from(["84.77", "230.93", "0.01", "1.0", "5.866232E+00", "9.747E-04", "12"])
+_BAD_NUM = st.sampled_from(["nan", "inf", "1,000.5", "", "0x10", "-0.0", "1e400", "٣"])
+
+
+def _ds(draw) -> str:
+    names = draw(
+        st.sampled_from(
+            [("fwd", "bwd", "step"), ("fwd_microstep", "bwd_microstep"), ("forward", "backward")]
+        )
+    )
+    vals = [draw(_NUM) for _ in names]
+    if draw(st.integers(0, 9)) == 0:
+        vals[0] = draw(_BAD_NUM)
+    body = " | ".join(f"{n}: {v}" for n, v in zip(names, vals, strict=True))
+    head = draw(st.sampled_from(["[Rank 0] ", "[Rank 12] ", "", "[Rank 0] x "]))
+    return f"{head}time (ms) | {body}"
+
+
+def _iteration(draw, number: int, total: int) -> str:
+    loss = draw(st.one_of(_NUM, _BAD_NUM)) if draw(st.integers(0, 9)) == 0 else draw(_NUM)
+    unit = draw(st.sampled_from(["(ms)", "(ms)", "(ms)", "(s)", ""]))
+    head = draw(st.sampled_from([" ", " ", " [2026-11-22 03:00:01] ", "x|"]))
+    tail = draw(st.sampled_from([" |", " |", "", " | extra"]))
+    return (
+        f"{head}iteration {number:8d}/{total:8d} | consumed samples: {number * 8:12d} | "
+        f"elapsed time per iteration {unit}: {draw(_NUM)} | lm loss: {loss} | loss scale: 1.0 "
+        f"| number of skipped iterations:   0 | number of nan iterations:   0{tail}"
+    )
+
+
+def _block(draw) -> list[str]:
+    kind = draw(st.sampled_from(["minmax", "max", "times"]))
+    if kind == "minmax":
+        out = ["(min, max) time across ranks (ms):"]
+        out += [
+            f"    {n} ....................: ({draw(_NUM)}, {draw(_NUM)})"
+            for n in ("forward-backward", "optimizer")
+        ]
+    elif kind == "max":
+        out = ["max time across ranks (ms):", f"    optimizer .....: {draw(_NUM)}"]
+    else:
+        out = ["times across ranks (ms):", "  forward-backward:"]
+        out += [f"     rank  {r}: {draw(_NUM)}" for r in range(draw(st.integers(0, 3)))]
+    if draw(st.integers(0, 5)) == 0:
+        out.append(f"    odd line {draw(_BAD_NUM)}")
+    return out
+
+
+_NOISE = [
+    "node0:1070:1100 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0",
+    "UserWarning: something",
+    "Connection reset by peer",
+    "CUDA out of memory",
+    "RuntimeError: boom",
+    "Traceback (most recent call last):",
+    '  File "x.py", line 1, in <module>',
+    "ValueError: bad",
+    "Killed",
+    "[2026] [INFO] [launch.py:367:main] Process 1 exits successfully.",
+    "ünïcode | x",
+    "\x1b[31mred | x\x1b[0m",
+    "nul\x00 | x",
+    "memory (MB) odd",
+    "[Rank 0] (after 5 iterations) memory (MB) | allocated: 1.5 | max allocated: 2.5 | "
+    "reserved: 3.0 | max reserved: 4.0",
+    "memory (MB) | allocated: nan | reserved: 3.0",
+    "iteration=7 loss=1.0 elapsed_ms=9.0",
+    "steps: 10 loss: 4.6757 iter time (s): 0.233 samples/sec: 34.389",
+    "x" * 70_000 + " | long",
+]
+
+
+@st.composite
+def _mixtures(draw) -> bytes:
+    records: list[list[str]] = [["training ..."]]
+    number, total = 0, draw(st.sampled_from([40, 1000]))
+    for _ in range(draw(st.integers(1, 30))):
+        what = draw(st.integers(0, 9))
+        if what <= 3:
+            records.append([_ds(draw)])
+        elif what <= 5:
+            step = draw(st.sampled_from([5, 5, 5, 0, -10]))
+            number = max(1, number + step)
+            records.append([_iteration(draw, number, total)])
+        elif what <= 7:
+            records.append(_block(draw))
+        else:
+            records.append([draw(st.sampled_from(_NOISE))])
+    streams = draw(st.lists(st.sampled_from(_PREFIXES), min_size=1, max_size=3))
+    # Each record goes to one stream; the streams' lines are interleaved line by line.
+    queues: list[list[str]] = [[] for _ in streams]
+    for rec in records:
+        i = draw(st.integers(0, len(streams) - 1))
+        queues[i].extend(streams[i] + line for line in rec)
+    out: list[str] = []
+    while any(queues):
+        i = draw(st.sampled_from([k for k, q in enumerate(queues) if q]))
+        take = draw(st.integers(1, 4))
+        out.extend(queues[i][:take])
+        del queues[i][:take]
+    eol = draw(st.sampled_from(["\n", "\n", "\r\n"]))
+    return (eol.join(out) + eol).encode("utf-8")
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],  # shrinking these takes minutes
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
+@given(_mixtures())
+def test_mixtures_bulk_equals_line_path(tmp_path, small_chunks, data):
+    path = tmp_path / "mix.log"
+    path.write_bytes(data)
+    _three_ways(path)
+
+
+# -- typed columns ----------------------------------------------------------------------------
+
+_VALUES = {
+    "f": st.one_of(
+        st.none(),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.sampled_from([0.0, -0.0, 1.0, 84.77, 230.93, 9.747e-04, 5.866232]),
+        st.integers(-5, 5),
+    ),
+    "i": st.one_of(
+        st.none(),
+        st.integers(-(2**70), 2**70),
+        st.integers(-300, 300),
+        st.sampled_from([-(2**63), 2**63 - 1, -128, 127, 0]),
+        st.floats(allow_nan=False),
+    ),
+}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and a != a:
+        return b != b
+    return type(a) is type(b) and a == b and (not isinstance(a, float) or str(a) == str(b))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from(["i", "f"]).flatmap(
+        lambda kind: st.tuples(
+            st.just(kind), st.booleans(), st.lists(st.lists(_VALUES[kind], max_size=8), max_size=6)
+        )
+    )
+)
+def test_column_gives_back_what_was_put_in(args):
+    kind, delta, batches = args
+    col = Column(kind, delta=delta)
+    want = []
+    for batch in batches:
+        col.extend(batch)
+        want.extend(batch)
+    assert len(col) == len(want)
+    assert all(_same(a, b) for a, b in zip(col, want, strict=True))
+    assert all(_same(col[i], want[i]) for i in range(len(want)))
+
+
+def test_json_stream_equals_the_records(tmp_path):
+    """``analysis.parse --json`` writes record by record what ``to_dict`` gives."""
+    import json
+
+    import loggen
+
+    logs = [*_logs(LAB)[:3], tmp_path / "ranks.log", tmp_path / "missing.log"]
+    loggen.write_ranks(logs[-2], 0.2)
+    odd = tmp_path / "odd%name.log"
+    odd.write_text("training ...\n[Rank 0] time (ms) | a%b: 1.5 | c: 2\n")
+    logs.append(odd)
+    text = "".join(parse._iter_json([str(p) for p in logs]))
+    want = {
+        "logs": [{"path": str(p), "runs": [r.to_dict() for r in parse.parse_file(p)]} for p in logs]
+    }
+    assert json.loads(text) == want
+
+
+def test_interleaved_streams_bulk_attributes_per_stream(tmp_path, small_chunks, monkeypatch):
+    """Two nodes interleaved pdsh-style: node0 (rank 0) prints DeepSpeed's timers, node1 (the
+    last rank) the iteration lines and Megatron's timer blocks.  The bulk path places each
+    block among its own stream's iteration lines, as the line path does, and reads in bulk."""
+    n = 3000
+    lines = ["node0: training ...", "node1: training ..."]
+    for i in range(1, n + 1):
+        lines += [
+            f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
+            f"node1: [Rank 1] time (ms) | fwd: {11 + i % 5}.5 | bwd: 21.25 | step: 3.5",
+            f"node1:  iteration {i:8d}/{n + 10:8d} | consumed samples: {8 * i:12d} | "
+            f"elapsed time per iteration (ms): 84.7 | lm loss: 5.866232E+00 | loss scale: 1.0 "
+            "| number of skipped iterations:   0 | number of nan iterations:   0 |",
+            "node1: (min, max) time across ranks (ms):",
+            f"node1:     forward-compute ................................: (40.{i % 9}, 41.5)",
+            "node0: NCCL INFO chatter",
+        ]
+    path = tmp_path / "two-nodes.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    fed = []
+    real = parse._Core.feed
+    monkeypatch.setattr(
+        parse._Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
+    )
+    parse.parse_file(path)
+    assert len(fed) < len(lines) / 2, f"{len(fed)} of {len(lines)} lines fed one by one"
+    ds = [t for t in run["timers"] if t["source"] == "deepspeed"]
+    by_rank = {r: [t["iteration"] for t in ds if t["rank"] == r] for r in (0, 1)}
+    # node0 has no iteration line: its n blocks are iterations 1..n (one per iteration).
+    assert by_rank[0] == list(range(1, n + 1))
+    assert by_rank[1] == list(range(1, n + 1))
+    megatron = [t["iteration"] for t in run["timers"] if t["source"] == "megatron"]
+    assert megatron == list(range(1, n + 1))
