@@ -53,7 +53,10 @@ STYLES: dict[str, Callable[[int, str], str]] = {
 """Prefix of stream ``i`` (host name ``host``) in each launcher's style."""
 
 ALWAYS_EXEMPT = ("name", "path", "problems")
-RUN_JSON_ONLY = ("wire_bytes_per_iter", "wire_over_model")
+# spec_hash: the identity of a configuration covers every setting of the setup, DeepSpeed's
+# steps_per_print and wall_clock_breakdown included, which only the config beside a log gives
+# when the log prints no config dump (the lab logs print none).
+RUN_JSON_ONLY = ("wire_bytes_per_iter", "wire_over_model", "spec_hash")
 NETBENCH_ONLY = ("busbw_gbps_measured", "busbw_inferred_warning", "predicted_iter_ms",
                  "prediction_error")  # fmt: skip
 LINK_ONLY = ("link_mbit", "setup_key", "busbw_inferred_warning", "predicted_iter_ms",
