@@ -40,6 +40,8 @@ from typing import Any, BinaryIO
 
 from analysis._lines import (
     MAX_LINE_CHARS,
+    OMPI_TAG_MARK,
+    demux_tagged,
     norm_key,
     parse_pairs,
     split_prefix,
@@ -93,6 +95,7 @@ _ANCHORS: tuple[tuple[bytes, tuple[tuple[bytes, int], ...]], ...] = (
 
 _ITERATION_ANCHOR = next(i for i, (a, _) in enumerate(_ANCHORS) if a == b"iteration")
 _CHUNK_BYTES = 1 << 20
+_OMPI_TAG_BYTES = OMPI_TAG_MARK.encode()
 _TRACEBACK_MAX_LINES = 2000
 _JSON_MAX_LINES = 5000
 
@@ -1134,7 +1137,7 @@ def parse_lines(lines: Iterable[str], source: str) -> list[ParsedRun]:
     """
     core = _Core(source)
     try:
-        for lineno, line in enumerate(lines, start=1):
+        for lineno, line in enumerate(demux_tagged(lines), start=1):
             if core.active or _has_keyword(line, core.run.pipe_iterations):
                 core.feed(lineno, line)
     except (OSError, UnicodeError) as exc:
@@ -1241,6 +1244,11 @@ def parse_file(path: str | Path) -> list[ParsedRun]:
     core = _Core(source)
     try:
         with open(path, "rb") as fh:
+            if _OMPI_TAG_BYTES in fh.read(_CHUNK_BYTES):
+                # mpirun --tag-output splits lines across ranks: put them back first
+                fh.seek(0)
+                return parse_lines((raw.decode("utf-8", "replace") for raw in fh), source)
+            fh.seek(0)
             _drive_file(core, fh)
     except OSError as exc:
         core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
