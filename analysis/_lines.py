@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+from collections.abc import Iterable, Iterator
 
 MAX_LINE_CHARS = 64 * 1024
 """Lines longer than this are truncated before parsing (and the truncation is reported)."""
@@ -23,7 +24,7 @@ _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 #                           "RuntimeError: ..." stay content)
 _PREFIX_RE = re.compile(
     r"(?:\s{0,4}(?P<srun>\d{1,5}):\s"
-    r"|\[\d{1,9},(?P<ompi>\d{1,6})\]<std(?:out|err)>:\s?"
+    r"|\[\d{1,9},(?P<ompi>\d{1,6})\]<std(?:out|err)>:"
     r"|\[(?P<tag>default\d+|rank\d+)\]:\s?"
     r"|(?P<host>[A-Za-z0-9][A-Za-z0-9_.-]{0,62}):\s)"
 )
@@ -71,6 +72,45 @@ def split_prefix(line: str) -> tuple[str, str]:
         key = f"{key}|{label}" if key else label
         line = line[m.end() :]
     return key, line
+
+
+_OMPI_TAG_RE = re.compile(r"(\[\d{1,9},\d{1,6}\]<std(?:out|err)>:)")
+
+OMPI_TAG_MARK = "]<std"
+"""Substring of every Open MPI ``--tag-output`` tag (``[1,0]<stdout>:``): the cheap test."""
+
+
+def demux_tagged(lines: Iterable[str]) -> Iterator[str]:
+    """Lines of an ``mpirun --tag-output`` log with each rank's lines put back together.
+
+    mpirun tags the chunks a rank writes, not its lines: one physical line can hold the start
+    of one rank's line and then another rank's whole line (``[1,0]<stdout>:size: 1 [1,1]<stdout>:
+    WARNING ...``), and a line's newline can come later with a tag of its own
+    (``...****[1,0]<stdout>:``). Every tagged piece is added to its rank's stream; the last piece
+    of a physical line carries the newline, so it completes its rank's line, which is yielded as
+    ``<tag><whole line>``. Untagged lines (mpirun's own, the launcher's) pass unchanged; pieces
+    never completed are yielded at the end (or once longer than ``MAX_LINE_CHARS``).
+    """
+    pending: dict[str, str] = {}
+    for raw in lines:
+        if OMPI_TAG_MARK not in raw:
+            yield raw
+            continue
+        parts = _OMPI_TAG_RE.split(raw.rstrip("\r\n"))
+        if len(parts) == 1:
+            yield raw
+            continue
+        if parts[0]:  # untagged text before the first tag
+            yield parts[0]
+        pieces = list(zip(parts[1::2], parts[2::2], strict=True))
+        for tag, data in pieces[:-1]:
+            pending[tag] = pending.get(tag, "") + data
+            if len(pending[tag]) > MAX_LINE_CHARS:  # a rank that never ends its line
+                yield tag + pending.pop(tag)
+        tag, data = pieces[-1]
+        yield tag + pending.pop(tag, "") + data
+    for tag, data in pending.items():
+        yield tag + data
 
 
 def strip_prefix(line: str) -> str:

@@ -518,6 +518,14 @@ class _HeadReader:
             self.head += data[: self.keep - len(self.head)]
         return data
 
+    def seekable(self) -> bool:
+        """Whether the file can be rewound (the parser peeks at its start)."""
+        return self.fh.seekable()
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        """Move in the file (what was kept of its head stays)."""
+        return self.fh.seek(pos, whence)
+
 
 def _parse_one(path: Path) -> tuple[list[ParsedRun], str]:
     """A log's runs and the first ``_HEAD_CHARS`` characters of its text, in one read."""

@@ -64,6 +64,8 @@ from typing import Any, BinaryIO
 
 from analysis._lines import (
     MAX_LINE_CHARS,
+    OMPI_TAG_MARK,
+    demux_tagged,
     norm_key,
     parse_pairs,
     split_prefix,
@@ -151,6 +153,9 @@ _LATE_CONFIG_LINES = 5_000
 the set-up lines of another stream (Megatron's argument dump, the padded vocabulary) were still
 missing: pdsh interleaves nodes, so rank 0's set-up can come after the last rank's first
 iteration line."""
+_OMPI_TAG_BYTES = OMPI_TAG_MARK.encode()
+_OMPI_PEEK_BYTES = 1 << 20
+"""How much of a file is looked at for mpirun's ``--tag-output`` marks."""
 _TRACEBACK_MAX_LINES = 2000
 _JSON_MAX_LINES = 5000
 
@@ -1362,7 +1367,7 @@ def parse_lines(lines: Iterable[str], source: str) -> list[ParsedRun]:
     """
     core = _Core(source)
     try:
-        for lineno, line in enumerate(lines, start=1):
+        for lineno, line in enumerate(demux_tagged(lines), start=1):
             if core.active or _KW.has(line, core.run.pipe_iterations):
                 core.feed(lineno, line)
             elif core.timer_keys and core.stream_key(line) in core.timer_keys:
@@ -1394,10 +1399,26 @@ def parse_file(path: str | Path, bulk: bool = True) -> list[ParsedRun]:
         return core.finish()
 
 
+def _text_lines(fh: BinaryIO) -> Iterator[str]:
+    """The lines of a binary file, decoded, read in chunks (any object with ``read``)."""
+    rest = b""
+    while chunk := fh.read(_OMPI_PEEK_BYTES):
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        yield from (line.decode("utf-8", "replace") + "\n" for line in lines)
+    if rest:
+        yield rest.decode("utf-8", "replace")
+
+
 def parse_stream(fh: BinaryIO, source: str, bulk: bool = True) -> list[ParsedRun]:
     """Parse a log from an open binary file (``parse_file`` without the opening)."""
     core = _Core(source)
     try:
+        if fh.seekable():
+            tagged = _OMPI_TAG_BYTES in fh.read(_OMPI_PEEK_BYTES)
+            fh.seek(0)
+            if tagged:  # mpirun --tag-output splits lines across ranks: put them back first
+                return parse_lines(_text_lines(fh), source)
         drive_file(core, _KW, fh, bulk=bulk)
     except OSError as exc:
         core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")

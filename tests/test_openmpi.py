@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis._lines import demux_tagged
 from launchers.hostfile import load_hostfile
 from launchers.lab import Lab, LabError, LinkShape, check_launcher
 from launchers.presets import resolve_spec
@@ -72,7 +73,9 @@ def test_mpirun_over_the_lab_ssh_joins_one_rendezvous(tmp_path: Path) -> None:
                 sys.executable, "-u", RANK_ENV_SCRIPT, str(script)]  # fmt: skip
         out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    results = sorted(line for line in out.stdout.splitlines() if "result" in line)
+    # mpirun tags chunks, not lines (a line's newline may come with a tag of its own)
+    lines = demux_tagged(out.stdout.splitlines(keepends=True))
+    results = sorted(line.rstrip("\n") for line in lines if "result" in line)
     assert results == ["[1,0]<stdout>:result 0 2 0 3.0", "[1,1]<stdout>:result 1 2 0 3.0"]
 
 

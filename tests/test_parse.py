@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from analysis import parse
+from analysis._lines import demux_tagged
 from analysis.parse import merge_runs, parse_file, parse_text, strip_prefix
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
@@ -890,3 +891,50 @@ def test_record_wrapped_over_several_lines_keeps_every_value():
     run = parse_text("\n".join(["training ...", *lines]) + "\n")[0]
     assert run.iterations[0].lm_loss == pytest.approx(5.866232) and run.iterations[0].tflops == 0.01
     assert [t.values_ms for t in run.timers] == [{"forward-compute": 12.3, "optimizer": 3.0}]
+
+
+def _mpirun_tagged(lines_by_rank: dict[int, list[str]], cut: int) -> str:
+    """What ``mpirun --tag-output`` writes: every write of a rank tagged, not every line. Each
+    line is written as two chunks (text, then its newline: ``python -u``'s print), and rank 1's
+    line is cut once more at ``cut`` with rank 0's chunks in between."""
+    tag = "[1,{}]<stdout>:".format
+    out = ["# started 2026-11-23T18:43:42+00:00: bash launch.sh\n"]
+    zero, one = lines_by_rank[0], lines_by_rank[1]
+    for i, line in enumerate(one):
+        head, tail = line[:cut], line[cut:]
+        out.append(tag(1) + head)  # no newline: the next chunk continues the physical line
+        if i < len(zero):
+            out.append(tag(0) + zero[i])
+            out.append(tag(0) + "\n")  # rank 0's line ends here
+        out.append(tag(1) + tail)
+        out.append(tag(1) + "\n")
+    return "".join(out)
+
+
+@pytest.mark.parametrize("cut", [5, 100, 200], ids=["in-iteration", "in-elapsed", "in-loss"])
+def test_mpirun_tagged_chunks_are_put_back_into_lines(tmp_path: Path, cut: int) -> None:
+    second = MDS.replace("5/      30", "10/      30").replace("201.6", "186.6")
+    text = _mpirun_tagged({0: ["training ...", "[Rank 0] step"], 1: [MDS, second]}, cut=cut)
+    assert text.count("]<stdout>:") == 10 and "[1,0]<stdout>:training ...[1,0]<stdout>:\n" in text
+    log = tmp_path / "launcher.log"
+    log.write_text(text)
+    for run in (parse_text(text)[0], parse_file(log)[0]):
+        assert [(i.iteration, i.elapsed_ms, i.lm_loss) for i in run.iterations] == [
+            (5, 201.6, 5.866232),
+            (10, 186.6, 5.866232),
+        ]
+    assert [strip_prefix(line) for line in demux_tagged(text.splitlines(keepends=True))] == [
+        "# started 2026-11-23T18:43:42+00:00: bash launch.sh\n", "training ...",
+        MDS, "[Rank 0] step", second,
+    ]  # fmt: skip
+
+
+def test_demux_tagged_flushes_what_never_ended() -> None:
+    assert list(demux_tagged(["[1,0]<stdout>:no newline yet[1,1]<stdout>:done\n"])) == [
+        "[1,1]<stdout>:done",
+        "[1,0]<stdout>:no newline yet",
+    ]
+    assert list(demux_tagged(["plain line\n", "[rank0]: not mpirun\n"])) == [
+        "plain line\n",
+        "[rank0]: not mpirun\n",
+    ]
