@@ -733,7 +733,7 @@ def collapse_repeats(pairs: Sequence[tuple[Observation, RunMetrics]]) -> list[Ob
                 comm_timer_ms=mean("comm_timer_ms"),
                 other_ms=mean("other_ms"),
                 netbench=next((o.netbench for o in obs if o.netbench), None),
-                ci_half_ms=(est.ci_hi - est.mean) if est.ci_hi is not None else None,
+                ci_half_ms=(est.ci_hi - est.ci_lo) / 2 if est.ci_hi and est.ci_lo else None,
                 repeats=len(obs),
             )
         )

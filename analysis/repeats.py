@@ -5,15 +5,18 @@ configuration run again on a shared machine (or a cluster with other tenants) di
 than that. This module treats the runs of one spec in one setup group as repeats (``RepeatSet``)
 and estimates with both spreads:
 
-- **ms/iteration**: the mean over repeats with the interval of the one-way random-effects model
-  ``m_i = mu + b_i + e_i`` (between-run ``b_i ~ N(0, tau^2)``, within-run ``e_i`` the error of run
-  i's own mean, variance ``v``): ``Var(m_i) = tau^2 + v``, so the sample variance of the run means
-  estimates both spreads together, and ``mean +- t(k-1) sd(m) / sqrt(k)`` is the exact interval of
-  the balanced model (the between-run mean square of the ANOVA; the runs of a matrix log the same
-  windows). ``tau`` alone is the moment estimate ``sd(m)^2 - mean(v)`` (floored at 0). Weighting
-  runs by their own window variance instead (DerSimonian-Laird with the Hartung-Knapp interval)
-  covered 93-94.5% in ``tests/test_repeats.py``'s simulations where this covers 94.6-95.1%: five
-  windows estimate a run's variance too loosely to weigh it by.
+- **ms/iteration**: the geometric mean over repeats with the interval of the one-way
+  random-effects model on the log of the run means, ``log m_i = mu + b_i + e_i`` (between-run
+  ``b_i ~ N(0, tau^2)``, within-run ``e_i`` the relative error of run i's own mean, variance
+  ``v``): ``Var(log m_i) = tau^2 + v``, so the scatter of the log run means holds both spreads,
+  and ``exp(mean +- t(k-1) sd / sqrt(k))`` is the exact interval of the balanced model (the
+  between-run mean square of the ANOVA; the runs of a matrix log the same windows). ``tau``
+  alone is the moment estimate ``sd^2 - mean(v)`` (floored at 0). On the log scale because a
+  loaded machine slows a run by a factor (three repeats measured 439, 1387 and 385 ms here: a
+  linear interval reached below 0), and because the ratio of two such means is the speedup the
+  report shows. Weighting runs by their own window variance instead (DerSimonian-Laird with the
+  Hartung-Knapp interval) covered 93-94.5% in ``tests/test_repeats.py``'s simulations where
+  equal weights cover 94.5-95.2%: five windows estimate a run's variance too loosely to weigh it.
 - **speedups**: on the log of the run means, a linear model ``log t = strategy + round + e``
   fitted by least squares over every completed run of the setup group (``SpeedupModel``). The
   round term pairs the runs of one round of an interleaved matrix (a randomized complete block
@@ -45,8 +48,9 @@ from analysis.load import RunSetup
 from analysis.metrics import RunMetrics, t95
 
 RANDOM_EFFECTS_METHOD = (
-    "mean over repeats, one-way random-effects interval: t with repeats-1 df on the run means, "
-    "whose scatter holds the between-run and the within-run spread"
+    "geometric mean over repeats, one-way random-effects interval on the log scale: t with "
+    "repeats-1 df on the log run means, whose scatter holds the between-run and the within-run "
+    "spread"
 )
 """How the ms/iteration interval over repeats is computed (shown in the report)."""
 
@@ -92,47 +96,50 @@ class RandomEffects:
     k: int
     """Repeats (run means) it is computed from."""
     mean: float
-    """Mean of the run means."""
+    """Geometric mean of the run means, ms (the run's own mean for one run)."""
     ci_lo: float | None
-    """Lower bound of the 95% interval; None when there is none (one run with one window)."""
+    """Lower bound of the 95% interval, ms; None when there is none (one run, one window)."""
     ci_hi: float | None
     """Upper bound."""
-    sd_between_runs: float | None
-    """Sample standard deviation of the run means: the run-to-run spread as seen (between-run
-    and within-run noise together); None for one repeat."""
+    arithmetic_mean: float
+    """Arithmetic mean of the run means, ms."""
+    spread: float | None
+    """Sample sd of the log run means: the relative run-to-run spread as seen (between-run and
+    within-run noise together; ~ the coefficient of variation); None for one repeat."""
     tau: float | None
-    """Between-run standard deviation net of the within-run errors (moment estimate, floored
-    at 0); None for one repeat or unknown within-run errors."""
-    within_se: float | None
-    """Root mean square of the runs' own standard errors of the mean."""
+    """Relative between-run sd net of the within-run errors (moment estimate, floored at 0);
+    None for one repeat or unknown within-run errors."""
+    within: float | None
+    """Root mean square of the runs' own relative standard errors of the mean."""
 
     def __post_init__(self) -> None:
         if self.k < 1:
             raise ValueError(f"k({self.k}) must be >= 1")
-
-    @property
-    def cv(self) -> float | None:
-        """``sd_between_runs / mean``: the relative run-to-run spread."""
-        return None if self.sd_between_runs is None else self.sd_between_runs / self.mean
+        if self.mean <= 0:
+            raise ValueError(f"mean({self.mean}) must be > 0 ms")
 
 
 def random_effects(means: Sequence[float], variances: Sequence[float | None]) -> RandomEffects:
-    """``RANDOM_EFFECTS_METHOD`` over run means and their within-run squared standard errors
-    (None where a run has no interval of its own; then ``tau`` is unknown)."""
+    """``RANDOM_EFFECTS_METHOD`` over run means (ms, > 0) and their within-run squared standard
+    errors (ms^2; None where a run has no interval of its own: then ``tau`` is unknown)."""
     m = [float(x) for x in means]
     k = len(m)
     if k == 0:
         raise ValueError("no run means")
+    if min(m) <= 0:
+        raise ValueError(f"run means must be > 0 ms, got {min(m)}")
+    logs = [math.log(x) for x in m]
     known = len(variances) == k and all(v is not None for v in variances)
-    v_mean = statistics.fmean(variances) if known else None  # type: ignore[arg-type]
-    within = math.sqrt(v_mean) if v_mean is not None else None
-    mean = statistics.fmean(m)
+    rel = statistics.fmean(v / x**2 for v, x in zip(variances, m, strict=True)) if known else None  # type: ignore[operator]
+    within = math.sqrt(rel) if rel is not None else None
+    center, arithmetic = statistics.fmean(logs), statistics.fmean(m)
     if k == 1:
-        return RandomEffects(1, mean, None, None, None, None, within)
-    sd = statistics.stdev(m)
+        return RandomEffects(1, m[0], None, None, arithmetic, None, None, within)
+    sd = statistics.stdev(logs)
     half = t95(k - 1) * sd / math.sqrt(k)
-    tau = math.sqrt(max(0.0, sd * sd - v_mean)) if v_mean is not None else None
-    return RandomEffects(k, mean, mean - half, mean + half, sd, tau, within)
+    tau = math.sqrt(max(0.0, sd * sd - rel)) if rel is not None else None
+    return RandomEffects(k, math.exp(center), math.exp(center - half), math.exp(center + half),
+                         arithmetic, sd, tau, within)  # fmt: skip
 
 
 def within_variance(row: RunMetrics) -> float | None:
@@ -209,10 +216,11 @@ def repeat_sets(rows: Sequence[RunMetrics]) -> list[RepeatSet]:
         good = [r for r in runs if timed(r)]
         est = None
         if len(good) == 1:  # one run: its own (within-run) interval
+            one = good[0].iter_ms_mean or 0.0
             single = within_variance(good[0])
-            est = RandomEffects(1, good[0].iter_ms_mean or 0.0, good[0].iter_ms_ci95_lo,
-                                good[0].iter_ms_ci95_hi, None, None,
-                                math.sqrt(single) if single else None)  # fmt: skip
+            rel = math.sqrt(single) / one if single else None
+            est = RandomEffects(1, one, good[0].iter_ms_ci95_lo, good[0].iter_ms_ci95_hi, one,
+                                None, None, rel)  # fmt: skip
         elif good:
             means = [r.iter_ms_mean or 0.0 for r in good]
             est = random_effects(means, [within_variance(r) for r in good])
@@ -436,7 +444,8 @@ def speedup_model(sets: Sequence[RepeatSet]) -> SpeedupModel:
 
 
 def reference_spread(sets: Sequence[RepeatSet], target: RepeatSet) -> tuple[float, str] | None:
-    """Between-run spread (sd of run means / mean) of repeats recorded on ``target``'s setup:
+    """Relative run-to-run spread (sd of the log run means) of repeats recorded on ``target``'s
+    setup:
     the same strategy when it was repeated, else the median over the setup's repeated sets.
     Returns (relative spread, where it comes from), or None when nothing was repeated."""
     repeated = [
@@ -446,7 +455,7 @@ def reference_spread(sets: Sequence[RepeatSet], target: RepeatSet) -> tuple[floa
     pool = same or repeated
     if not pool:
         return None
-    cvs = [s.estimate.cv for s in pool if s.estimate and s.estimate.cv is not None]
+    cvs = [s.estimate.spread for s in pool if s.estimate and s.estimate.spread is not None]
     if not cvs:
         return None
     runs = sum(s.estimate.k for s in pool if s.estimate)
@@ -513,6 +522,10 @@ def _ms(value: float | None, digits: int = 1) -> str:
     return "" if value is None else f"{value:,.{digits}f}"
 
 
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{value:.1%}"
+
+
 def _interval(lo: float | None, hi: float | None, digits: int) -> str:
     return "" if lo is None or hi is None else f" [{lo:,.{digits}f}, {hi:,.{digits}f}]"
 
@@ -540,8 +553,8 @@ def results_table(g: GroupRepeats) -> list[str]:
     lines = [
         "Repeats (one row per spec; every completed timed run of it is a repeat):",
         "",
-        "| spec | strategy | runs timed | ms/iter mean over repeats [95% CI] | run-to-run sd "
-        "(CV) | between-run sd (net) | within-run se | speedup [95% CI] | interval |",
+        "| spec | strategy | runs timed | ms/iter over repeats [95% CI] | run-to-run spread | "
+        "between-run (net) | within-run se | speedup [95% CI] | interval |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in g.sets:
@@ -550,36 +563,42 @@ def results_table(g: GroupRepeats) -> list[str]:
         if est is None:
             lines.append(f"| {s.name} | {s.strategy or '?'} | {runs} | n/a | | | | | |")
             continue
-        cv = f"{est.sd_between_runs:,.1f} ({est.cv:.1%})" if est.cv is not None else "one run"
+        spread = f"{est.spread:.1%}" if est.spread is not None else "one run"
         ratio = g.speedup(s)
         speed = (f"{ratio.value:.2f}x" + _interval(ratio.ci_lo, ratio.ci_hi, 2)) if ratio else ""
         kind = _ratio_kind(ratio) if ratio else ("baseline" if s is g.base else "")
         mean_kind = "" if s.between else " (within-run)"
         lines.append(
             f"| {s.name} | {s.strategy or '?'} | {runs} | {est.mean:,.1f}"
-            f"{_interval(est.ci_lo, est.ci_hi, 0)}{mean_kind} | {cv} | {_ms(est.tau)} | "
-            f"{_ms(est.within_se)} | {speed} | {kind} |"
+            f"{_interval(est.ci_lo, est.ci_hi, 0)}{mean_kind} | {spread} | {_pct(est.tau)} | "
+            f"{_pct(est.within)} | {speed} | {kind} |"
         )
     lines += [
         "",
-        f"Legend: ms/iter is the {RANDOM_EFFECTS_METHOD}. Run-to-run sd is the sample sd of the "
-        "run means; between-run sd (net) removes the within-run error of each mean (moment "
-        "estimate); within-run se is the typical standard error of one run's mean from its own "
-        "windows. Speedup = baseline / spec on the log scale (the geometric mean of the ratios "
-        "of a round when paired), interval from the repeats: "
-        f"{PAIRED_METHOD}, else {UNPAIRED_METHOD}.",
+        f"Legend: ms/iter is the {RANDOM_EFFECTS_METHOD} (a spec that ran once: its own "
+        "within-run interval). Spreads are relative (sd of the log run means, ~ coefficient of "
+        "variation): run-to-run as seen; between-run (net) without the within-run error of each "
+        "mean (moment estimate); within-run se, the typical relative standard error of one run's "
+        "mean from its own windows. Speedup = baseline / spec, the ratio of the geometric means "
+        f"(balanced rounds), interval from the repeats: {PAIRED_METHOD}, else {UNPAIRED_METHOD}.",
         "",
     ]
     pooled = g.model.pooled
-    spread = g.model.residual_sd
-    if pooled is not None and spread:
-        per = ", ".join(f"{name} {sd:.1%}" for name, sd in spread.items())
+    residual = g.model.residual_sd
+    if pooled is not None and residual:
+        per = ", ".join(f"{name} {sd:.1%}" for name, sd in residual.items())
         lines.append(
             f"- Between-run spread of a ratio, pooled over the group: {pooled[0]:.1%} (log-scale "
             f"residual sd, {pooled[1]} df); per spec (rms residual): {per}. The pooled interval "
-            "assumes the specs scatter alike; a spec far above the pooled figure has a speedup "
-            "interval narrower than it should be."
+            "assumes the specs scatter alike."
         )
+        noisy = [name for name, sd in residual.items() if sd > pooled[0]]
+        if noisy:
+            lines.append(
+                f"- {', '.join(noisy)} scattered more than the pool: "
+                f"{'its' if len(noisy) == 1 else 'their'} speedup interval is likely narrower "
+                "than it should be; more repeats would tell."
+            )
     for s in g.sets:
         if s.estimate is not None and not s.between:
             lines.append(f"- {single_run_note(g.sets, s)}")
@@ -745,9 +764,10 @@ def to_json(rows: Sequence[RunMetrics]) -> list[dict[str, Any]]:
                     "iter_ms_interval": (
                         RANDOM_EFFECTS_METHOD if s.between else "within-run only (one run)"
                     ),
-                    "iter_ms_sd_between_runs": est.sd_between_runs if est else None,
-                    "iter_ms_tau": est.tau if est else None,
-                    "iter_ms_within_se": est.within_se if est else None,
+                    "iter_ms_arithmetic_mean": est.arithmetic_mean if est else None,
+                    "iter_ms_spread": est.spread if est else None,
+                    "iter_ms_between_run_net": est.tau if est else None,
+                    "iter_ms_within_run_se": est.within if est else None,
                     "baseline": g.base.name if g.base else None,
                     "speedup": ratio.value if ratio else None,
                     "speedup_ci95_lo": ratio.ci_lo if ratio else None,

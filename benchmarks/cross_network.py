@@ -32,7 +32,7 @@ class Target:
     """What a matrix measured for one strategy: the mean over its repeats and their spread."""
 
     mean_ms: float
-    """Mean ms/iteration over the repeats."""
+    """ms/iteration over the repeats (geometric mean, ``analysis.repeats``)."""
     ci_lo: float | None
     """Lower bound of the 95% interval (between-run with 2+ repeats, else within-run)."""
     ci_hi: float | None
@@ -40,7 +40,7 @@ class Target:
     runs: int
     """Timed repeats."""
     cv: float | None
-    """Run-to-run sd / mean (None for one run)."""
+    """Relative run-to-run spread: sd of the log run means (None for one run)."""
 
 
 def measured(logs: Path) -> tuple[dict[str, Target], float | None]:
@@ -54,7 +54,7 @@ def measured(logs: Path) -> tuple[dict[str, Target], float | None]:
             continue
         if s.strategy in out and out[s.strategy].runs >= est.k:
             continue  # several specs of one strategy: the most repeated one
-        out[s.strategy] = Target(est.mean, est.ci_lo, est.ci_hi, est.k, est.cv)
+        out[s.strategy] = Target(est.mean, est.ci_lo, est.ci_hi, est.k, est.spread)
         link = link or s.timed_runs[0].link_mbit
     return out, link
 

@@ -192,9 +192,8 @@ class Truth:
     """Strategy index -> its own between-run sd (heteroscedastic machines)."""
 
     def mean_of(self, s: int) -> float:
-        """Expected run mean of strategy s (log-normal mean of the round and run effects)."""
-        sd = (self.run_sd_of or {}).get(s, self.run_sd)
-        return self.ms[s] * math.exp((self.round_sd**2 + sd**2) / 2)
+        """Geometric mean of strategy s's runs over rounds and runs (the median)."""
+        return self.ms[s]
 
 
 def draw(truth: Truth, rounds: int, rng: random.Random, interleaved: bool = True) -> list:
@@ -327,10 +326,12 @@ def test_report_pairs_interleaved_rounds_and_names_a_winner(tmp_path) -> None:
     assert set(sets) == {"tiny-baseline", "tiny-pipeline", "tiny-zero2"}
     base, zero2 = sets["tiny-baseline"], sets["tiny-zero2"]
     assert base["runs_timed"] == 3 and len(base["runs"]) == 3
-    # Mean over repeats: the lab run's mean x the mean of the round factors.
+    # Over repeats: the lab run's mean x the geometric mean of the round factors.
     lab_base = statistics.fmean([227.0, 224.0, 226.2, 225.6, 224.7])
     factors = [d * j for d, j in zip(DRIFT, JITTER["baseline"], strict=True)]
-    assert base["iter_ms_mean"] == pytest.approx(lab_base * statistics.fmean(factors), rel=0.01)
+    geo, arith = statistics.geometric_mean(factors), statistics.fmean(factors)
+    assert base["iter_ms_mean"] == pytest.approx(lab_base * geo, rel=0.01)
+    assert base["iter_ms_arithmetic_mean"] == pytest.approx(lab_base * arith, rel=0.01)
     assert base["iter_ms_ci95_lo"] < base["iter_ms_mean"] * 0.7, "the drift widens the mean's CI"
     # The drift hits every strategy of a round alike: paired by round, the ratio is tight.
     assert zero2["speedup_interval"] == repeats.PAIRED_METHOD
@@ -389,9 +390,8 @@ def test_single_run_says_within_run_only_and_quotes_recorded_repeats(tmp_path) -
     names = [s["name"] for s in summary["repeats"]]
     repeated, single = "tiny-baseline (spec hash-bas)", "tiny-baseline (spec other-sp)"
     assert {repeated, single} <= set(names), "two specs under one name are told apart"
-    note = next(line for line in text.splitlines() if "ran once" in line)
-    cv = next(s["iter_ms_sd_between_runs"] / s["iter_ms_mean"] for s in summary["repeats"]
-              if s["name"] == repeated)  # fmt: skip
+    note = next(line for line in text.splitlines() if line.startswith(f"- {single} ran once"))
+    cv = next(s["iter_ms_spread"] for s in summary["repeats"] if s["name"] == repeated)
     assert note.startswith(f"- {single} ran once: its interval covers within-run noise only")
     assert f"scattered by {cv:.1%} run to run ({repeated} repeated (3 runs))" in note
 
@@ -491,20 +491,25 @@ def test_demo_repeats_within_its_budget_by_default() -> None:
 
 
 def test_random_effects_mean_interval_and_spreads() -> None:
-    est = repeats.random_effects([100.0, 110.0, 120.0], [4.0, 4.0, 4.0])
+    means = [100.0, 110.0, 121.0]  # ratios of 1.1: log run means 0.0953 apart
+    est = repeats.random_effects(means, [4.0, 4.84, 5.8564])  # 2% within-run se each
     assert est.k == 3 and est.mean == pytest.approx(110.0)
-    assert est.sd_between_runs == pytest.approx(10.0) and est.cv == pytest.approx(10 / 110)
-    half = 4.303 * 10.0 / math.sqrt(3)  # t(2) x sd / sqrt(k)
-    assert (est.ci_lo, est.ci_hi) == pytest.approx((110.0 - half, 110.0 + half))
-    assert est.tau == pytest.approx(math.sqrt(100.0 - 4.0)) and est.within_se == pytest.approx(2.0)
+    assert est.arithmetic_mean == pytest.approx(331 / 3)
+    assert est.spread == pytest.approx(math.log(1.1))
+    half = 4.303 * math.log(1.1) / math.sqrt(3)  # t(2) x sd / sqrt(k), log scale
+    assert (est.ci_lo, est.ci_hi) == pytest.approx((110 * math.exp(-half), 110 * math.exp(half)))
+    assert est.within == pytest.approx(0.02)
+    assert est.tau == pytest.approx(math.sqrt(math.log(1.1) ** 2 - 0.02**2))
     quiet = repeats.random_effects([100.0, 100.5], [9.0, 9.0])
     assert quiet.tau == 0.0, "scatter below the within-run error: no between-run part left"
     one = repeats.random_effects([100.0], [4.0])
-    assert (one.ci_lo, one.sd_between_runs, one.tau) == (None, None, None)
+    assert (one.ci_lo, one.spread, one.tau) == (None, None, None)
     unknown = repeats.random_effects([100.0, 110.0], [None, 4.0])
     assert unknown.tau is None and unknown.ci_lo is not None
     with pytest.raises(ValueError, match="no run means"):
         repeats.random_effects([], [])
+    with pytest.raises(ValueError, match=r"run means must be > 0 ms, got 0.0"):
+        repeats.random_effects([0.0, 10.0], [None, None])
 
 
 def test_bare_logs_of_one_configuration_are_repeats(tmp_path) -> None:
