@@ -499,6 +499,8 @@ def _status(parsed: ParsedRun | None, run_json: dict[str, Any] | None) -> Status
     outcome = (run_json or {}).get("outcome") or {}
     if outcome.get("status") in ("completed", "failed", "interrupted", "running"):
         return outcome["status"]
+    if parsed and parsed.interrupted:  # the launcher's marker in a bare log
+        return "interrupted"
     return parsed.status if parsed else "incomplete"
 
 

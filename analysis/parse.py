@@ -965,7 +965,7 @@ class _Core:
             return
         status, kind, reason = m.group(1), m.group(2), (m.group(3) or "").strip()
         if status == "interrupted":  # the executor's Ctrl-C/SIGTERM: a cancelled run
-            status, kind = "failed", kind or "cancelled"
+            kind = kind or "cancelled"
         if kind is not None and kind not in _FAILURE_KINDS:
             self.run.problems.append(f"line {lineno}: unknown failure kind {kind!r}; using other")
             kind = "other"
@@ -1330,6 +1330,9 @@ def _finish(run: _Run) -> ParsedRun:
         out.status = "completed"
     if run.outcome is not None:
         status, kind, reason, line = run.outcome
+        out.interrupted = status == "interrupted"
+        if out.interrupted:
+            status = "failed"
         if out.failure is not None and (status != "failed" or kind != out.failure.kind):
             out.problems.append(
                 f"line {out.failure.line}: superseded by the run outcome marker at line {line}: "
@@ -1482,6 +1485,7 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
     last = out.iterations[-1].iteration if out.iterations else None
     if failed is not None:
         out.status, out.failure = "failed", failed.failure
+        out.interrupted = any(p.interrupted for p in runs)
     elif (isinstance(train_iters, int) and last is not None and last >= train_iters) or all(
         p.status == "completed" for p in runs
     ):

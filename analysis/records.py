@@ -148,6 +148,10 @@ class ParsedRun:
     """See ``RunStatus``."""
     failure: Failure | None = None
     """The first failure recognised, or None."""
+    interrupted: bool = False
+    """The launcher's own outcome marker (``# run outcome: interrupted``) says the run was
+    cancelled by a signal (Ctrl-C, SIGTERM); ``status`` is then ``failed`` with kind
+    ``cancelled``, and a run directory's ``run.json`` says ``interrupted``."""
     iterations: Sequence[Iteration] = field(default_factory=lambda: IterationTable())
     """Iteration lines in file order, duplicates (same iteration from several ranks) removed
     (an ``IterationTable``: typed columns; a plain list works too)."""

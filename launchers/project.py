@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from launchers.gpu import gradient_accumulation_fusion
 from launchers.spec import RunSpec
+from launchers.upstream import torch_extensions_dir
 
 NODE_RANK = "${NODE_RANK}"
 """Symbolic ``--node_rank`` value of ``no_ssh`` commands; each node substitutes its own rank
@@ -199,6 +200,8 @@ def environment(spec: RunSpec, run_dir: str) -> dict[str, str]:
     env: dict[str, str] = {}
     if spec.device == "cpu":
         env |= {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    if ext := torch_extensions_dir(spec.paths.python):
+        env["TORCH_EXTENSIONS_DIR"] = ext
     if needs_env_file(spec):
         env["DS_ENV_FILE"] = posixpath.join(run_dir, DS_ENV_NAME)
     return env
@@ -218,6 +221,8 @@ def remote_environment(spec: RunSpec, path: str | None = None) -> dict[str, str]
         env |= {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     if spec.launcher in RANK_ENV_LAUNCHERS:
         env |= {"MASTER_ADDR": spec.master_addr, "MASTER_PORT": str(spec.master_port)}
+    if ext := torch_extensions_dir(spec.paths.python):  # the venv's own JIT ops on every node
+        env["TORCH_EXTENSIONS_DIR"] = ext
     tail = os.environ.get("PATH", "") if path is None else path
     env["PATH"] = os.pathsep.join(p for p in (venv_bin(spec), tail) if p)
     return env

@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -362,11 +363,37 @@ def helpers_library(upstream: Path) -> Path:
     return upstream / HELPERS_DIR / f"helpers{suffix}"
 
 
+TORCH_EXTENSIONS_NAME = "torch_extensions"
+"""The directory inside a venv where its torch builds DeepSpeed's JIT ops."""
+
+
+def torch_extensions_dir(python: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Where the torch of interpreter ``python`` builds and finds DeepSpeed's JIT ops (the CPU
+    collective op ``deepspeed_shm_comm``): ``TORCH_EXTENSIONS_DIR`` when it is set, else
+    ``torch_extensions`` inside the venv that ``python`` belongs to, else None (torch's default).
+
+    Torch's default, ``~/.cache/torch_extensions/<python>_<cuda>``, is shared by every venv of
+    a user, and its build file names the headers of the venv that last built the op: a second
+    checkout (another venv path) rebuilds it, and the first rebuilds it back, minutes each on a
+    small CPU machine before any rank prints a word. Inside the venv, each has its own.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("TORCH_EXTENSIONS_DIR"):
+        return env["TORCH_EXTENSIONS_DIR"]
+    root = os.path.dirname(os.path.dirname(python))
+    if os.path.isfile(os.path.join(root, "pyvenv.cfg")):
+        return os.path.join(root, TORCH_EXTENSIONS_NAME)
+    return None
+
+
 def venv_path_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """``base`` (default: this environment) with this interpreter's ``bin`` first on ``PATH``."""
+    """``base`` (default: this environment) with this interpreter's ``bin`` first on ``PATH``
+    and its venv's :func:`torch_extensions_dir`, as every run has them."""
     env = dict(os.environ if base is None else base)
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bin_dir, env["PATH"]]) if env.get("PATH") else bin_dir
+    if ext := torch_extensions_dir(sys.executable, env):
+        env["TORCH_EXTENSIONS_DIR"] = ext
     return env
 
 
@@ -461,7 +488,7 @@ def ensure_cpu_comm_op(log=print) -> None:
     """Build DeepSpeed's CPU shared-memory collective op (``deepspeed_shm_comm``) now, when this
     machine trains on CPU: every CPU run loads it, and the first run would compile it (over a
     minute on 2 cores, printing nothing) before any rank says a word. Torch keeps it under
-    ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``); later loads reuse it."""
+    :func:`torch_extensions_dir` (inside the venv); later loads reuse it."""
     probe = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
         capture_output=True,

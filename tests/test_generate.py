@@ -5,6 +5,7 @@ Regenerate the golden files with ``UPDATE_GOLDEN=1 pytest tests/test_generate.py
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -396,3 +397,31 @@ def test_every_launcher_puts_the_venv_first_on_path(tmp_path: Path, monkeypatch,
         assert "PATH=/venv/bin:/usr/bin:/bin\n" in env_file.read_text()
     else:
         assert not env_file.exists()
+
+
+@pytest.mark.parametrize("launcher", ["local", "no_ssh", "pdsh", "openmpi", "slurm"])
+def test_every_launcher_builds_deepspeed_ops_inside_the_venv(
+    tmp_path: Path, monkeypatch, launcher
+) -> None:
+    # Torch's default extension cache is shared by every venv of a user, and an op built by one
+    # venv is rebuilt by the next (minutes on 2 cores, the rank silent): each venv keeps its own.
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    paths = dataclasses.replace(PATHS, python=str(venv / "bin" / "python"))
+    hosts = LOCALHOST if launcher == "local" else TWO_NODE
+    spec = resolve_spec("tiny", "zero1", hosts, device="cpu", launcher=launcher, paths=paths)
+    run_dir = render_run_dir(spec, tmp_path / "runs", now=NOW)
+    ext = venv / "torch_extensions"
+    assert f"export TORCH_EXTENSIONS_DIR={ext}\n" in (run_dir / "launch.sh").read_text()
+    if launcher in ("pdsh", "openmpi", "slurm"):  # the ranks the runner starts elsewhere
+        assert f"TORCH_EXTENSIONS_DIR={ext}\n" in (run_dir / "deepspeed_env").read_text()
+    # A user's own choice is kept; an interpreter outside a venv keeps torch's default.
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/scratch/ext")
+    mine = render_run_dir(spec, tmp_path / "mine", now=NOW)
+    assert "export TORCH_EXTENSIONS_DIR=/scratch/ext\n" in (mine / "launch.sh").read_text()
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    system = resolve_spec("tiny", "zero1", hosts, device="cpu", launcher=launcher, paths=PATHS)
+    plain = render_run_dir(system, tmp_path / "plain", now=NOW)
+    assert "TORCH_EXTENSIONS_DIR" not in (plain / "launch.sh").read_text()

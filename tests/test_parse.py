@@ -692,6 +692,25 @@ def test_outcome_marker_wins_over_the_final_iteration():
     assert run.status == "failed" and run.failure.kind == "hang"
 
 
+def test_interrupted_marker_is_a_cancelled_run_that_a_bare_log_reports_as_interrupted(tmp_path):
+    # The launcher's own last line after Ctrl-C: read from a bare log (no run.json beside it),
+    # the run is interrupted, as its run directory says, not failed.
+    text = (
+        "training ...\n" + MDS + "\nTraceback (most recent call last):\nKeyboardInterrupt\n"
+        "# run outcome: interrupted kind=cancelled reason=interrupted by signal SIGINT\n"
+    )
+    run = parse_text(text)[0]
+    assert run.interrupted and run.status == "failed" and run.failure.kind == "cancelled"
+    assert run.failure.message == "interrupted by signal SIGINT"
+    (tmp_path / "run.log").write_text(text)
+    from analysis import report
+
+    _runs, rows, _model = report.summarize(tmp_path, [])
+    assert [r.status for r in rows] == ["interrupted"]
+    plain = parse_text("training ...\n" + MDS + "\n# run outcome: failed kind=hang reason=x\n")
+    assert not plain[0].interrupted
+
+
 def test_several_runs_in_one_file():
     relaunch = (
         "[2024-01-01 00:00:00,000] [INFO] [runner.py:630:main] cmd = python -u -m "
