@@ -229,7 +229,7 @@ def probe_pdsh(
         "1024",
         "-w",
         ",".join(hosts),
-        shlex.join(command),
+        shlex.join(command).replace("%", "%%"),  # pdsh substitutes %h, %n, ...: %% is a '%'
     ]
     proc = _run(argv, {"PDSH_RCMD_TYPE": "ssh", **env})
     lines: dict[str, list[str]] = {h: [] for h in hosts}

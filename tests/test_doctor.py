@@ -596,3 +596,22 @@ def test_lab_without_ssh_is_checked_inside_its_namespaces() -> None:
     print("\n" + report.render())
     assert report.ok, report.render()
     assert report.route.startswith("ip netns exec (lab ")
+
+
+@pytest.mark.skipif(shutil.which("pdsh") is None, reason="pdsh is not installed")
+def test_pdsh_probe_gives_the_remote_shell_every_value_literally(tmp_path, monkeypatch) -> None:
+    # pdsh substitutes %n, %h, %u in the command it sends; a data path with '%n', '$HOME' and a
+    # command substitution must reach the node's shell as it is. pdsh runs `ssh`: here an ssh
+    # that hands the remote command line to a local shell, as sshd does.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    ssh = bindir / "ssh"
+    ssh.write_text('#!/bin/sh\nfor last; do :; done\nexec /bin/sh -c "$last"\n')
+    ssh.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    marker = tmp_path / "marker"
+    value = f"d $HOME %n %h 100% it's/$(touch {marker})/`touch {marker}`"
+    command = [sys.executable, "-c", "import sys; print(repr(sys.argv[1]))", value]
+    said = doctor.probe_pdsh(["nodeA"], command, {})["nodeA"].error
+    assert repr(value) in said, said
+    assert not marker.exists(), "a value was executed by the remote shell"
