@@ -463,6 +463,9 @@ def _lab_ready() -> str | None:
 
 
 SHORT = ["--set", "train_iters=10", "--set", "log_interval=2", "--no-netbench"]
+LONG = ["--set", "train_iters=2000", "--set", "log_interval=2", "--no-netbench"]
+"""For runs that the test ends itself (a cut link, Ctrl-C): on a fast machine a 10-iteration run
+could finish between its first iteration line and the fault."""
 
 
 class Cli:
@@ -610,7 +613,7 @@ def test_real_cut_link_ends_as_hang_within_the_stall_bound(tmp_path, start_cli) 
 
     logs = tmp_path / "logs"
     run = ["run", "--model", "tiny", "--strategy", "baseline", "--net", "1gbit"]
-    cli = start_cli([*run, "--stall", "60", "--logs", str(logs), *SHORT])
+    cli = start_cli([*run, "--stall", "60", "--logs", str(logs), *LONG])
     lab_id = cli.lab_id()
     run_dir = wait_for_iteration(logs, "tiny-baseline/*/launcher.log")
     port = port_name(lab_id.removeprefix(PREFIX), 1)  # the bridge port of node 1
@@ -638,7 +641,7 @@ def test_real_ctrl_c_in_the_lab_stops_everything_and_tears_down(tmp_path, start_
         pytest.skip(why)
     logs = tmp_path / "logs"
     matrix = ["matrix", "--model", "tiny", "--strategies", "baseline,zero1", "--net", "1gbit"]
-    cli = start_cli([*matrix, "--logs", str(logs), *SHORT])
+    cli = start_cli([*matrix, "--logs", str(logs), *LONG])
     lab_id = cli.lab_id()
     run_dir = wait_for_iteration(logs, "tiny-baseline/*/launcher.log")
     assert namespace_ranks(f"{lab_id}-n0") and namespace_ranks(f"{lab_id}-n1")
