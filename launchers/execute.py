@@ -32,6 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import psutil
+
 if TYPE_CHECKING:
     from analysis.records import ParsedRun
 
@@ -238,9 +240,13 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]], grace_s: float = KILL_GRACE_
     Groups are signalled even when their leader has exited: a launcher killed from outside
     (the OOM killer, a user's ``kill -9``) leaves its children running in its group.
     """
+    strays = _outside_group(procs)
     for p in procs:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGTERM)
+    for child in strays:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
     deadline = time.monotonic() + grace_s
     for p in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -252,6 +258,31 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]], grace_s: float = KILL_GRACE_
             os.killpg(p.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=5)
+    for child in strays:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+
+
+def _outside_group(procs: Sequence[subprocess.Popen[bytes]]) -> list[psutil.Process]:
+    """Descendants of ``procs`` that left their process group: pdsh starts each ``ssh`` in a
+    session of its own, and an ssh to a node whose link is down never notices that pdsh was
+    killed (no packet comes back); it would stay on this machine, orphaned, for good."""
+    out: list[psutil.Process] = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            out += [
+                c
+                for c in psutil.Process(p.pid).children(recursive=True)
+                if _pgid(c.pid) not in (p.pid, None)
+            ]
+    return out
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
 
 
 def node_processes(
