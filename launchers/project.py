@@ -91,6 +91,7 @@ def to_flag(key: str, value: Any, sep: Literal["-", "_"] = "-") -> list[str]:
 def megatron_args(spec: RunSpec, run_dir: str) -> list[str]:
     """Arguments of upstream ``pretrain_gpt.py`` (after the script path)."""
     m, s, t, p = spec.model, spec.strategy, spec.training, spec.paths
+    cpu_recompute = t.activation_checkpointing and spec.device == "cpu"
     pairs: list[tuple[str, Any]] = [
         ("tensor_model_parallel_size", s.tp),
         ("pipeline_model_parallel_size", s.pp),
@@ -132,9 +133,16 @@ def megatron_args(spec: RunSpec, run_dir: str) -> list[str]:
         ("fp16", m.precision == "fp16"),
         ("bf16", m.precision == "bf16"),
         # Full recompute; with DeepSpeed's checkpointing (as upstream's examples_deepspeed do)
-        # so that GPTModelPipe's activation_checkpoint_interval takes effect too.
+        # so that GPTModelPipe's activation_checkpoint_interval takes effect too. Not on CPU:
+        # DeepSpeed's CheckpointFunction asks the accelerator for a Stream, which the CPU
+        # accelerator has not ("'NoneType' object is not callable" at the first forward).
+        # There Megatron's own CheckpointFunction recomputes every layer: ParallelTransformer.
+        # _checkpointed_forward needs a recompute method then ("Invalid activation recompute
+        # method"); uniform with --recompute-num-layers 1 (its default) is one layer a unit.
         ("checkpoint_activations", t.activation_checkpointing),
-        ("deepspeed_activation_checkpointing", t.activation_checkpointing),
+        ("deepspeed_activation_checkpointing", t.activation_checkpointing and not cpu_recompute),
+        ("recompute_granularity", "full" if cpu_recompute else None),
+        ("recompute_method", "uniform" if cpu_recompute else None),
         # ZeRO-Offload needs DeepSpeedCPUAdam (DeepSpeed refuses a client GPU optimizer).
         ("cpu_optimizer", s.offload != "none"),
         # CPU: the fused kernel is CUDA-only ("fused_weight_gradient_mlp_cuda module is not found");

@@ -502,6 +502,13 @@ def validate(spec: RunSpec) -> None:
         "attention fails with 'view size is not compatible with input tensor's size and stride'",
     )
     check(
+        not (spec.device == "cpu" and spec.training.activation_checkpointing and pp > 1),
+        f"activation_checkpointing with pp({pp}) > 1 on device cpu: DeepSpeed's pipeline "
+        "recomputes through deepspeed.checkpointing, which needs an accelerator stream that "
+        "DeepSpeed's CPU accelerator does not have (activation_checkpointing/checkpointing.py: "
+        "get_accelerator().Stream is None); drop activation_checkpointing=true or use pp 1",
+    )
+    check(
         spec.launcher != "local" or len(c.hosts) == 1,
         f"launcher 'local' starts ranks on this machine only, but hostfile {c.hostfile} lists "
         f"{len(c.hosts)} hosts; use pdsh, openmpi, slurm or no_ssh",

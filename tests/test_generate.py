@@ -23,7 +23,7 @@ from launchers.hostfile import load_hostfile, parse_hostfile_text
 from launchers.presets import CORE_STRATEGIES, load_strategies, resolve_spec
 from launchers.project import ds_config, launcher_command, megatron_args, script_index
 from launchers.render import load_run_spec, read_run_record, render_run_dir
-from launchers.spec import PLACEHOLDER_PATHS, RunPaths, RunSpec, spec_hash
+from launchers.spec import PLACEHOLDER_PATHS, RunPaths, RunSpec, SpecError, spec_hash
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "launch"
@@ -122,6 +122,22 @@ def test_megatron_args_cpu_and_gpu() -> None:
     assert "--no-gradient-accumulation-fusion" not in gpu and "--normalization" not in gpu
     assert gpu[gpu.index("--deepspeed_config") + 1] == "/r/ds_config.json"
     assert gpu[gpu.index("--zero-stage") + 1] == "0"
+
+
+def test_recompute_on_cpu_uses_megatrons_checkpointing_and_refuses_the_pipeline() -> None:
+    # DeepSpeed's CheckpointFunction needs an accelerator Stream, which the CPU accelerator has
+    # not: on CPU the recompute is Megatron's own (uniform, one layer a unit); on GPU DeepSpeed's.
+    ckpt = {"activation_checkpointing": True}
+    gpu = megatron_args(make_spec("small", "tensor"), "/r")
+    assert "--deepspeed-activation-checkpointing" in gpu and "--recompute-method" not in gpu
+    cpu = megatron_args(make_spec("tiny", "tensor", overrides=ckpt), "/r")
+    assert "--checkpoint-activations" in cpu and "--deepspeed-activation-checkpointing" not in cpu
+    assert cpu[cpu.index("--recompute-granularity") + 1] == "full"
+    assert cpu[cpu.index("--recompute-method") + 1] == "uniform"
+    plain = megatron_args(make_spec("tiny", "tensor"), "/r")
+    assert not {"--checkpoint-activations", "--recompute-method"} & set(plain)
+    with pytest.raises(SpecError, match=r"activation_checkpointing with pp\(2\) > 1 on device cpu"):
+        make_spec("tiny", "pipeline", overrides=ckpt)
 
 
 def test_run_json_records_the_resolved_spec(tmp_path: Path) -> None:
