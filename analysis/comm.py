@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from analysis.formulas import ring_factor
 from analysis.load import RunSetup
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
@@ -57,20 +58,6 @@ DEFAULT_PERSISTENCE_THRESHOLD = 100_000
 """DeepSpeed ``stage3_param_persistence_threshold`` default, elements (``zero/config.py``)."""
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 """Bytes per element."""
-
-
-def ring_factor(op: Op, n: int) -> float:
-    """Bytes each rank sends per byte of message, ring algorithm; equals nccl-tests' busbw factor.
-
-    all-reduce 2(n-1)/n; all-gather, reduce-scatter (n-1)/n; send/recv 1.
-    """
-    if n < 1:
-        raise ValueError(f"group size({n}) must be >= 1")
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    return 1.0
 
 
 @dataclass(frozen=True)
@@ -149,9 +136,12 @@ def param_tensors(setup: RunSetup, stage: int = 0) -> list[tuple[str, int]]:
     (h x h + h), MLP (f x h + f, h x f + h), two norms; TP shards QKV, MLP-in and the output
     weights and the embedding along vocab; row-parallel biases and norms are replicated. Checked
     against the logs' "number of parameters on (tensor, pipeline) model parallel rank" lines
-    (tp2: 447488; pp2 rmsnorm: 477952 first stage, 478080 last stage).
+    (tp2: 447488; pp2 rmsnorm: 477952 first stage, 478080 last stage). The tensor-level form of
+    ``formulas.gpt_parameters_on_rank`` (ZeRO-3 buckets and persistence need the tensors); the
+    two are asserted equal on every preset x strategy (tests/test_formulas.py).
     """
-    layers, h, s = setup.num_layers, setup.hidden_size, setup.seq_length
+    layers, h = setup.num_layers, setup.hidden_size
+    s = setup.positions
     v, tp, pp = setup.padded_vocab_size, setup.tp or 1, setup.pp or 1
     if None in (layers, h, s, v):
         raise ValueError("num_layers, hidden_size, seq_length and padded_vocab_size are needed")

@@ -24,6 +24,13 @@ import numpy as np
 import pandas as pd
 
 from analysis import comm
+from analysis.formulas import (  # noqa: F401  (STEADY_RULE and gpt_parameters: re-exported)
+    LINK_EFFICIENCY,
+    STEADY_RULE,
+    flops_per_iteration,
+    gpt_parameters,
+    steady_windows,
+)
 from analysis.load import LoadedRun, RunSetup
 from analysis.records import (
     ParsedRun,
@@ -33,12 +40,6 @@ from analysis.records import (
     record_values,
     timer_groups,
 )
-
-STEADY_RULE = (
-    "drop the first logging window (warm-up), use every later window; each window is the mean "
-    "over log_interval iterations"
-)
-"""The stated steady-state rule."""
 
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 _T95 |= {9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131}
@@ -162,7 +163,7 @@ def steady_state(parsed: ParsedRun) -> tuple[SteadyState | None, str | None]:
             f"only the warm-up window (iteration {lines[0][0]}) was logged: no steady state"
         )
     window = lines[1][0] - lines[0][0]
-    kept = lines[1:]
+    kept = steady_windows(lines)
     stats = describe([ms for _, ms in kept])
     return (
         SteadyState(
@@ -462,25 +463,13 @@ def breakdown(
     return Breakdown(**parts, other_ms=other, sources=sources), None
 
 
-def gpt_parameters(layers: int, h: int, s: int, v: int) -> int:
-    """GPT parameters with learned positions: l(12h^2 + 13h) + V h + s h + 2h (UPSTREAM.md)."""
-    return layers * (12 * h * h + 13 * h) + v * h + s * h + 2 * h
-
-
-def flops_per_iteration(
-    batch: int, s: int, layers: int, h: int, v: int, ffn: int | None = None, recompute: bool = False
-) -> float:
-    """Model FLOPs of one iteration as upstream Megatron-DeepSpeed counts them.
-
-    ``megatron/utils.py`` ``throughput_calculator`` (commit f4157bea): forward MACs =
-    B l (4 h^2 s + 2 h s^2 + 2 f h s) + B V h s (no GQA, no swiglu, one expert), backward = 2x
-    forward, FLOPs = 2 x MACs; with f = 4h this is 72 B s l h^2 (1 + s/(6h) + V/(12 l h)). Full
-    activation recompute adds one forward (x 4/3).
-    """
-    f = 4 * h if ffn is None else ffn
-    fwd_macs = batch * layers * (4 * h * h * s + 2 * h * s * s + 2 * f * h * s) + batch * v * h * s
-    passes = 4 if recompute else 3
-    return 2.0 * passes * fwd_macs
+def num_parameters(s: RunSetup) -> int | None:
+    """Parameters of one model replica (:func:`formulas.gpt_parameters`), or None when the
+    model's dimensions or padded vocabulary are unknown."""
+    dims = (s.num_layers, s.hidden_size, s.positions, s.padded_vocab_size)
+    if None in dims:
+        return None
+    return gpt_parameters(*dims, s.normalization or "layernorm")  # type: ignore[arg-type]
 
 
 def tflops_per_gpu(flops: float, iter_ms: float, world_size: int) -> float:
@@ -729,10 +718,9 @@ def compute(run: LoadedRun) -> RunMetrics:
 
     row |= identity(run.run_json, s)
 
-    dims = (s.num_layers, s.hidden_size, s.seq_length, s.padded_vocab_size)
-    if None not in dims:
-        row["num_parameters"] = gpt_parameters(*dims)  # type: ignore[arg-type]
-    else:
+    dims = (s.num_layers, s.hidden_size, s.positions, s.padded_vocab_size)
+    row["num_parameters"] = num_parameters(s)
+    if row["num_parameters"] is None:
         na["num_parameters"] = "model dimensions or padded vocabulary unknown"
 
     cplan, why = comm.plan(s)
@@ -841,11 +829,11 @@ def compute(run: LoadedRun) -> RunMetrics:
     else:
         na["samples_per_s"] = "global batch size unknown"
 
-    if None not in dims and s.global_batch_size and s.world_size:
-        layers, h, seq, v = dims
+    if None not in dims and s.seq_length and s.global_batch_size and s.world_size:
+        layers, h, _, v = dims
         flops = flops_per_iteration(
             s.global_batch_size,
-            seq,
+            s.seq_length,
             layers,
             h,
             v,
@@ -1167,11 +1155,6 @@ INFERRED_TOLERANCE = 0.25
 """Relative gap between the inferred and the expected link bandwidth beyond which the inferred
 figure is flagged as not bandwidth-bound."""
 
-LINK_EFFICIENCY = 0.94
-"""TCP/IP payload share of an Ethernet link (1448 of 1538 bytes per full frame): the busbw a
-collective can reach on a link of rate R is about 0.94 R; netbench's gloo all-reduce reached
-0.93-0.95 of the emulated link."""
-
 
 def inferred_warning(row: RunMetrics, inferred: float | None) -> str | None:
     """Why the inferred figure should not be read as the network's bandwidth, or None.
@@ -1185,7 +1168,8 @@ def inferred_warning(row: RunMetrics, inferred: float | None) -> str | None:
     if row.busbw_gbps_measured is not None:
         expected, what = row.busbw_gbps_measured, "the measured busbw"
     elif row.link_mbit:
-        expected, what = row.link_mbit / 1000 * LINK_EFFICIENCY, "the link rate x 0.94"
+        expected = row.link_mbit / 1000 * LINK_EFFICIENCY
+        what = f"the link rate x {LINK_EFFICIENCY}"
     else:
         return None
     gap = (inferred - expected) / expected

@@ -60,7 +60,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, get_args
 
 from analysis._lines import (
     MAX_LINE_CHARS,
@@ -205,9 +205,7 @@ _NCCL_RE = re.compile(
     r"|Gloo connectFullMesh failed|third_party/gloo|Connection (?:closed|reset) by peer"
     r"|DistBackendError|ProcessGroupNCCL.*(?:timed out|Timeout)"
 )
-_FAILURE_KINDS = frozenset(
-    ("oom", "nccl", "exception", "killed", "time_limit", "cancelled", "hang", "other")
-)
+_FAILURE_KINDS = frozenset(get_args(FailureKind))
 
 # Iteration-line keys (normalised by norm_key) -> Iteration field.  Elapsed time is handled
 # separately because of its unit.

@@ -27,7 +27,7 @@ compute (gloo on CPU blocks; the timers show the all-reduce after backward, not 
   the largest message / link rate), the
   runs' ``bwd_allreduce + optimizer_allgather`` timers against the plan's bytes (pooled ms / MB;
   with runs at two or more rates, host and e from a line in 1/R), else the link rate with the
-  assumed efficiency ``ASSUMED_WIRE_EFFICIENCY``.
+  assumed efficiency ``LINK_EFFICIENCY``.
 
 A run of the same model and layout measured elsewhere (another link or node count) is the best
 calibration for itself: the prediction is then ``anchored``: its measured time minus its modelled
@@ -42,7 +42,6 @@ import argparse
 import itertools
 import json
 import math
-import re
 import statistics
 import sys
 from collections.abc import Iterable, Sequence
@@ -50,18 +49,21 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from analysis import comm
+from analysis import comm, formulas
+from analysis.formulas import (
+    LINK_EFFICIENCY,
+    gpt_parameters,
+    layer_macs,
+    model_table,
+    padded_vocab_size,
+    strategy_table,
+)
 from analysis.load import MODEL_PRESETS, LoadedRun, RunSetup, derive_model_name, derive_strategy
-from analysis.metrics import RunMetrics, gpt_parameters
+from analysis.metrics import RunMetrics
 
 ComputeKind = Literal["base", "tp", "zero3"]
 """Compute calibration classes: TP shards matmuls and adds in-layer all-reduces; ZeRO-3 adds
 partitioning hooks to forward/backward and a heavier step; everything else computes alike."""
-
-ASSUMED_WIRE_EFFICIENCY = 0.94
-"""Fraction of the link rate a large transfer achieves on the wire when no netbench.json says:
-TCP payload over Ethernet frames, 1448 / 1538 bytes with a 1500-byte MTU; the lab's netbench
-notes see all-reduce busbw at 0.93-0.96 of the link rate."""
 
 MS_PER_MB_AT_1MBIT = 8000.0
 """8 bits x 1e6 bytes / 1e6 bit/s = 8 s = 8000 ms per MB at 1 Mbit/s: divide by the rate."""
@@ -69,19 +71,20 @@ MS_PER_MB_AT_1MBIT = 8000.0
 PROBE_RATES_MBIT = (100.0, 1000.0)
 """Two rates at which the (affine in 1/R) time model is evaluated to solve crossovers."""
 
+_WHAT_IF_ORDER = ("baseline", "zero1", "zero2", "zero3", "pipeline", "tensor")
+"""The core strategies in the order the what-if tables list them."""
+
 STRATEGIES: dict[str, tuple[int, int, int]] = {
-    "baseline": (1, 1, 0),
-    "zero1": (1, 1, 1),
-    "zero2": (1, 1, 2),
-    "zero3": (1, 1, 3),
-    "pipeline": (1, 2, 0),
-    "tensor": (2, 1, 0),
+    name: (shape.tp, shape.pp, shape.zero_stage)
+    for name in _WHAT_IF_ORDER
+    if (shape := strategy_table()[name])
 }
-"""What-if strategies as (tp, pp, zero stage), as in ``megatron_configs/strategies.yaml``;
+"""What-if strategies as (tp, pp, zero stage), read from ``megatron_configs/strategies.yaml``;
 offload is not modelled (no run calibrates a CPU optimizer step)."""
 
-GPT2_VOCAB = 50257
-"""Vocabulary of the small/large presets (GPT-2 BPE), padded to 128 x tp by Megatron."""
+GPT2_VOCAB = model_table()["small"].vocab_size
+"""Vocabulary of the small/large presets (GPT-2 BPE, ``megatron_configs/small.yaml``), padded to
+128 x tp by Megatron."""
 
 _NETBENCH_OPS = {"send_recv": "sendrecv"}
 """analysis.comm op names -> netbench.json op names where they differ."""
@@ -131,13 +134,6 @@ def activation_bytes_per_layer(
     """
     per = 2.0 * s * b * h if recompute else s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
     return per * (2 if precision == "fp32" else 1)
-
-
-def layer_macs(h: int, s: int, ffn: int | None = None) -> float:
-    """Forward multiply-accumulates of one layer for one sample: 4 h^2 s + 2 h s^2 + 2 f h s
-    (upstream ``megatron/utils.py`` ``throughput_calculator``)."""
-    f = 4 * h if ffn is None else ffn
-    return 4.0 * h * h * s + 2.0 * h * s * s + 2.0 * f * h * s
 
 
 def stage_layers(setup: RunSetup) -> list[int]:
@@ -507,7 +503,7 @@ def fit_links(obs: Sequence[Observation]) -> tuple[LinkFit | None, LinkFit | Non
                 eff = dict(op_eff).get("all_reduce") or statistics.fmean(e for _, e in op_eff)
                 per_op = ", ".join(f"{op} {e:.2f}" for op, e in op_eff)
             else:  # no message of 1 MiB or more: nothing measured the sustained rate
-                eff = ASSUMED_WIRE_EFFICIENCY
+                eff = LINK_EFFICIENCY
                 per_op = f"no message >= 1 MiB measured, assumed e = {eff}"
             inter = LinkFit(
                 "inter-node",
@@ -548,8 +544,8 @@ def fit_links(obs: Sequence[Observation]) -> tuple[LinkFit | None, LinkFit | Non
         if inter is None:
             rate = max(by_rate, key=lambda r: len(by_rate[r]))
             total = per_rate[rate]
-            wire = MS_PER_MB_AT_1MBIT / (ASSUMED_WIRE_EFFICIENCY * rate)
-            host, eff = total - wire, ASSUMED_WIRE_EFFICIENCY
+            wire = MS_PER_MB_AT_1MBIT / (LINK_EFFICIENCY * rate)
+            host, eff = total - wire, LINK_EFFICIENCY
             if host < 0:
                 host, eff = 0.0, MS_PER_MB_AT_1MBIT / (total * rate)
             inter = _inter_fit(
@@ -574,9 +570,9 @@ def fit_links(obs: Sequence[Observation]) -> tuple[LinkFit | None, LinkFit | Non
                 rates[-1],
                 0.0,
                 host,
-                ASSUMED_WIRE_EFFICIENCY,
+                LINK_EFFICIENCY,
                 f"link rate {rates[-1]:g} Mbit/s (run.json network) with the assumed "
-                f"efficiency {ASSUMED_WIRE_EFFICIENCY}; host {host:.2f} ms/MB from "
+                f"efficiency {LINK_EFFICIENCY}; host {host:.2f} ms/MB from "
                 "the one-machine runs",
             )
     notes.append(
@@ -996,8 +992,9 @@ def what_if(
             "num_attention_heads": a,
             "seq_length": s,
             "ffn_hidden_size": 4 * h,
+            "max_position_embeddings": s,
             "model": derive_model_name(layers, h, a, s),
-            "padded_vocab_size": -(-(vocab or GPT2_VOCAB) // (128 * tp)) * 128 * tp,
+            "padded_vocab_size": padded_vocab_size(vocab or GPT2_VOCAB, tp),
         }
     dp = world // (tp * pp)
     batch = template.global_batch_size or 0
@@ -1184,7 +1181,8 @@ def _family_setup(template: RunSetup, h: int, strategy: str, world: int) -> RunS
     layers = max(2, round(3 * h / 128))
     layers += layers % 2  # even, so PP=2 splits it
     s = min(h, 1024)
-    tp, pp, zero = {"baseline": (1, 1, 0), "zero3": (1, 1, 3), "pipeline": (1, world, 0)}[strategy]
+    # The family's pipeline spans every rank (one stage per rank), unlike the 2-stage preset.
+    tp, pp, zero = (1, world, 0) if strategy == "pipeline" else STRATEGIES[strategy]
     if layers % pp:
         layers += pp - layers % pp
     return replace(
@@ -1193,8 +1191,9 @@ def _family_setup(template: RunSetup, h: int, strategy: str, world: int) -> RunS
         hidden_size=h,
         num_attention_heads=max(1, h // 64),
         seq_length=s,
+        max_position_embeddings=s,
         ffn_hidden_size=4 * h,
-        padded_vocab_size=-(-GPT2_VOCAB // 128) * 128,
+        padded_vocab_size=padded_vocab_size(GPT2_VOCAB),
         tp=tp,
         pp=pp,
         dp=world // (tp * pp),
@@ -1226,7 +1225,7 @@ def memory_crossover(
             gpt_parameters(
                 point_setup.num_layers or 0,
                 h,
-                point_setup.seq_length or 0,
+                point_setup.max_position_embeddings or 0,
                 point_setup.padded_vocab_size or 0,
             ),
             gib,
@@ -1263,12 +1262,15 @@ def memory_crossover(
 
 
 def parse_rate(text: str) -> float:
-    """Mbit/s from ``100mbit``, ``1gbit``, ``10g``, ``1000``."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(mbit|gbit|m|g)?(?:/s|ps)?\s*", text, re.I)
-    if not m:
-        raise argparse.ArgumentTypeError(f"link {text!r}: write e.g. 100mbit, 1gbit")
-    unit = (m.group(2) or "mbit").lower()
-    return float(m.group(1)) * (1000.0 if unit.startswith("g") else 1.0)
+    """Mbit/s from ``100mbit``, ``1gbit``, ``10g``, ``1000`` (a bare number is Mbit/s); a
+    what-if needs a rate, so ``none`` is refused."""
+    try:
+        rate = formulas.parse_rate(text, bare_unit="mbit")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if rate is None:
+        raise argparse.ArgumentTypeError(f"link {text!r}: a what-if needs a rate, e.g. 100mbit")
+    return rate
 
 
 def parse_model(text: str) -> tuple[int, int, int, int]:

@@ -32,6 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from analysis import formulas
+
 if TYPE_CHECKING:
     from analysis.records import ParsedRun
 
@@ -283,9 +285,6 @@ def node_processes(
 
 # --- memory limit -----------------------------------------------------------------------------
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
 CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory"))
 """Where the memory controller is looked for: cgroup v2 (unified) first, then v1."""
 
@@ -299,10 +298,11 @@ class LimitError(RuntimeError):
 
 def parse_size(text: str) -> int:
     """``2G``, ``512M``, ``1.5GiB``, ``1073741824`` -> bytes (binary units)."""
-    m = _SIZE_RE.match(text)
-    if m is None:
-        raise ValueError(f"memory size {text!r}: write e.g. 2G, 512M or a number of bytes")
-    size = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    try:
+        size = formulas.parse_size(text)
+    except ValueError:
+        message = f"memory size {text!r}: write e.g. 2G, 512M or a number of bytes"
+        raise ValueError(message) from None
     if size < 1 << 20:
         raise ValueError(f"memory size {text!r} is below 1 MiB: no run starts in that")
     return size

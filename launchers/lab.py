@@ -63,6 +63,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
+from analysis.formulas import parse_rate
+
 PREFIX = "mdsl"
 """Prefix of every namespace, interface and state directory a lab creates (``down --all`` key)."""
 
@@ -103,9 +105,7 @@ DEFAULT_BURST_MS = 1.0
 """Default tbf bucket, ms at the link rate (see ``LinkShape.burst_bytes``)."""
 
 _ID_RE = re.compile(r"^[a-z0-9]{1,6}$")
-_RATE_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>kbit|mbit|gbit)(?:/s|ps)?\s*$", re.I)
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_UNIT_MBIT = {"kbit": 1e-3, "mbit": 1.0, "gbit": 1e3}
 
 CounterName = Literal["tx_bytes", "rx_bytes", "tx_packets", "rx_packets"]
 """Interface statistics read from ``/sys/class/net/<if>/statistics``."""
@@ -119,24 +119,6 @@ class LabError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- link shape
-
-
-def parse_rate(text: str) -> float | None:
-    """Parse a link rate into Mbit/s: ``100mbit`` -> 100, ``1gbit`` -> 1000, ``none`` -> None.
-
-    Units are tc's (base 10: 1 mbit = 1e6 bit/s); ``/s`` or ``ps`` suffixes are accepted.
-    """
-    if text.strip().lower() in ("none", "unshaped", "unlimited", "off"):
-        return None
-    match = _RATE_RE.match(text)
-    if not match:
-        raise ValueError(
-            f"link rate {text!r} not understood: write e.g. '100mbit', '1gbit', '500kbit' or 'none'"
-        )
-    rate = float(match["num"]) * _UNIT_MBIT[match["unit"].lower()]
-    if rate <= 0:
-        raise ValueError(f"link rate {text!r} must be > 0 (or 'none' for an unshaped link)")
-    return rate
 
 
 @dataclass(frozen=True)

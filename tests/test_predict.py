@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis import comm, predict
+from analysis import comm, formulas, predict
 from analysis.load import RunSetup
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
@@ -70,7 +70,7 @@ def test_memory_estimate_tiny_dp() -> None:
 
 
 def test_flops_per_microbatch_busiest_stage() -> None:
-    layer = predict.layer_macs(128, 128)
+    layer = formulas.layer_macs(128, 128)
     assert layer == 4 * 128**2 * 128 + 2 * 128 * 128**2 + 2 * 512 * 128 * 128
     flops, stage = predict.flops_per_microbatch(replace(TINY_2N, pp=2, dp=1))
     assert stage == 1  # the last stage holds the LM head
@@ -155,7 +155,7 @@ def test_netbench_without_large_messages_assumes_the_efficiency() -> None:
     obs = predict.Observation("small-nb", replace(TINY_2N, link_mbit=100.0), 500.0, netbench=nb)
     _, inter, _ = predict.fit_links([obs])
     assert inter is not None and inter.op_efficiency == ()
-    assert inter.efficiency == predict.ASSUMED_WIRE_EFFICIENCY
+    assert inter.efficiency == formulas.LINK_EFFICIENCY
     assert "no message >= 1 MiB measured" in inter.source
 
 
