@@ -210,6 +210,7 @@ def plan(setup: RunSetup) -> tuple[CommPlan | None, str | None]:
     b, s, h = setup.micro_batch_size or 1, setup.seq_length or 0, setup.hidden_size or 0
     layers, v = setup.num_layers or 0, setup.padded_vocab_size or 0
     precision = setup.precision or "fp32"
+    recompute = bool(setup.activation_checkpointing)
     act_bytes = DTYPE_BYTES[precision]
     comm_bytes = DTYPE_BYTES.get(setup.communication_data_type or precision, act_bytes)
     assumptions = [
@@ -263,13 +264,19 @@ def plan(setup: RunSetup) -> tuple[CommPlan | None, str | None]:
             tensors = param_tensors(setup, busiest)
             gathered = sum(e for _, e in tensors if e > threshold)
             persistent = psi - gathered
+            # parameter_offload.py: the pre-forward hook fetches a module's partitioned
+            # parameters (fetch_sub_module), the post-forward hook releases them, the
+            # pre-backward hook fetches them again. With full recompute the checkpointed
+            # forward runs once more inside backward, through the same hooks: a third gather.
+            phases = ("forward", "recomputed forward", "backward") if recompute else (
+                "forward", "backward")  # fmt: skip
             assumptions.append(
                 f"ZeRO-3: {gathered:,} of {psi:,} parameters above the persistence threshold "
-                f"({threshold:,} elements) are gathered in forward and in backward on every "
-                "micro-step (no reuse across forward/backward assumed); the rest persist"
+                f"({threshold:,} elements) are gathered in {', '.join(phases)} on every "
+                "micro-step (no reuse across phases assumed); the rest persist"
             )
             if gathered:
-                for phase in ("forward", "backward"):
+                for phase in phases:
                     out.append(
                         Collective(
                             "all_gather", f"parameters ({phase})", gathered * comm_bytes, gas,
@@ -331,12 +338,18 @@ def plan(setup: RunSetup) -> tuple[CommPlan | None, str | None]:
         layers_here = layers // pp
         # Embedding forward and LM-head backward: both on one rank without PP, one per end stage.
         ends = 2 if pp == 1 else 1
+        # Per layer: the row-parallel outputs (attention dense, MLP fc2) all-reduce in forward,
+        # the column-parallel inputs (QKV, fc1) in backward; full recompute runs the layer's
+        # forward again inside backward (DeepSpeed activation_checkpointing/checkpointing.py
+        # CheckpointFunction.backward -> ctx.run_function), so its 2 forward all-reduces twice.
+        per_layer = 6 if recompute else 4
         out.append(
             Collective(
                 "all_reduce", "activations (TP forward + backward)", b * s * h * act_bytes,
-                gas * (4 * layers_here + ends), "tp", tp, link,
+                gas * (per_layer * layers_here + ends), "tp", tp, link,
                 "megatron/core/tensor_parallel/mappings.py reduce/copy regions: 2 fwd + 2 bwd per "
-                "layer, embedding fwd, LM-head bwd",
+                "layer" + (" + 2 in the recomputed fwd" if recompute else "")
+                + ", embedding fwd, LM-head bwd",
             )
         )  # fmt: skip
         out.append(
