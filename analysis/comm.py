@@ -173,6 +173,11 @@ def param_tensors(setup: RunSetup, stage: int = 0) -> list[tuple[str, int]]:
     return tensors
 
 
+def rank_parameters(setup: RunSetup) -> int:
+    """Parameters held by the busiest rank before ZeRO partitioning (stage, TP shard)."""
+    return max(sum(e for _, e in param_tensors(setup, st)) for st in range(setup.pp or 1))
+
+
 def _group_link(setup: RunSetup, group: Group) -> Link:
     """Whether a group spans nodes, with Megatron's rank layout (TP fastest, then DP, then PP)
     and ranks placed node by node."""
@@ -226,7 +231,7 @@ def plan(setup: RunSetup) -> tuple[CommPlan | None, str | None]:
     out: list[Collective] = []
     # The busiest rank: the pipeline stage holding the most parameters.
     stage_params = [sum(e for _, e in param_tensors(setup, st)) for st in range(pp)]
-    psi = max(stage_params)
+    psi = rank_parameters(setup)
     busiest = stage_params.index(psi)
 
     if dp > 1:

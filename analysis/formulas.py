@@ -108,6 +108,39 @@ def flops_per_iteration(
     return 2.0 * forward_passes(recompute) * fwd_macs
 
 
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """Idle share of a stage in a GPipe/1F1B schedule with balanced stages: (p-1)/(m+p-1)."""
+    if stages < 1 or micro_batches < 1:
+        raise ValueError(f"stages({stages}) and micro_batches({micro_batches}) must be >= 1")
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def zero_state_bytes(psi: float, stage: int, nd: int, precision: str = "bf16") -> float:
+    """Model-state bytes per rank for Adam (ZeRO paper, Rajbhandari et al. 2020, section 3).
+
+    Mixed precision (fp16/bf16, K = 12: fp32 master, momentum, variance): DP 16 Psi; ZeRO-1
+    4 Psi + 12 Psi / Nd; ZeRO-2 2 Psi + 14 Psi / Nd; ZeRO-3 16 Psi / Nd.
+    fp32 (derived): parameters 4, gradients 4, Adam moments 8 bytes per parameter; DeepSpeed's
+    ZeRO optimizers also keep an fp32 copy of the rank's partition (``stage_1_and_2.py``
+    ``single_partition_of_fp32_groups``: a clone even for an fp32 model, likewise in stage 3),
+    so: DP 16 Psi (torch Adam, no copy); ZeRO-1 8 Psi + 12 Psi / Nd; ZeRO-2 4 Psi + 16 Psi / Nd;
+    ZeRO-3 20 Psi / Nd. The partitions follow DeepSpeed 0.19.6: ``stage_1_and_2.py`` keeps the
+    full low-precision parameters and (ZeRO-1) full gradients and partitions the fp32 copy and
+    Adam moments (``single_partition_of_fp32_groups``); ZeRO-2 also partitions the gradients
+    (``averaged_gradients`` of the rank's partition); ``stage3.py`` partitions the parameters too
+    (``fp32_partitioned_groups_flat``).
+    """
+    if stage not in (0, 1, 2, 3) or nd < 1:
+        raise ValueError(f"stage({stage}) must be 0-3 and nd({nd}) >= 1")
+    if precision == "fp32":
+        full, part = {0: (16, 0), 1: (8, 12), 2: (4, 16), 3: (0, 20)}[stage]
+    else:
+        full, part = {0: (16, 0), 1: (4, 12), 2: (2, 14), 3: (0, 16)}[stage]
+    if stage == 0:
+        return full * psi
+    return full * psi + part * psi / nd
+
+
 # ------------------------------------------------------------------------------ network
 
 LINK_EFFICIENCY = 0.94

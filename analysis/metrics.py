@@ -27,9 +27,11 @@ from analysis import comm
 from analysis.formulas import (  # noqa: F401  (STEADY_RULE and gpt_parameters: re-exported)
     LINK_EFFICIENCY,
     STEADY_RULE,
+    bubble_fraction,
     flops_per_iteration,
     gpt_parameters,
     steady_windows,
+    zero_state_bytes,
 )
 from analysis.load import LoadedRun, RunSetup
 from analysis.records import (
@@ -282,13 +284,6 @@ def pipeline_timers(parsed: ParsedRun, steps_per_print: int) -> dict[str, list[f
 PIPE_WAIT_TIMERS = ("pipe_send_output", "pipe_recv_grad", "pipe_send_grad", "pipe_recv_input")
 """PipelineEngine p2p timers: blocking sends and receives between stages, i.e. transfer time plus
 the time a stage waits for its neighbour (the bubble and any stage imbalance)."""
-
-
-def bubble_fraction(stages: int, micro_batches: int) -> float:
-    """Idle share of a stage in a GPipe/1F1B schedule with balanced stages: (p-1)/(m+p-1)."""
-    if stages < 1 or micro_batches < 1:
-        raise ValueError(f"stages({stages}) and micro_batches({micro_batches}) must be >= 1")
-    return (stages - 1) / (micro_batches + stages - 1)
 
 
 @dataclass(frozen=True)
@@ -557,6 +552,9 @@ class RunMetrics:
     """Max over ranks of ``max reserved``, MiB."""
     mem_kind: str | None
     """What the memory figure measures (tensor memory, or process RSS on CPU)."""
+    model_state_mb: float | None
+    """Adam model state per rank of this strategy, MiB: ``formulas.zero_state_bytes`` of the
+    busiest rank's parameters (16 Psi for DP, 4 Psi + 12 Psi / N for ZeRO-1 ... in fp16/bf16)."""
     mem_saving_pct: float | None
     """(baseline peak - peak) / baseline peak * 100, same setup."""
     speedup: float | None
@@ -722,6 +720,12 @@ def compute(run: LoadedRun) -> RunMetrics:
     row["num_parameters"] = num_parameters(s)
     if row["num_parameters"] is None:
         na["num_parameters"] = "model dimensions or padded vocabulary unknown"
+    elif s.zero_stage is not None and s.dp:
+        psi = comm.rank_parameters(s)
+        state = zero_state_bytes(psi, s.zero_stage, s.dp, s.precision or "fp32")
+        row["model_state_mb"] = state / 2**20
+    else:
+        na["model_state_mb"] = "ZeRO stage or data-parallel size unknown"
 
     cplan, why = comm.plan(s)
     if cplan is not None:

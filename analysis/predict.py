@@ -52,11 +52,13 @@ from typing import Any, Literal
 from analysis import comm, formulas
 from analysis.formulas import (
     LINK_EFFICIENCY,
+    bubble_fraction,
     gpt_parameters,
     layer_macs,
     model_table,
     padded_vocab_size,
     strategy_table,
+    zero_state_bytes,
 )
 from analysis.load import MODEL_PRESETS, LoadedRun, RunSetup, derive_model_name, derive_strategy
 from analysis.metrics import RunMetrics
@@ -91,35 +93,6 @@ _NETBENCH_OPS = {"send_recv": "sendrecv"}
 
 
 # ---------------------------------------------------------------------------- formulas
-
-
-def bubble_fraction(stages: int, micro_batches: int) -> float:
-    """Pipeline bubble share of the pipeline time: (p - 1) / (m + p - 1) (GPipe/1F1B)."""
-    if stages < 1 or micro_batches < 1:
-        raise ValueError(f"stages({stages}) and micro_batches({micro_batches}) must be >= 1")
-    return (stages - 1) / (micro_batches + stages - 1)
-
-
-def zero_state_bytes(psi: float, stage: int, nd: int, precision: str = "bf16") -> float:
-    """Model-state bytes per rank for Adam (ZeRO paper, Rajbhandari et al. 2020, section 3).
-
-    Mixed precision (fp16/bf16, K = 12: fp32 master, momentum, variance): DP 16 Psi; ZeRO-1
-    4 Psi + 12 Psi / Nd; ZeRO-2 2 Psi + 14 Psi / Nd; ZeRO-3 16 Psi / Nd.
-    fp32 (derived): parameters 4, gradients 4, Adam moments 8 bytes per parameter; DeepSpeed's
-    ZeRO optimizers also keep an fp32 copy of the rank's partition (``stage_1_and_2.py``
-    ``single_partition_of_fp32_groups``: a clone even for an fp32 model, likewise in stage 3),
-    so: DP 16 Psi (torch Adam, no copy); ZeRO-1 8 Psi + 12 Psi / Nd; ZeRO-2 4 Psi + 16 Psi / Nd;
-    ZeRO-3 20 Psi / Nd.
-    """
-    if stage not in (0, 1, 2, 3) or nd < 1:
-        raise ValueError(f"stage({stage}) must be 0-3 and nd({nd}) >= 1")
-    if precision == "fp32":
-        full, part = {0: (16, 0), 1: (8, 12), 2: (4, 16), 3: (0, 20)}[stage]
-    else:
-        full, part = {0: (16, 0), 1: (4, 12), 2: (2, 14), 3: (0, 16)}[stage]
-    if stage == 0:
-        return full * psi
-    return full * psi + part * psi / nd
 
 
 def activation_bytes_per_layer(
@@ -161,15 +134,9 @@ def flops_per_microbatch(setup: RunSetup) -> tuple[float, int]:
     return per_stage[busiest], busiest
 
 
-def rank_parameters(setup: RunSetup) -> int:
-    """Parameters held by the busiest rank before ZeRO partitioning (stage, TP shard)."""
-    pp = setup.pp or 1
-    return max(sum(e for _, e in comm.param_tensors(setup, st)) for st in range(pp))
-
-
 def updated_parameters(setup: RunSetup) -> float:
     """Parameters the rank's optimizer step updates: its own, / dp under ZeRO >= 1."""
-    psi = rank_parameters(setup)
+    psi = comm.rank_parameters(setup)
     return psi / (setup.dp or 1) if (setup.zero_stage or 0) >= 1 else float(psi)
 
 
@@ -205,7 +172,7 @@ class MemoryEstimate:
 def memory_estimate(setup: RunSetup, precision: str | None = None) -> MemoryEstimate:
     """``zero_state_bytes`` + activations (``activation_bytes_per_layer``) for a setup."""
     prec = precision or setup.precision or "fp32"
-    psi = rank_parameters(setup)
+    psi = comm.rank_parameters(setup)
     stage, nd = setup.zero_stage or 0, setup.dp or 1
     state = zero_state_bytes(psi, stage, nd, prec)
     s, b, h = setup.seq_length or 0, setup.micro_batch_size or 1, setup.hidden_size or 0

@@ -157,11 +157,11 @@ def findings(group: list[RunMetrics]) -> list[str]:
         hi = max(r.peak_mem_mb or 0.0 for r in mems)
         kind = mems[0].mem_kind or ""
         text = f"Peak memory spans {lo:,.0f}-{hi:,.0f} MiB ({(hi - lo) / hi:.1%} spread)"
-        if "RSS" in kind and mems[0].num_parameters:
-            state = 16 * mems[0].num_parameters / 2**20
+        states = [r.model_state_mb for r in mems if r.model_state_mb is not None]
+        if "RSS" in kind and states:
             text += (
-                f"; these are process RSS figures (CPU), while the model state (16 bytes per "
-                f"parameter for fp32 Adam) is only {state:,.1f} MiB: the differences between "
+                f"; these are process RSS figures (CPU), while the Adam model state per rank is "
+                f"only {min(states):,.1f}-{max(states):,.1f} MiB: the differences between "
                 "strategies are not tensor-memory savings"
             )
         out.append(text + ".")
@@ -330,7 +330,7 @@ def render(
             _num(r.peak_reserved_mb, 1) or "n/a",
             r.mem_kind or "n/a",
             _num(r.mem_saving_pct, 1) or "n/a",
-            _num(16 * r.num_parameters / 2**20, 1) if r.num_parameters else "n/a",
+            _num(r.model_state_mb, 1) or "n/a",
         ]
         for r in rows
     ]
@@ -341,7 +341,7 @@ def render(
             "peak reserved (MiB)",
             "what it measures",
             "saving %",
-            "model state 16 B/param (MiB)",
+            "Adam model state per rank (MiB)",
         ],
         mem_rows,
     )
@@ -349,7 +349,11 @@ def render(
         "",
         "The logs print 'MB' = bytes / 1024^2: figures here are MiB. The memory line is printed "
         "once, after the first log interval, by every rank whose data-parallel rank is 0; the "
-        "peak is the max over ranks and nodes.",
+        "peak is the max over ranks and nodes. The Adam model state per rank follows the ZeRO "
+        "paper with Psi the busiest rank's parameters (its TP shard and pipeline stage) and N "
+        "the data-parallel size: fp16/bf16 16 Psi (DP), 4 Psi + 12 Psi/N (ZeRO-1), "
+        "2 Psi + 14 Psi/N (ZeRO-2), 16 Psi/N (ZeRO-3); fp32 16 Psi, 8 Psi + 12 Psi/N, "
+        "4 Psi + 16 Psi/N, 20 Psi/N (DeepSpeed keeps an fp32 copy of the partition).",
         "",
     ]
 

@@ -117,6 +117,18 @@ def test_flops_closed_form_and_printed_dp2():
     assert round(tflops, 2) == 0.01
 
 
+@pytest.mark.parametrize(
+    ("stage", "precision", "bytes_per_param"),
+    # By hand, N = 2: fp32 16, 8 + 12/2, 4 + 16/2, 20/2; bf16 16, 4 + 12/2, 2 + 14/2, 16/2.
+    [(0, "fp32", 16), (1, "fp32", 14), (2, "fp32", 12), (3, "fp32", 10),
+     (0, "bf16", 16), (1, "bf16", 10), (2, "bf16", 9), (3, "bf16", 8)],
+)  # fmt: skip
+def test_model_state_per_zero_stage(stage: int, precision: str, bytes_per_param: int) -> None:
+    setup = replace(SETUP, zero_stage=stage, precision=precision)
+    row = metrics.compute(loaded(setup=setup))
+    assert row.model_state_mb == pytest.approx(bytes_per_param * 875_264 / 2**20)
+
+
 def test_compute_dp2_row():
     row = metrics.compute(loaded())
     assert row.iter_ms_mean == pytest.approx(209.84)
