@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from analysis import load, metrics, predict, repeats
+from analysis import load, metrics, prediction, repeats, report_predict
 from analysis.metrics import RunMetrics
 
 
@@ -205,7 +205,7 @@ def render(
     rows: list[RunMetrics],
     logdir_label: str,
     figures: list[str],
-    model: predict.ReportSections | None = None,
+    model: report_predict.ReportSections | None = None,
 ) -> str:
     """The whole markdown report; ``model`` adds the calibrated model's sections."""
     notes = Footnotes()
@@ -642,14 +642,14 @@ def _set_aside(out: Path) -> Path | None:
 
 def summarize(
     logdir: Path, exclude: list[Path], baseline: str | None = None
-) -> tuple[list[load.LoadedRun], list[RunMetrics], predict.ReportSections]:
+) -> tuple[list[load.LoadedRun], list[RunMetrics], report_predict.ReportSections]:
     """The runs under ``logdir``, their summary rows (with the cross-run and leave-one-out
     figures) and the calibrated model's sections: everything the report shows."""
     runs = load.discover(logdir, exclude=exclude)
     rows = metrics.compare([metrics.compute(r) for r in runs], baseline)
     rows = repeats.same_round_speedups(rows)
-    model = predict.report_sections(runs, rows)
-    return runs, predict.fill_rows(rows, model.loo), model
+    model = report_predict.report_sections(runs, rows)
+    return runs, prediction.fill_rows(rows, model.loo), model
 
 
 def build(logdir: Path, out: Path, baseline: str | None = None) -> list[RunMetrics]:

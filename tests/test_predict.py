@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis import comm, formulas, predict
+from analysis import calibration, comm, formulas, predict
 from analysis.load import RunSetup
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
@@ -112,9 +112,9 @@ def test_link_fit_rescales_only_the_wire_part() -> None:
 
 def test_netbench_busbw_interpolated_in_log_size() -> None:
     table = (("all_reduce", 1_000, 0.1), ("all_reduce", 100_000, 0.5), ("sendrecv", 1_000, 0.2))
-    assert predict._netbench_busbw(table, "all_reduce", 10_000) == pytest.approx(0.3)
-    assert predict._netbench_busbw(table, "all_reduce", 10**9) == 0.5
-    assert predict._netbench_busbw(table, "send_recv", 10) == 0.2
+    assert calibration._netbench_busbw(table, "all_reduce", 10_000) == pytest.approx(0.3)
+    assert calibration._netbench_busbw(table, "all_reduce", 10**9) == 0.5
+    assert calibration._netbench_busbw(table, "send_recv", 10) == 0.2
     fit = predict.LinkFit("inter-node", 1000.0, 0.0, 0.0, 0.5, "netbench", table)
     c = comm.Collective("all_reduce", "gradients", 100_000, 1, "dp", 2, "inter-node", "test")
     # 0.1 MB on the wire at 0.5 Gbit/s: 1.6 ms, all of it wire (0.1 x 8000 / (0.5 x 1000)).
@@ -133,9 +133,9 @@ def test_op_efficiency_from_the_largest_message_not_the_best() -> None:
         ("all_reduce", 16_777_216, 0.0911),
         ("sendrecv", 1_024, 0.0025),  # no message >= 1 MiB: no figure of its own
     )
-    eff = dict(predict._op_efficiency(table, 100.0))
+    eff = dict(calibration._op_efficiency(table, 100.0))
     assert eff == pytest.approx({"all_gather": 0.611, "all_reduce": 0.911})
-    assert dict(predict._op_efficiency((("all_reduce", 1 << 24, 1.2),), 1000.0)) == {
+    assert dict(calibration._op_efficiency((("all_reduce", 1 << 24, 1.2),), 1000.0)) == {
         "all_reduce": 1.0
     }
     fit = predict.LinkFit("inter-node", 100.0, 0.0, 0.0, 0.911, "nb", table, tuple(eff.items()))
@@ -165,7 +165,7 @@ def test_gloo_reduce_scatter_time_uses_netbench_convention() -> None:
     # convention's bytes / busbw, exactly what netbench timed.
     table = (("reduce_scatter", 16_777_216, 0.046),)
     fit = predict.LinkFit(
-        "inter-node", 100.0, 0.0, 0.0, 0.9, "nb", table, predict._op_efficiency(table, 100.0)
+        "inter-node", 100.0, 0.0, 0.0, 0.9, "nb", table, calibration._op_efficiency(table, 100.0)
     )
     c = comm.Collective(
         "reduce_scatter", "gradients", 3_501_056, 4, "dp", 2, "inter-node", "t", backend="gloo"
