@@ -345,8 +345,9 @@ def plan(setup: RunSetup) -> tuple[CommPlan | None, str | None]:
         ends = 2 if pp == 1 else 1
         # Per layer: the row-parallel outputs (attention dense, MLP fc2) all-reduce in forward,
         # the column-parallel inputs (QKV, fc1) in backward; full recompute runs the layer's
-        # forward again inside backward (DeepSpeed activation_checkpointing/checkpointing.py
-        # CheckpointFunction.backward -> ctx.run_function), so its 2 forward all-reduces twice.
+        # forward again inside backward (DeepSpeed activation_checkpointing/checkpointing.py and
+        # Megatron's megatron/core/tensor_parallel/random.py: CheckpointFunction.backward calls
+        # ctx.run_function again), so its 2 forward all-reduces run twice.
         per_layer = 6 if recompute else 4
         out.append(
             Collective(

@@ -110,10 +110,10 @@ def parse_model(text: str) -> tuple[int, int, int, int]:
 
 
 def _load(logdir: Path) -> tuple[list[LoadedRun], list[RunMetrics]]:
-    from analysis import load, metrics
+    from analysis import load, metrics, speedup
 
     runs = load.discover(logdir, exclude=[logdir / "report"])
-    rows = metrics.compare([metrics.compute(r) for r in runs])
+    rows = speedup.compare([metrics.compute(r) for r in runs])
     return runs, rows
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from analysis import load, metrics, prediction, repeats, report_predict
+from analysis import load, metrics, prediction, repeats, report_predict, speedup
 from analysis.metrics import RunMetrics
 
 
@@ -646,7 +646,7 @@ def summarize(
     """The runs under ``logdir``, their summary rows (with the cross-run and leave-one-out
     figures) and the calibrated model's sections: everything the report shows."""
     runs = load.discover(logdir, exclude=exclude)
-    rows = metrics.compare([metrics.compute(r) for r in runs], baseline)
+    rows = speedup.compare([metrics.compute(r) for r in runs], baseline)
     rows = repeats.same_round_speedups(rows)
     model = report_predict.report_sections(runs, rows)
     return runs, prediction.fill_rows(rows, model.loo), model

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from analysis import metrics
+from analysis import metrics, speedup, timers
 from analysis.load import LoadedRun, RunSetup
 from analysis.records import Iteration, Memory, ParsedRun, TimerBlock
 
@@ -179,7 +179,7 @@ def scaled(name: str, factor: float, strategy: str, zero: int) -> LoadedRun:
 def test_speedup_and_inferred_bandwidth():
     rows = [metrics.compute(r) for r in (loaded(), scaled("z2", 2.0, "zero2", 2))]
     rows += [metrics.compute(scaled("z1", 1.01, "zero1", 1))]
-    base, z2, z1 = metrics.compare(rows)
+    base, z2, z1 = speedup.compare(rows)
     assert base.speedup == 1.0 and base.baseline == "dp2"
     assert z2.speedup == pytest.approx(0.5)
     assert z2.speedup_ci95_lo < 0.5 < z2.speedup_ci95_hi
@@ -209,12 +209,12 @@ def test_inferred_figure_far_from_the_link_is_flagged():
     # 12.25 MB in 309 ms = 0.317 Gbit/s, a third of what the link carries: the extra time is
     # host-side cost, and the report must say so rather than present it as the bandwidth.
     row = replace(metrics.compute(loaded()), link_mbit=1000.0, busbw_gbps_measured=None)
-    warning = metrics.inferred_warning(row, 0.317)
+    warning = speedup.inferred_warning(row, 0.317)
     assert warning is not None and "-66% off the link rate x 0.94 (0.940)" in warning
-    assert metrics.inferred_warning(row, 0.90) is None  # within 25% of 0.94
+    assert speedup.inferred_warning(row, 0.90) is None  # within 25% of 0.94
     measured = replace(row, busbw_gbps_measured=0.094)
-    assert metrics.inferred_warning(measured, 0.086) is None  # 100 Mbit/s: -8.5%
-    assert metrics.inferred_warning(replace(row, link_mbit=None), 0.317) is None  # no reference
+    assert speedup.inferred_warning(measured, 0.086) is None  # 100 Mbit/s: -8.5%
+    assert speedup.inferred_warning(replace(row, link_mbit=None), 0.317) is None  # no reference
 
 
 # -- PipelineEngine timers (real two-node GPU logs, tests/fixtures/external/SOURCES.md) ---------
@@ -297,5 +297,5 @@ def test_pipeline_timers_without_steps_per_print_are_not_divided(tmp_path):
     assert row.fwd_ms is None and row.pipe_wait_ms is None
     assert "steps_per_print" in row.na_reasons["fwd_ms"]
     assert run.parsed is not None
-    pool = metrics.pipeline_timers(run.parsed, 10)
+    pool = timers.pipeline_timers(run.parsed, 10)
     assert pool["fwd"] == [pytest.approx(28.748)] and pool["step"] == [pytest.approx(10.753)]

@@ -138,9 +138,9 @@ def _run(name: str, strategy: str, status: str, windows, factor: float = 1.0, **
 
 
 def _rows(runs, baseline=None):
-    from analysis import metrics, predict
+    from analysis import metrics, predict, speedup
 
-    rows = metrics.compare([metrics.compute(r) for r in runs], baseline)
+    rows = speedup.compare([metrics.compute(r) for r in runs], baseline)
     model = predict.report_sections(runs, rows)
     rows = predict.fill_rows(rows, model.loo)
     text = report.render(rows, "logs", [], model)
