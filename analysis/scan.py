@@ -37,7 +37,7 @@ import numpy as np
 from analysis._lines import MAX_LINE_CHARS, split_prefix
 
 if TYPE_CHECKING:  # pragma: no cover
-    from analysis.parse import _Core
+    from analysis.parse_machine import _Core
 
 CHUNK_BYTES = 8 << 20
 """Bytes read at a time (whole lines are handed on; the rest waits for the next read)."""
@@ -527,7 +527,7 @@ class _Bulk:
 
     def _probe(self, line: str) -> _Core:
         """A fresh state machine in its training phase that has read ``line``."""
-        from analysis.parse import _Core
+        from analysis.parse_machine import _Core
 
         core = _Core(self.core.source)
         core.run.training = True
@@ -734,7 +734,7 @@ class _Bulk:
         line path's ``_TIMER_LINE_RE`` on the content, in one match from the line start."""
         pat = self.body_res.get(raw)
         if pat is None:
-            from analysis.parse import _TIMER_LINE_RE
+            from analysis.parse_rules import _TIMER_LINE_RE
 
             inner = _TIMER_LINE_RE.pattern.removeprefix("^").removesuffix("$").encode()
             pat = self.body_res[raw] = re.compile(re.escape(raw) + b"(?:" + inner + rb")\n")
@@ -974,7 +974,7 @@ class _Bulk:
         if blocks:
             # The line path keeps a state per stream, created on its first block: the order
             # in which open blocks are closed at the end of the file.
-            from analysis.parse import _Stream
+            from analysis.parse_rules import _Stream
 
             for b in blocks:
                 if b[3] not in self.core.streams:
@@ -1360,7 +1360,7 @@ class _Bulk:
         when it closes the block, else (current name, how the line reads for a pattern)."""
         if self.timer_res is None:
             from analysis._lines import to_float
-            from analysis.parse import _TIMER_LINE_RE, _TIMER_NAME_RE, _TIMER_RANK_RE
+            from analysis.parse_rules import _TIMER_LINE_RE, _TIMER_NAME_RE, _TIMER_RANK_RE
 
             self.str_timer_res = (_TIMER_LINE_RE, _TIMER_NAME_RE, _TIMER_RANK_RE, to_float)
             self.timer_res = tuple(

@@ -10,13 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 from analysis import comm
-from analysis.formulas import (
-    LINK_EFFICIENCY,
-)
-from analysis.metrics import (
-    RunMetrics,
-    t95,
-)
+from analysis.formulas import LINK_EFFICIENCY
+from analysis.metrics import RunMetrics, t95
 
 
 def _welch(a: RunMetrics, b: RunMetrics) -> tuple[float, float, float] | None:

@@ -59,11 +59,7 @@ from types import FrameType
 from typing import Any, Literal
 
 from launchers.lab_cpu import CPU_CGROUP_PARENT as CPU_CGROUP_PARENT
-from launchers.lab_cpu import (
-    PID_NAMESPACE,
-    CpuCgroup,
-    remove_cgroups,
-)
+from launchers.lab_cpu import PID_NAMESPACE, CpuCgroup, remove_cgroups
 from launchers.lab_cpu import _write_control as _write_control
 from launchers.lab_cpu import cpu_controller_roots as cpu_controller_roots
 from launchers.lab_cpu import cpu_limit_lines as cpu_limit_lines

@@ -9,11 +9,7 @@ import shlex
 import signal
 from collections.abc import Iterator, Sequence
 
-from launchers.lab import (
-    Lab,
-    existing_labs,
-    remove_lab,
-)
+from launchers.lab import Lab, existing_labs, remove_lab
 from launchers.lab import __doc__ as lab_doc
 from launchers.lab_net import (
     DEFAULT_BURST_MS,

@@ -13,11 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from launchers.lab_net import (
-    PREFIX,
-    LabError,
-    _is_of_lab,
-)
+from launchers.lab_net import PREFIX, LabError, _is_of_lab
 
 # ----------------------------------------------------------------------------- CPU budget
 
