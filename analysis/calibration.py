@@ -14,7 +14,7 @@ from typing import Any
 
 from analysis import comm
 from analysis.costs import ComputeKind, compute_kind, flops_per_microbatch, updated_parameters
-from analysis.formulas import LINK_EFFICIENCY, layer_macs
+from analysis.formulas import LINK_EFFICIENCY, backward_factor, layer_macs
 from analysis.load import LoadedRun, RunSetup
 from analysis.metrics import RunMetrics
 
@@ -93,7 +93,8 @@ class ComputeFit:
     fwd_ms_per_gflop: float
     """Forward ms per GFLOP of the rank's work (pooled: sum of ms / sum of GFLOP)."""
     bwd_ms_per_gflop: float
-    """Backward ms per forward-GFLOP (backward does 2x the forward FLOPs)."""
+    """Backward ms per forward-GFLOP (backward does 2x the forward FLOPs), for a backward
+    without recompute (a recompute run's backward is divided by ``backward_factor``)."""
     optimizer_ms_per_mparam: float
     """Optimizer step ms per million parameters updated by the rank."""
     other_ms: float
@@ -442,12 +443,17 @@ def fit_compute(
         share = shares[0] if None not in shares else None
         # Each run's busy time at the first run's cores per rank (1 without known budgets).
         k = [_compute_scale(share, o.setup) ** -1 if share else 1.0 for o, _, _ in pool]
-        fwd = sum((o.fwd_ms or 0.0) * f for (o, _, _), f in zip(pool, k, strict=True))
-        bwd = sum((o.bwd_ms or 0.0) * f for (o, _, _), f in zip(pool, k, strict=True))
-        inside = sum(i for _, _, i in pool)
+        # In-timer communication split by the layer's all-reduces: 2 forward + 2 backward, or
+        # 2 + 4 with full recompute (the recomputed forward runs inside the backward timer).
+        # Backward is counted per backward without recompute (formulas.backward_factor).
+        fwd = bwd = 0.0
+        for (o, _, inside), f in zip(pool, k, strict=True):
+            recompute = bool(o.setup.activation_checkpointing)
+            fwd_share = 1 / 3 if recompute else 1 / 2
+            fwd += (o.fwd_ms or 0.0) * f - inside * fwd_share
+            bwd += ((o.bwd_ms or 0.0) * f - inside * (1 - fwd_share)) / backward_factor(recompute)
         gflop = sum(g for _, g, _ in pool)
-        # In-timer communication split by the layer's 2 forward + 2 backward all-reduces.
-        fwd, bwd = max(fwd - inside / 2, 0.0), max(bwd - inside / 2, 0.0)
+        fwd, bwd = max(fwd, 0.0), max(bwd, 0.0)
         mparams = sum(updated_parameters(o.setup) / 1e6 for o, _, _ in pool)
         opt = sum((o.optimizer_ms or 0.0) * f for (o, _, _), f in zip(pool, k, strict=True))
         opt /= mparams

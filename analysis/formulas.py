@@ -94,6 +94,16 @@ def forward_passes(recompute: bool) -> int:
     return 4 if recompute else 3
 
 
+def backward_factor(recompute: bool) -> float:
+    """Backward work in units of a backward without recompute (2 forwards): 1, or 1.5 with full
+    recompute, whose backward runs the forward again first (:func:`forward_passes` - 1 = 3
+    forwards; DeepSpeed ``activation_checkpointing/checkpointing.py`` and Megatron's
+    ``megatron/core/tensor_parallel/random.py``: ``CheckpointFunction.backward`` calls
+    ``ctx.run_function`` before ``torch.autograd.backward``). DeepSpeed's ``bwd_inner`` timer
+    holds that recomputed forward."""
+    return (forward_passes(recompute) - 1) / 2
+
+
 def flops_per_iteration(
     batch: int, s: int, layers: int, h: int, v: int, ffn: int | None = None, recompute: bool = False
 ) -> float:

@@ -27,7 +27,7 @@ from analysis.costs import (
     memory_estimate,
     updated_parameters,
 )
-from analysis.formulas import bubble_fraction
+from analysis.formulas import backward_factor, bubble_fraction
 from analysis.load import RunSetup, derive_strategy
 from analysis.metrics import RunMetrics
 
@@ -168,7 +168,13 @@ def predict(setup: RunSetup, cal: Calibration, exclude: Sequence[str] = ()) -> P
             f"compute x {scale:.2f}: {fit.cpu_share:g} cores per rank in the calibration runs, "
             f"{cpu_share(setup):g} here (node CPU budget / ranks per node)"
         )
-    per_mb = gflop / 1e9 * (fit.fwd_ms_per_gflop + fit.bwd_ms_per_gflop) * scale
+    recompute = bool(setup.activation_checkpointing)
+    bwd_per_gflop = fit.bwd_ms_per_gflop * backward_factor(recompute)
+    if recompute:
+        notes.append(
+            "full activation recompute: backward x 1.5 (it runs the forward again), FLOPs x 4/3"
+        )
+    per_mb = gflop / 1e9 * (fit.fwd_ms_per_gflop + bwd_per_gflop) * scale
     m, p = setup.gas or 1, setup.pp or 1
     compute = per_mb * m
     bubble = per_mb * (p - 1)

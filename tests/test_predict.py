@@ -368,3 +368,31 @@ def test_node_cpu_budget_read_from_run_json() -> None:
         setup, _ = resolve_setup("x", run_json, None, None, None)
         assert setup.node_cpus == expected, node_cpu
         assert setup.link_mbit == 100.0
+
+
+def test_recompute_costs_one_more_forward_in_backward() -> None:
+    """By hand: tiny, one micro-batch on one rank = 2 x (4 x 29,360,128 + 512 x 128 x 128) =
+    251,658,240 FLOPs; GAS 4; 100 ms/GFLOP forward, 200 backward. Without recompute
+    0.25165824 x 300 x 4 = 301.99 ms of compute; with it the backward runs the forward again:
+    0.25165824 x (100 + 1.5 x 200) x 4 = 402.65 ms."""
+    cal = _synthetic_calibration(1.0)
+    plain = predict.predict(TINY_2N, cal)
+    again = predict.predict(replace(TINY_2N, activation_checkpointing=True), cal)
+    assert plain.compute_ms == pytest.approx(0.25165824 * 300 * 4)
+    assert again.compute_ms == pytest.approx(0.25165824 * 400 * 4)
+
+
+def test_calibration_counts_a_recompute_backward_as_one_and_a_half() -> None:
+    """A run with recompute whose backward took 1.5x calibrates the same backward rate as a run
+    without recompute."""
+    setup = replace(TINY_2N, nodes=1, link_mbit=None)
+    timers = dict(iter_ms=400.0, fwd_ms=100.0, optimizer_ms=10.0, other_ms=5.0)
+    plain = predict.Observation("plain", setup, bwd_ms=200.0, **timers)
+    again = predict.Observation(
+        "again", replace(setup, activation_checkpointing=True), bwd_ms=300.0, **timers
+    )
+    a = calibration.fit_compute([plain], None, None)["base"]
+    b = calibration.fit_compute([again], None, None)["base"]
+    assert a.bwd_ms_per_gflop == pytest.approx(200.0 / (0.25165824 * 4))
+    assert b.bwd_ms_per_gflop == pytest.approx(a.bwd_ms_per_gflop)
+    assert b.fwd_ms_per_gflop == pytest.approx(a.fwd_ms_per_gflop)
