@@ -5,12 +5,13 @@ fwd / bwd_inner / step timers per GFLOP of the rank's work). See ``analysis.pred
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from analysis import comm
 from analysis.costs import ComputeKind, compute_kind, flops_per_microbatch, updated_parameters
@@ -186,15 +187,8 @@ def _netbench_busbw(
     points = sorted((b, bw) for o, b, bw in table if o == name and bw > 0)
     if not points or size <= 0:
         return None
-    if size <= points[0][0]:
-        return points[0][1]
-    if size >= points[-1][0]:
-        return points[-1][1]
-    for (b0, w0), (b1, w1) in itertools.pairwise(points):
-        if b0 <= size <= b1:
-            x = math.log(size / b0) / math.log(b1 / b0)
-            return w0 + x * (w1 - w0)
-    return None
+    sizes, busbw = zip(*points, strict=True)
+    return float(np.interp(math.log(size), np.log(sizes), busbw))
 
 
 @dataclass(frozen=True)
@@ -332,7 +326,7 @@ def fit_links(obs: Sequence[Observation]) -> tuple[LinkFit | None, LinkFit | Non
         if len(per_rate) >= 2:
             xs = [1.0 / r for r in per_rate]
             ys = list(per_rate.values())
-            slope, host = _line(xs, ys)
+            slope, host = statistics.linear_regression(xs, ys)
             if slope > 0 and host >= 0:
                 eff = MS_PER_MB_AT_1MBIT / slope
                 rate = max(per_rate)
@@ -387,14 +381,6 @@ def fit_links(obs: Sequence[Observation]) -> tuple[LinkFit | None, LinkFit | Non
 def _inter_fit(rate: float, host: float, eff: float, source: str) -> LinkFit:
     """Inter-node fit without netbench: alpha 0 (not separable from the per-MB time)."""
     return LinkFit("inter-node", rate, 0.0, host, eff, source)
-
-
-def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Least-squares slope and intercept of y = intercept + slope x."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    return slope, my - slope * mx
 
 
 def comm_time(

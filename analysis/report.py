@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis import load, metrics, prediction, repeats, report_predict, speedup
+from analysis.markdown import md_table
 from analysis.metrics import RunMetrics
 
 
@@ -74,12 +75,6 @@ def _speedup_cell(r: RunMetrics, notes: Footnotes) -> str:
     if r.speedup_ci95_lo is not None:
         text += f" [{r.speedup_ci95_lo:.2f}, {r.speedup_ci95_hi:.2f}]"
     return text
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
 
 
 def _groups(rows: list[RunMetrics]) -> dict[str, list[RunMetrics]]:
@@ -263,7 +258,7 @@ def render(
             )
         headers = ["run", "strategy", "status", "peak mem (MiB)", "ms/iter mean ± std [95% CI]"]
         headers += ["samples/s", "TFLOP/s/rank", "speedup [95% CI]", "mem saving %"]
-        md += _table(headers, table)
+        md += md_table(headers, table)
         md += [
             "",
             "Legend: ms/iter is the mean over steady-state windows (rule: "
@@ -318,7 +313,7 @@ def render(
         )
     headers = ["run", "iteration", "forward", "backward", "fwd+bwd", "optimizer", "comm"]
     headers += ["data", "pipe wait"] if piped else []
-    md += _table([*headers, "other", "timers"], bd_rows)
+    md += md_table([*headers, "other", "timers"], bd_rows)
     md.append("")
     md += pipeline_section(rows)
 
@@ -334,7 +329,7 @@ def render(
         ]
         for r in rows
     ]
-    md += _table(
+    md += md_table(
         [
             "run",
             "peak allocated (MiB)",
@@ -372,7 +367,7 @@ def render(
         ]
         for r in rows
     ]
-    md += _table(
+    md += md_table(
         ["run", "bytes/iter (busiest rank)", "DP", "PP", "TP", "timed comm ms", "share",
          "on the wire (counters)", "wire / model"],
         comm_rows,
@@ -409,7 +404,7 @@ def render(
                 cell(r, "busbw_gbps_measured", notes, 3),
             ]
         )
-    md += _table(
+    md += md_table(
         [
             "run",
             "link Gbit/s",
@@ -464,7 +459,7 @@ def render(
         ]
         for r in rows
     ]
-    md += _table(
+    md += md_table(
         ["run", "model", "strategy", "tp/pp/dp", "ZeRO", "GAS", "micro/global batch", "params"],
         cfg,
     )
@@ -515,7 +510,7 @@ def pipeline_section(rows: list[RunMetrics]) -> list[str]:
                 _num(r.other_busbw_gbps, 3) or "n/a",
             ]
         )
-    md += _table(
+    md += md_table(
         ["run", "iteration", "fwd", "bwd", "step", "batch_input", "pipe wait",
          "wait share", "bubble theory", "untimed", "untimed busbw Gbit/s"],
         table,

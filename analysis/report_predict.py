@@ -11,6 +11,7 @@ from analysis import comm
 from analysis.calibration import Calibration, calibrate, observations_from
 from analysis.costs import memory_estimate
 from analysis.load import LoadedRun, RunSetup
+from analysis.markdown import md_table
 from analysis.metrics import RunMetrics
 from analysis.prediction import LooResult, Prediction, leave_one_out, predict
 from analysis.whatif import (
@@ -99,7 +100,7 @@ def _memory_lines(rows: Sequence[RunMetrics], runs: Sequence[LoadedRun]) -> list
                 meas_diff,
             ]
         )
-    md += _md_table(
+    md += md_table(
         [
             "run",
             "state MiB",
@@ -124,11 +125,6 @@ def _memory_lines(rows: Sequence[RunMetrics], runs: Sequence[LoadedRun]) -> list
             "Compare on an accelerator (max allocated) to check these formulas.",
         ]
     return [*md, ""]
-
-
-def _md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    return out + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def report_sections(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics]) -> ReportSections:
@@ -164,7 +160,7 @@ def report_sections(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics]) -> Re
         err = f"{r.error:+.1%}" if r.error is not None else "n/a"
         name = r.name + (f" (mean of {r.repeats})" if r.repeats > 1 else "")
         table.append([name, how, f"{r.measured_ms:,.1f}", _ms(p.iter_ms), err])
-    md += _md_table(["run", "predicted from", "measured ms", "predicted ms", "error"], table)
+    md += md_table(["run", "predicted from", "measured ms", "predicted ms", "error"], table)
     md.append("")
     for r in loo:
         borrowed = [a for a in r.prediction.assumptions if a.startswith("no ")]
@@ -209,7 +205,7 @@ def report_sections(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics]) -> Re
         except ValueError as exc:
             cells.append(f"n/a ({exc})")
         table.append(cells)
-    md += _md_table(["strategy", *heads], table)
+    md += md_table(["strategy", *heads], table)
     md += [
         "",
         f"With {2 * nodes} nodes the data-parallel degree and the micro-batches per rank "
