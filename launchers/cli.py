@@ -283,7 +283,7 @@ def _mem_limit(args: argparse.Namespace, specs: Sequence[RunSpec]) -> int | None
     """
     if args.mem_limit is None:
         return None
-    from launchers.execute import MemoryCgroup, parse_size
+    from launchers.memlimit import MemoryCgroup, parse_size
 
     try:
         size = parse_size(args.mem_limit)
@@ -602,8 +602,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = build_parser().parse_args(argv)
     from launchers.doctor import DoctorError
-    from launchers.execute import LimitError
     from launchers.lab import LabError
+    from launchers.memlimit import LimitError
 
     try:
         return args.func(args)
