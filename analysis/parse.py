@@ -202,7 +202,7 @@ def _json_records(records: Any, encode: Any) -> Iterator[str]:
 def _iter_json(paths: Iterable[str]) -> Iterator[str]:
     """The ``--json`` document in pieces: one log parsed at a time, one record a line."""
     encode = json.JSONEncoder(allow_nan=False, default=str).encode
-    lists = ("iterations", "memory", "memory_other", "timers", "pipeline_steps")
+    lists = ("iterations", "memory", "memory_other", "timers", "pipeline_steps", "further_failures")
     yield '{"logs": ['
     for i, p in enumerate(paths):
         yield ("," if i else "") + f'\n {{"path": {encode(p)}, "runs": ['

@@ -565,6 +565,7 @@ class _Core:
             run.failure = Failure(kind=kind, message=message, line=lineno)
             run.failure_stream = stream
         else:
+            run.further_failures.append(Failure(kind=kind, message=message, line=lineno))
             run.problems.append(f"line {lineno}: further failure ({kind}): {message}")
 
     def _failure_line(self, key: str, text: str, lineno: int) -> bool:

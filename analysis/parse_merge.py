@@ -27,6 +27,7 @@ def _finish(run: _Run) -> ParsedRun:
         ds_engine=run.ds_engine,
         versions=run.versions,
         problems=run.problems + problems + attr_problems,
+        further_failures=list(run.further_failures),
         sources=[run.source],
         first_line=run.first_line,
     )
@@ -112,6 +113,7 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
             out.versions.setdefault(key, value)
         src = ",".join(part.sources)
         out.problems.extend(f"{src}: {p}" for p in part.problems)
+        out.further_failures.extend(part.further_failures)
         out.sources.extend(part.sources)
     out.iterations = merge_iterations(p.iterations for p in runs)
     out.pipeline_steps = sorted(seen_steps.values(), key=lambda s: s.step)

@@ -237,6 +237,7 @@ class _Run:
     versions: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     failure: Failure | None = None
+    further_failures: list[Failure] = field(default_factory=list)
     failure_stream: str | None = None
     outcome: tuple[str, str | None, str, int] | None = None
     last_iter: int | None = None

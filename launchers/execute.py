@@ -287,8 +287,6 @@ def node_processes(
 
 # --- classification -------------------------------------------------------------------------
 
-_FURTHER_RE = re.compile(r"line (\d+): further failure \((\w+)\): (.*)$")
-
 FATAL_LINES: tuple[tuple[bytes, str, str], ...] = (
     (
         b"Making C++ dataset helpers module failed",
@@ -387,9 +385,8 @@ def read_logs(
         parts.append(part)
         if part.failure is not None:
             add(log, part.failure.kind, part.failure.message, part.failure.line)
-        for problem in part.problems:
-            if m := _FURTHER_RE.search(problem):
-                add(log, m.group(2), m.group(3), int(m.group(1)))
+        for further in part.further_failures:
+            add(log, further.kind, further.message, further.line)
     order = {id(f): i for i, f in enumerate(failures)}
     failures.sort(key=lambda f: (f.arrived is None, f.arrived or 0.0, order[id(f)]))
     return (merge_runs(parts) if parts else None), failures
