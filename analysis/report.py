@@ -196,19 +196,9 @@ READ_PROBLEMS = (
 in the report, so a figure that is missing because a file was unreadable is never silent."""
 
 
-def render(
-    rows: list[RunMetrics],
-    logdir_label: str,
-    figures: list[str],
-    model: report_predict.ReportSections | None = None,
-) -> str:
-    """The whole markdown report; ``model`` adds the calibrated model's sections."""
-    notes = Footnotes()
-    groups = _groups(rows)
-    md: list[str] = ["# Megatron-DeepSpeed parallelism report", ""]
-    md += [f"Source: `{logdir_label}`, {len(rows)} run(s) in {len(groups)} setup group(s).", ""]
-
-    md += ["## Executive summary", ""]
+def executive_summary(groups: dict[str, list[RunMetrics]]) -> list[str]:
+    """One line per setup group: its fastest run (or the repeats' summary) and what failed."""
+    md: list[str] = []
     for key, group in groups.items():
         timed = _timed(group)
         failed = [r for r in group if r.status != "completed"]
@@ -226,7 +216,22 @@ def render(
             md.append(line + f"; {len(timed)} timed run(s), {len(failed)} not completed.")
         else:
             md.append(f"- **{key}**: no timed run; {len(failed)} not completed.")
-    md.append("")
+    return md
+
+
+def render(
+    rows: list[RunMetrics],
+    logdir_label: str,
+    figures: list[str],
+    model: report_predict.ReportSections | None = None,
+) -> str:
+    """The whole markdown report; ``model`` adds the calibrated model's sections."""
+    notes = Footnotes()
+    groups = _groups(rows)
+    md: list[str] = ["# Megatron-DeepSpeed parallelism report", ""]
+    md += [f"Source: `{logdir_label}`, {len(rows)} run(s) in {len(groups)} setup group(s).", ""]
+
+    md += ["## Executive summary", "", *executive_summary(groups), ""]
 
     unread = [(r, [p for p in r.problems if any(m in p for m in READ_PROBLEMS)]) for r in rows]
     unread = [(r, found) for r, found in unread if found]
@@ -672,6 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("logdir", type=Path, help="run directories and/or log files")
     parser.add_argument("--out", type=Path, help="output directory (default LOGDIR/report)")
     parser.add_argument("--baseline", help="name of the baseline run (default: strategy baseline)")
+    parser.add_argument("--summary", action="store_true", help="also print the executive summary")
     args = parser.parse_args(argv)
     if not args.logdir.exists():
         parser.error(f"{args.logdir} does not exist")
@@ -680,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = build(args.logdir, out, args.baseline)
     console_table(rows)
     print(f"wrote {out / 'report.md'}")
+    if args.summary:
+        print("\n".join(executive_summary(_groups(rows))))
     return 0
 
 

@@ -454,12 +454,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from analysis.report import main as report_main
 
     out = Path(args.logs) / "report"
-    report_status = report_main([str(args.logs), "--out", str(out)])
-    summary = out / "report.md"
-    if summary.exists():
-        text = summary.read_text(encoding="utf-8")
-        head = text.split("## Executive summary", 1)[-1].split("\n## ", 1)[0].strip()
-        print(f"\nreport: {summary}\n{head}")
+    print()
+    report_status = report_main([str(args.logs), "--out", str(out), "--summary"])
     return status or report_status
 
 
