@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from analysis.formulas import ring_factor
 from analysis.load import RunSetup
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
@@ -57,20 +58,6 @@ DEFAULT_PERSISTENCE_THRESHOLD = 100_000
 """DeepSpeed ``stage3_param_persistence_threshold`` default, elements (``zero/config.py``)."""
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 """Bytes per element."""
-
-
-def ring_factor(op: Op, n: int) -> float:
-    """Bytes each rank sends per byte of message, ring algorithm; equals nccl-tests' busbw factor.
-
-    all-reduce 2(n-1)/n; all-gather, reduce-scatter (n-1)/n; send/recv 1.
-    """
-    if n < 1:
-        raise ValueError(f"group size({n}) must be >= 1")
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    return 1.0
 
 
 @dataclass(frozen=True)
@@ -149,9 +136,12 @@ def param_tensors(setup: RunSetup, stage: int = 0) -> list[tuple[str, int]]:
     (h x h + h), MLP (f x h + f, h x f + h), two norms; TP shards QKV, MLP-in and the output
     weights and the embedding along vocab; row-parallel biases and norms are replicated. Checked
     against the logs' "number of parameters on (tensor, pipeline) model parallel rank" lines
-    (tp2: 447488; pp2 rmsnorm: 477952 first stage, 478080 last stage).
+    (tp2: 447488; pp2 rmsnorm: 477952 first stage, 478080 last stage). The tensor-level form of
+    ``formulas.gpt_parameters_on_rank`` (ZeRO-3 buckets and persistence need the tensors); the
+    two are asserted equal on every preset x strategy (tests/test_formulas.py).
     """
-    layers, h, s = setup.num_layers, setup.hidden_size, setup.seq_length
+    layers, h = setup.num_layers, setup.hidden_size
+    s = setup.positions
     v, tp, pp = setup.padded_vocab_size, setup.tp or 1, setup.pp or 1
     if None in (layers, h, s, v):
         raise ValueError("num_layers, hidden_size, seq_length and padded_vocab_size are needed")
@@ -181,6 +171,11 @@ def param_tensors(setup: RunSetup, stage: int = 0) -> list[tuple[str, int]]:
             # The last stage instantiates the whole tied EmbeddingPipe (word + position).
             tensors = tensors + embedding
     return tensors
+
+
+def rank_parameters(setup: RunSetup) -> int:
+    """Parameters held by the busiest rank before ZeRO partitioning (stage, TP shard)."""
+    return max(sum(e for _, e in param_tensors(setup, st)) for st in range(setup.pp or 1))
 
 
 def _group_link(setup: RunSetup, group: Group) -> Link:
@@ -220,6 +215,7 @@ def plan(setup: RunSetup) -> tuple[CommPlan | None, str | None]:
     b, s, h = setup.micro_batch_size or 1, setup.seq_length or 0, setup.hidden_size or 0
     layers, v = setup.num_layers or 0, setup.padded_vocab_size or 0
     precision = setup.precision or "fp32"
+    recompute = bool(setup.activation_checkpointing)
     act_bytes = DTYPE_BYTES[precision]
     comm_bytes = DTYPE_BYTES.get(setup.communication_data_type or precision, act_bytes)
     assumptions = [
@@ -235,7 +231,7 @@ def plan(setup: RunSetup) -> tuple[CommPlan | None, str | None]:
     out: list[Collective] = []
     # The busiest rank: the pipeline stage holding the most parameters.
     stage_params = [sum(e for _, e in param_tensors(setup, st)) for st in range(pp)]
-    psi = max(stage_params)
+    psi = rank_parameters(setup)
     busiest = stage_params.index(psi)
 
     if dp > 1:
@@ -273,13 +269,19 @@ def plan(setup: RunSetup) -> tuple[CommPlan | None, str | None]:
             tensors = param_tensors(setup, busiest)
             gathered = sum(e for _, e in tensors if e > threshold)
             persistent = psi - gathered
+            # parameter_offload.py: the pre-forward hook fetches a module's partitioned
+            # parameters (fetch_sub_module), the post-forward hook releases them, the
+            # pre-backward hook fetches them again. With full recompute the checkpointed
+            # forward runs once more inside backward, through the same hooks: a third gather.
+            phases = ("forward", "recomputed forward", "backward") if recompute else (
+                "forward", "backward")  # fmt: skip
             assumptions.append(
                 f"ZeRO-3: {gathered:,} of {psi:,} parameters above the persistence threshold "
-                f"({threshold:,} elements) are gathered in forward and in backward on every "
-                "micro-step (no reuse across forward/backward assumed); the rest persist"
+                f"({threshold:,} elements) are gathered in {', '.join(phases)} on every "
+                "micro-step (no reuse across phases assumed); the rest persist"
             )
             if gathered:
-                for phase in ("forward", "backward"):
+                for phase in phases:
                     out.append(
                         Collective(
                             "all_gather", f"parameters ({phase})", gathered * comm_bytes, gas,
@@ -341,12 +343,19 @@ def plan(setup: RunSetup) -> tuple[CommPlan | None, str | None]:
         layers_here = layers // pp
         # Embedding forward and LM-head backward: both on one rank without PP, one per end stage.
         ends = 2 if pp == 1 else 1
+        # Per layer: the row-parallel outputs (attention dense, MLP fc2) all-reduce in forward,
+        # the column-parallel inputs (QKV, fc1) in backward; full recompute runs the layer's
+        # forward again inside backward (DeepSpeed activation_checkpointing/checkpointing.py and
+        # Megatron's megatron/core/tensor_parallel/random.py: CheckpointFunction.backward calls
+        # ctx.run_function again), so its 2 forward all-reduces run twice.
+        per_layer = 6 if recompute else 4
         out.append(
             Collective(
                 "all_reduce", "activations (TP forward + backward)", b * s * h * act_bytes,
-                gas * (4 * layers_here + ends), "tp", tp, link,
+                gas * (per_layer * layers_here + ends), "tp", tp, link,
                 "megatron/core/tensor_parallel/mappings.py reduce/copy regions: 2 fwd + 2 bwd per "
-                "layer, embedding fwd, LM-head bwd",
+                "layer" + (" + 2 in the recomputed fwd" if recompute else "")
+                + ", embedding fwd, LM-head bwd",
             )
         )  # fmt: skip
         out.append(

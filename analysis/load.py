@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
+from analysis.formulas import RATE_IN_NAME, model_table, padded_vocab_size, parse_rate
 from analysis.records import ParsedRun
 
 Precision = Literal["fp32", "fp16", "bf16"]
@@ -36,11 +37,9 @@ Status = Literal["completed", "failed", "incomplete", "interrupted", "running"]
 """Run status: the parser's three plus the launcher's ``interrupted``/``running`` (run.json)."""
 
 MODEL_PRESETS: dict[str, tuple[int, int, int, int]] = {
-    "tiny": (4, 128, 4, 128),
-    "small": (12, 512, 8, 512),
-    "large": (24, 1024, 16, 1024),
+    name: shape.dims for name, shape in model_table().items()
 }
-"""Known model presets as (layers, hidden, heads, seq); must match ``megatron_configs``."""
+"""Known model presets as (layers, hidden, heads, seq), read from ``megatron_configs``."""
 
 _NODE_SUFFIX = re.compile(r"^(?P<stem>.+)_node(?P<node>\d+)$")
 _ACCELERATOR_RE = re.compile(
@@ -48,7 +47,6 @@ _ACCELERATOR_RE = re.compile(
 )
 """The accelerator a log states: the environment the pdsh runner exports to every node
 (``export DS_ACCELERATOR=cpu``), or DeepSpeed's ``Setting ds_accelerator to cpu``."""
-_LINK_IN_NAME = re.compile(r"(?<![a-z0-9])(?P<rate>\d+(?:\.\d+)?)(?P<unit>mbit|gbit)", re.I)
 
 
 @dataclass(frozen=True)
@@ -65,6 +63,8 @@ class RunSetup:
     """Attention heads ``a``."""
     seq_length: int | None = None
     """Sequence length ``s`` (tokens per sample)."""
+    max_position_embeddings: int | None = None
+    """Learned position embeddings (``--max-position-embeddings``, >= s; default s)."""
     ffn_hidden_size: int | None = None
     """MLP hidden size (Megatron default 4h)."""
     vocab_size: int | None = None
@@ -137,6 +137,11 @@ class RunSetup:
             )
         if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage({self.zero_stage}) not in 0..3")
+
+    @property
+    def positions(self) -> int | None:
+        """Learned positions in the parameter count: ``max_position_embeddings``, else s."""
+        return self.max_position_embeddings or self.seq_length
 
     @property
     def gas(self) -> int | None:
@@ -294,6 +299,7 @@ def resolve_setup(
         "hidden_size",
         "num_attention_heads",
         "seq_length",
+        "max_position_embeddings",
         "ffn_hidden_size",
         "vocab_size",
         "micro_batch_size",
@@ -335,6 +341,7 @@ def resolve_setup(
             "hidden_size": "hidden-size",
             "num_attention_heads": "num-attention-heads",
             "seq_length": "seq-length",
+            "max_position_embeddings": "max-position-embeddings",
             "ffn_hidden_size": "ffn-hidden-size",
             "micro_batch_size": "micro-batch-size",
             "global_batch_size": "global-batch-size",
@@ -393,6 +400,7 @@ def resolve_setup(
         "hidden_size",
         "num_attention_heads",
         "seq_length",
+        "max_position_embeddings",
         "ffn_hidden_size",
         "micro_batch_size",
         "global_batch_size",
@@ -421,10 +429,9 @@ def resolve_setup(
     if match:
         put("nodes", int(match.group(1)), "log (launcher nnodes)")
 
-    link = _LINK_IN_NAME.search(name)
+    link = RATE_IN_NAME.search(name)
     if link:
-        rate = float(link.group("rate")) * (1000.0 if link.group("unit").lower() == "gbit" else 1)
-        put("link_mbit", rate, "name")
+        put("link_mbit", parse_rate(link.group(0)), "name")
 
     # Derived fields, from what is known.
     tp, pp = values.get("tp"), values.get("pp")
@@ -433,6 +440,8 @@ def resolve_setup(
         put("dp", world // (tp * pp), "derived: world / (tp * pp)")
     if "world_size" not in values and None not in (tp, pp, values.get("dp")):
         put("world_size", tp * pp * values["dp"], "derived: tp * pp * dp")
+    if "max_position_embeddings" not in values and "seq_length" in values:
+        put("max_position_embeddings", values["seq_length"], "derived: = seq_length")
     if "ffn_hidden_size" not in values and "hidden_size" in values:
         put("ffn_hidden_size", 4 * values["hidden_size"], "derived: Megatron default 4h")
     if "normalization" not in values and values.get("num_layers") is not None:
@@ -452,8 +461,7 @@ def resolve_setup(
             "derived from tp/pp/zero",
         )
     if "padded_vocab_size" not in values and values.get("vocab_size") is not None and tp:
-        multiple = 128 * tp
-        padded = -(-values["vocab_size"] // multiple) * multiple
+        padded = padded_vocab_size(values["vocab_size"], tp)
         put("padded_vocab_size", padded, "derived: vocab padded to 128 x tp")
 
     for key, why in (

@@ -15,30 +15,37 @@ from __future__ import annotations
 
 import math
 import statistics
-from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from analysis import comm
+from analysis.formulas import (  # noqa: F401  (STEADY_RULE and gpt_parameters: re-exported)
+    LINK_EFFICIENCY,
+    STEADY_RULE,
+    bubble_fraction,
+    flops_per_iteration,
+    gpt_parameters,
+    steady_windows,
+    zero_state_bytes,
+)
 from analysis.load import LoadedRun, RunSetup
 from analysis.records import (
     ParsedRun,
-    TimerBlock,
-    TimerGroupView,
-    blocks_of,
     record_values,
-    timer_groups,
 )
-
-STEADY_RULE = (
-    "drop the first logging window (warm-up), use every later window; each window is the mean "
-    "over log_interval iterations"
+from analysis.timers import (
+    Breakdown,
+    breakdown,
+    deepspeed_step_timers,
+    megatron_timers,
+    pipeline_timers,
+    pipeline_wait,
+    untimed_pipeline_work,
 )
-"""The stated steady-state rule."""
 
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 _T95 |= {9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131}
@@ -162,7 +169,7 @@ def steady_state(parsed: ParsedRun) -> tuple[SteadyState | None, str | None]:
             f"only the warm-up window (iteration {lines[0][0]}) was logged: no steady state"
         )
     window = lines[1][0] - lines[0][0]
-    kept = lines[1:]
+    kept = steady_windows(lines)
     stats = describe([ms for _, ms in kept])
     return (
         SteadyState(
@@ -177,310 +184,13 @@ def steady_state(parsed: ParsedRun) -> tuple[SteadyState | None, str | None]:
     )
 
 
-_ALIASES = {
-    "forward": "fwd",
-    "backward": "bwd",
-    "backward_inner": "bwd_inner",
-    "backward_allreduce": "bwd_allreduce",
-    "fwd_microstep": "fwd",
-    "bwd_microstep": "bwd",
-    "bwd_inner_microstep": "bwd_inner",
-    "bwd_allreduce_microstep": "bwd_allreduce",
-    "step_microstep": "step",
-}
-"""Older DeepSpeed timer names, and the PipelineEngine's ``_microstep`` names, to today's."""
-
-
-def deepspeed_step_timers(parsed: ParsedRun, warmup_iters: int) -> dict[str, list[float]]:
-    """Per-iteration DeepSpeed timer samples (ms) after dropping ``warmup_iters`` iterations.
-
-    The plain engine logs its timers once per optimizer step and resets them
-    (``deepspeed/runtime/engine.py`` ``DeepSpeedEngine.step`` -> ``timers.log``; ``utils/timer.py``
-    ``Timer.elapsed`` sums every start/stop since the last reset), so each ``fwd``/``bwd``/``step``
-    value is the SUM over that step's micro-steps. ``_microstep`` lines duplicate them and are
-    skipped. Blocks are grouped by their key set; a block attributed to an iteration (or to the
-    iteration line closing its window) is kept when that is past the warm-up, otherwise blocks
-    are taken in file order, one per iteration (rank 0's node log has no iteration lines).
-    """
-    # Column-wise (a long run has millions of blocks): groups of one key set, blocks in order.
-    by_signature: dict[frozenset[str], list[TimerGroupView]] = {}
-    for view in timer_groups(parsed.timers, "deepspeed"):
-        keys = frozenset(view.names)
-        if not all(k.endswith("_microstep") for k in keys):
-            by_signature.setdefault(keys, []).append(view)
-    out: dict[str, array[float]] = {}
-    for views in by_signature.values():
-        order = np.argsort(np.concatenate([v.rows for v in views]), kind="stable")
-        its = np.concatenate([v.iteration for v in views])[order]
-        attributed = not np.isnan(its).any()
-        # Attributed to an iteration (or to the iteration line closing its window); else one
-        # block per iteration, in file order.
-        kept = order[its > warmup_iters] if attributed else order[warmup_iters:]
-        keep = np.zeros(len(order), dtype=bool)
-        keep[kept] = True
-        keep = keep[order]  # in file order
-        for key in views[0].names:
-            parts = [
-                v.values[key] if v.shape[v.names.index(key)] == 0 else np.full(len(v.rows), np.nan)
-                for v in views
-            ]  # numbers only, not Megatron-style pairs
-            vals = np.concatenate(parts)[order][keep]
-            out.setdefault(_ALIASES.get(key, key), array("d")).extend(vals[~np.isnan(vals)])
-    return out  # type: ignore[return-value]
-
-
-def megatron_timers(parsed: ParsedRun, after_iteration: int) -> dict[str, list[float]]:
-    """Megatron timer means per window (ms per iteration, max across ranks) after the warm-up.
-
-    Megatron logs them with ``normalizer=args.log_interval`` (upstream ``megatron/training.py``
-    ``training_log``), so each value is already per iteration.
-    """
-    out: dict[str, list[float]] = {}
-    for block in blocks_of(parsed.timers, "megatron"):
-        if (block.iteration or 0) <= after_iteration:
-            continue
-        for key, value in block.values_ms.items():
-            ms = max(value) if isinstance(value, tuple) else value
-            out.setdefault(key, []).append(float(ms))
-    return out
-
-
-def pipeline_timers(parsed: ParsedRun, steps_per_print: int) -> dict[str, list[float]]:
-    """PipelineEngine timers in ms per iteration (optimizer step): printed totals divided by
-    ``steps_per_print``, one sample per print after the first (warm-up) print.
-
-    ``deepspeed/runtime/pipe/engine.py`` (0.18-0.19) logs, only every ``steps_per_print`` steps
-    and on global rank 0 (the first stage), with ``timers.log(..., reset=True)``
-    (``utils/timer.py``: ``elapsed`` sums every start/stop since the last reset):
-    ``_exec_optimizer_step``: ``batch_input | fwd_microstep | bwd_microstep | bwd_inner_microstep
-    | bwd_allreduce_microstep | step_microstep`` and ``fwd | bwd | bwd_inner | bwd_allreduce |
-    step``; ``train_batch``: ``pipe_send_output | pipe_send_grad | pipe_recv_input |
-    pipe_recv_grad`` (those the rank ran). Each is a total over ``steps_per_print`` steps and all
-    their micro-batches. The ``_microstep`` group duplicates the global one and is used only for
-    ``batch_input`` or when the global group is missing.
-    """
-    if steps_per_print < 1:
-        raise ValueError(f"steps_per_print({steps_per_print}) must be >= 1")
-    groups: dict[frozenset[str], list[TimerBlock]] = {}
-    for block in blocks_of(parsed.timers, "pipeline"):
-        groups.setdefault(frozenset(block.values_ms), []).append(block)
-    has_global = any("fwd" in keys or "forward" in keys for keys in groups)
-    out: dict[str, list[float]] = {}
-    for keys, blocks in groups.items():
-        micro = any(k.endswith("_microstep") for k in keys)
-        for block in blocks[1:]:
-            for key, value in block.values_ms.items():
-                if not isinstance(value, int | float):
-                    continue
-                if micro and has_global and key.endswith("_microstep"):
-                    continue
-                out.setdefault(_ALIASES.get(key, key), []).append(float(value) / steps_per_print)
-    return out
-
-
-PIPE_WAIT_TIMERS = ("pipe_send_output", "pipe_recv_grad", "pipe_send_grad", "pipe_recv_input")
-"""PipelineEngine p2p timers: blocking sends and receives between stages, i.e. transfer time plus
-the time a stage waits for its neighbour (the bubble and any stage imbalance)."""
-
-
-def bubble_fraction(stages: int, micro_batches: int) -> float:
-    """Idle share of a stage in a GPipe/1F1B schedule with balanced stages: (p-1)/(m+p-1)."""
-    if stages < 1 or micro_batches < 1:
-        raise ValueError(f"stages({stages}) and micro_batches({micro_batches}) must be >= 1")
-    return (stages - 1) / (micro_batches + stages - 1)
-
-
-@dataclass(frozen=True)
-class PipelineWait:
-    """The first stage's measured pipeline wait beside the bubble theory."""
-
-    wait_ms: float
-    """Sum of the printed ``pipe_*`` timers, ms per iteration."""
-    share: float
-    """wait / (fwd + bwd + wait): the idle share of the pipelined part of the iteration."""
-    theory: float
-    """(p-1)/(m+p-1), p stages, m micro-batches per step: the idle share with balanced stages."""
-    timers: tuple[str, ...]
-    """Which ``pipe_*`` timers were printed."""
-
-    @property
-    def text(self) -> str:
-        """One sentence with both figures."""
-        return (
-            f"measured wait {self.wait_ms:,.1f} ms/iteration ({' + '.join(self.timers)}) = "
-            f"{self.share:.1%} of forward + backward + wait; bubble theory (p-1)/(m+p-1) = "
-            f"{self.theory:.1%} for balanced stages"
-            + (
-                f"; the {self.share - self.theory:.1%} more is waiting for a slower stage "
-                "(the last stage also computes the LM head and loss) or transfer time"
-                if self.share > self.theory + 0.02
-                else ""
-            )
-        )
-
-
-def pipeline_wait(pipe: dict[str, list[float]], setup: RunSetup) -> PipelineWait | None:
-    """Measured pipeline wait and the bubble theory, when ``pipe_*`` and fwd/bwd were printed."""
-    names = tuple(n for n in PIPE_WAIT_TIMERS if pipe.get(n))
-    if not names or not pipe.get("fwd") or not pipe.get("bwd") or not setup.pp or not setup.gas:
+def num_parameters(s: RunSetup) -> int | None:
+    """Parameters of one model replica (:func:`formulas.gpt_parameters`), or None when the
+    model's dimensions or padded vocabulary are unknown."""
+    dims = (s.num_layers, s.hidden_size, s.positions, s.padded_vocab_size)
+    if None in dims:
         return None
-    wait = sum(statistics.fmean(pipe[n]) for n in names)
-    busy = statistics.fmean(pipe["fwd"]) + statistics.fmean(pipe["bwd"])
-    if busy + wait <= 0:
-        return None
-    return PipelineWait(wait, wait / (busy + wait), bubble_fraction(setup.pp, setup.gas), names)
-
-
-def untimed_pipeline_work(
-    other_ms: float, setup: RunSetup, cplan: comm.CommPlan | None
-) -> tuple[str, float | None]:
-    """What the PipelineEngine does outside every timer, in words, and the busbw (Gbit/s) the
-    untimed time implies if it were all those collectives (None when it cannot be said).
-
-    ``TrainSchedule`` runs, after the last backward, ``ReduceTiedGrads``
-    (``_exec_reduce_tied_grads``: all-reduce of the tied word-embedding gradient between the
-    first and the last stage) and ``ReduceGrads`` (``_exec_reduce_grads``: the data-parallel
-    gradient all-reduce, ``allreduce_gradients``), neither timed; ``train_batch`` then
-    aggregates the loss (``_aggregate_total_loss``: a broadcast from the last stage).
-    """
-    parts = []
-    colls = []
-    if cplan is not None:
-        colls = [c for c in cplan.collectives if c.group == "tied-embedding"]
-        colls += [c for c in cplan.collectives if c.group == "dp" and c.purpose == "gradients"]
-    for c in colls:
-        where = "_exec_reduce_tied_grads" if c.group == "tied-embedding" else "_exec_reduce_grads"
-        parts.append(
-            f"{c.purpose} {c.op.replace('_', '-')} ({where}, {c.size_bytes / 1e6:,.1f} MB, "
-            f"{c.wire_bytes_per_rank / 1e6:,.1f} MB on the wire per rank, {c.link})"
-        )
-    if not colls:
-        parts.append(
-            "the tied-embedding gradient all-reduce (_exec_reduce_tied_grads; bytes unknown: "
-            "model dimensions or vocabulary unknown)"
-        )
-    text = "untimed: " + "; ".join(parts) + "; the loss broadcast (_aggregate_total_loss)"
-    wire = sum(c.wire_bytes_per_rank * c.count_per_iter for c in colls)
-    if not colls or other_ms <= 0:
-        return text, None
-    bw = comm.gbps(wire, other_ms)
-    return text + (f"; if the {other_ms:,.1f} ms were all of it: {bw:.3f} Gbit/s bus bandwidth"), bw
-
-
-@dataclass(frozen=True)
-class Breakdown:
-    """Where one iteration's time goes (ms per iteration); parts sum to the iteration time."""
-
-    forward_ms: float | None = None
-    """Forward compute (DeepSpeed ``fwd``; includes ZeRO-3 parameter gathers and TP all-reduces
-    issued inside forward)."""
-    backward_ms: float | None = None
-    """Backward compute (``bwd_inner``)."""
-    forward_backward_ms: float | None = None
-    """Forward + backward when only a combined timer exists (Megatron ``forward-backward``)."""
-    optimizer_ms: float | None = None
-    """Optimizer (``step`` minus ``optimizer_allgather``; or Megatron ``optimizer``)."""
-    communication_ms: float | None = None
-    """Separately timed communication (``bwd_allreduce`` + ``optimizer_allgather``)."""
-    data_ms: float | None = None
-    """Loading and broadcasting micro-batches (PipelineEngine ``batch_input``)."""
-    pipeline_wait_ms: float | None = None
-    """Blocking pipeline sends and receives of the first stage (PipelineEngine ``pipe_*``)."""
-    other_ms: float | None = None
-    """Iteration time not covered by any timer (data loading, bookkeeping, untimed comm)."""
-    sources: dict[str, str] = field(default_factory=dict)
-    """Part -> timers that fed it."""
-
-
-def breakdown(
-    iter_ms: float,
-    setup: RunSetup,
-    ds: dict[str, list[float]],
-    mg: dict[str, list[float]],
-    pipe: dict[str, list[float]] | None = None,
-) -> tuple[Breakdown | None, str | None]:
-    """Breakdown from the PipelineEngine's timers (``pipe``, already per iteration), else
-    DeepSpeed per-step timers, else Megatron's; ``other`` = iteration - timers."""
-
-    def mean(name: str, pool: dict[str, list[float]]) -> float:
-        return statistics.fmean(pool[name]) if pool.get(name) else 0.0
-
-    pipe = pipe or {}
-    if {"fwd", "bwd", "step"} <= pipe.keys():
-        waits = [n for n in PIPE_WAIT_TIMERS if pipe.get(n)]
-        parts = {
-            "forward_ms": mean("fwd", pipe),
-            "backward_ms": mean("bwd", pipe),
-            "optimizer_ms": mean("step", pipe),
-        }
-        sources = {
-            "forward_ms": "PipelineEngine fwd / steps_per_print (first stage)",
-            "backward_ms": "PipelineEngine bwd / steps_per_print (first stage)",
-            "optimizer_ms": "PipelineEngine step / steps_per_print",
-        }
-        if pipe.get("batch_input"):
-            parts["data_ms"] = mean("batch_input", pipe)
-            sources["data_ms"] = "PipelineEngine batch_input / steps_per_print"
-        if waits:
-            parts["pipeline_wait_ms"] = sum(mean(n, pipe) for n in waits)
-            sources["pipeline_wait_ms"] = f"PipelineEngine {' + '.join(waits)} / steps_per_print"
-    elif {"fwd", "bwd_inner", "step"} <= ds.keys():
-        gather = mean("optimizer_allgather", ds)
-        parts = {
-            "forward_ms": mean("fwd", ds),
-            "backward_ms": mean("bwd_inner", ds),
-            "communication_ms": mean("bwd_allreduce", ds) + gather,
-            "optimizer_ms": mean("step", ds) - gather,
-        }
-        sources = {
-            "forward_ms": "deepspeed fwd",
-            "backward_ms": "deepspeed bwd_inner",
-            "communication_ms": "deepspeed bwd_allreduce"
-            + (" + optimizer_allgather" if gather else ""),
-            "optimizer_ms": "deepspeed step" + (" - optimizer_allgather" if gather else ""),
-        }
-    elif "forward-backward" in mg:
-        parts = {"forward_backward_ms": mean("forward-backward", mg)}
-        parts["optimizer_ms"] = mean("optimizer", mg)
-        sources = {
-            "forward_backward_ms": "megatron forward-backward (max over ranks)",
-            "optimizer_ms": "megatron optimizer (max over ranks)",
-        }
-    else:
-        reason = "no step timers in the logs"
-        if (setup.pp or 1) > 1:
-            reason += (
-                " (PP>1: Megatron prints no step timer and DeepSpeed's PipelineEngine prints "
-                "its timers only with wall_clock_breakdown, which DeepSpeed 0.19.6 rejects "
-                "with PP; none in this log)"
-            )
-        elif setup.wall_clock_breakdown is False:
-            reason += " (DeepSpeed wall_clock_breakdown off, Megatron timing-log-level 0)"
-        return None, reason
-    other = iter_ms - sum(parts.values())
-    sources["other_ms"] = "iteration time - sum of the timers: not covered by any timer"
-    return Breakdown(**parts, other_ms=other, sources=sources), None
-
-
-def gpt_parameters(layers: int, h: int, s: int, v: int) -> int:
-    """GPT parameters with learned positions: l(12h^2 + 13h) + V h + s h + 2h (UPSTREAM.md)."""
-    return layers * (12 * h * h + 13 * h) + v * h + s * h + 2 * h
-
-
-def flops_per_iteration(
-    batch: int, s: int, layers: int, h: int, v: int, ffn: int | None = None, recompute: bool = False
-) -> float:
-    """Model FLOPs of one iteration as upstream Megatron-DeepSpeed counts them.
-
-    ``megatron/utils.py`` ``throughput_calculator`` (commit f4157bea): forward MACs =
-    B l (4 h^2 s + 2 h s^2 + 2 f h s) + B V h s (no GQA, no swiglu, one expert), backward = 2x
-    forward, FLOPs = 2 x MACs; with f = 4h this is 72 B s l h^2 (1 + s/(6h) + V/(12 l h)). Full
-    activation recompute adds one forward (x 4/3).
-    """
-    f = 4 * h if ffn is None else ffn
-    fwd_macs = batch * layers * (4 * h * h * s + 2 * h * s * s + 2 * f * h * s) + batch * v * h * s
-    passes = 4 if recompute else 3
-    return 2.0 * passes * fwd_macs
+    return gpt_parameters(*dims, s.normalization or "layernorm")  # type: ignore[arg-type]
 
 
 def tflops_per_gpu(flops: float, iter_ms: float, world_size: int) -> float:
@@ -568,6 +278,9 @@ class RunMetrics:
     """Max over ranks of ``max reserved``, MiB."""
     mem_kind: str | None
     """What the memory figure measures (tensor memory, or process RSS on CPU)."""
+    model_state_mb: float | None
+    """Adam model state per rank of this strategy, MiB: ``formulas.zero_state_bytes`` of the
+    busiest rank's parameters (16 Psi for DP, 4 Psi + 12 Psi / N for ZeRO-1 ... in fp16/bf16)."""
     mem_saving_pct: float | None
     """(baseline peak - peak) / baseline peak * 100, same setup."""
     speedup: float | None
@@ -729,11 +442,16 @@ def compute(run: LoadedRun) -> RunMetrics:
 
     row |= identity(run.run_json, s)
 
-    dims = (s.num_layers, s.hidden_size, s.seq_length, s.padded_vocab_size)
-    if None not in dims:
-        row["num_parameters"] = gpt_parameters(*dims)  # type: ignore[arg-type]
-    else:
+    dims = (s.num_layers, s.hidden_size, s.positions, s.padded_vocab_size)
+    row["num_parameters"] = num_parameters(s)
+    if row["num_parameters"] is None:
         na["num_parameters"] = "model dimensions or padded vocabulary unknown"
+    elif s.zero_stage is not None and s.dp:
+        psi = comm.rank_parameters(s)
+        state = zero_state_bytes(psi, s.zero_stage, s.dp, s.precision or "fp32")
+        row["model_state_mb"] = state / 2**20
+    else:
+        na["model_state_mb"] = "ZeRO stage or data-parallel size unknown"
 
     cplan, why = comm.plan(s)
     if cplan is not None:
@@ -841,11 +559,11 @@ def compute(run: LoadedRun) -> RunMetrics:
     else:
         na["samples_per_s"] = "global batch size unknown"
 
-    if None not in dims and s.global_batch_size and s.world_size:
-        layers, h, seq, v = dims
+    if None not in dims and s.seq_length and s.global_batch_size and s.world_size:
+        layers, h, _, v = dims
         flops = flops_per_iteration(
             s.global_batch_size,
-            seq,
+            s.seq_length,
             layers,
             h,
             v,
@@ -1000,240 +718,6 @@ def _measured_bandwidth(
     value, why = comm.measured_busbw(run.netbench, main.op, main.size_bytes)
     row["busbw_gbps_measured"] = value
     na["busbw_gbps_measured"] = why
-
-
-def _welch(a: RunMetrics, b: RunMetrics) -> tuple[float, float, float] | None:
-    """(difference of means b - a, se, Welch df) from the window statistics."""
-    stats = []
-    for r in (a, b):
-        if r.iter_ms_mean is None or r.iter_ms_ci95_hi is None or not r.iter_ms_n:
-            return None
-        half = r.iter_ms_ci95_hi - r.iter_ms_mean
-        sem = half / t95(r.iter_ms_n - 1)
-        stats.append((r.iter_ms_mean, sem, r.iter_ms_n))
-    (ma, sa, na_), (mb, sb, nb) = stats
-    se = math.sqrt(sa**2 + sb**2)
-    if se == 0:
-        return mb - ma, 0.0, float(na_ + nb - 2)
-    df = se**4 / (sa**4 / (na_ - 1) + sb**4 / (nb - 1))
-    return mb - ma, se, df
-
-
-def speedup_interval(base: RunMetrics, run: RunMetrics) -> tuple[float, float | None, float | None]:
-    """Speedup = base mean / run mean; 95% interval by the delta method on log(ratio):
-    se = sqrt((sem_b/mean_b)^2 + (sem_r/mean_r)^2), df by Welch-Satterthwaite."""
-    assert base.iter_ms_mean and run.iter_ms_mean
-    ratio = base.iter_ms_mean / run.iter_ms_mean
-    welch = _welch(base, run)
-    if welch is None:
-        return ratio, None, None
-    rel = []
-    for r in (base, run):
-        assert r.iter_ms_ci95_hi is not None and r.iter_ms_n and r.iter_ms_mean
-        rel.append((r.iter_ms_ci95_hi - r.iter_ms_mean) / t95(r.iter_ms_n - 1) / r.iter_ms_mean)
-    se_log = math.sqrt(rel[0] ** 2 + rel[1] ** 2)
-    half = t95(max(1.0, welch[2])) * se_log
-    return ratio, ratio * math.exp(-half), ratio * math.exp(half)
-
-
-def choose_reference(
-    group: list[RunMetrics], baseline: str | None = None
-) -> tuple[RunMetrics | None, str]:
-    """The run a setup group's ratios use, and why. Only a completed, timed run can be one:
-    the run named ``baseline`` (CLI ``--baseline``), else the group's completed run of strategy
-    ``baseline``, else the completed run with the fewest model-parallel ranks (tp x pp: the
-    closest to plain data parallelism; then the lowest ZeRO stage, then the name)."""
-    done = [r for r in group if r.status == "completed" and r.iter_ms_mean is not None]
-    named = [r for r in group if baseline and r.name == baseline]
-    if named and named[0] in done:
-        return named[0], f"{named[0].name}: named by --baseline"
-    plain = [r for r in done if r.strategy == "baseline"]
-    if plain:
-        return plain[0], f"{plain[0].name}: the group's data-parallel baseline run"
-    missed = named or [r for r in group if r.strategy == "baseline"]
-    if not done:
-        return None, "no completed run with a steady-state time in this group"
-    ref = min(done, key=lambda r: ((r.tp or 1) * (r.pp or 1), r.zero_stage or 0, r.name))
-    why = (
-        f"{ref.name}: the completed run with the fewest model-parallel ranks "
-        f"(tp x pp = {(ref.tp or 1) * (ref.pp or 1)})"
-    )
-    if missed:
-        m = missed[0]
-        what = f"{m.status}" + (f" ({m.failure_kind})" if m.failure_kind else "")
-        if m.status == "completed":
-            what = "completed without a steady-state time"
-        why += (
-            f", because {m.name}, the "
-            + ("run named by --baseline" if named else "baseline run")
-            + f", {what}"
-        )
-    else:
-        why += "; the group has no baseline-strategy run"
-    return ref, why
-
-
-def compare(rows: list[RunMetrics], baseline: str | None = None) -> list[RunMetrics]:
-    """Cross-run figures within each setup group: speedup, memory saving, inferred bandwidth.
-
-    Only completed runs take part in a ratio, as reference or as compared run; the reference of
-    each group is ``choose_reference``'s, and its reason is kept in ``baseline_why``.
-    """
-    refs: dict[str, tuple[RunMetrics | None, str]] = {}
-    for key in dict.fromkeys(r.setup_key for r in rows):
-        refs[key] = choose_reference([r for r in rows if r.setup_key == key], baseline)
-    out = []
-    for row in rows:
-        group = [
-            r
-            for r in rows
-            if r.setup_key == row.setup_key and r.iter_ms_mean is not None
-            and r.status == "completed"
-        ]  # fmt: skip
-        base, why = refs[row.setup_key]
-        na = dict(row.na_reasons)
-        changes: dict[str, Any] = {"baseline_why": why}
-        if row.status != "completed":
-            na["speedup"] = (
-                f"run {row.status}: not compared (only completed runs take part in ratios)"
-            )
-        elif base is None:
-            na["speedup"] = f"no reference run in group '{row.setup_key}': {why}"
-        elif row.iter_ms_mean is None:
-            na["speedup"] = "no steady-state time"
-        elif row.name == base.name:
-            changes |= {"speedup": 1.0, "baseline": base.name}
-            na["speedup_ci95_lo"] = "the reference itself: exactly 1"
-        else:
-            ratio, lo, hi = speedup_interval(base, row)
-            changes |= {"speedup": ratio, "speedup_ci95_lo": lo, "speedup_ci95_hi": hi}
-            changes["baseline"] = base.name
-        if row.status != "completed":
-            na["mem_saving_pct"] = f"run {row.status}: its memory line is not comparable"
-        elif base is not None and base.peak_mem_mb and row.peak_mem_mb is not None:
-            changes["mem_saving_pct"] = (base.peak_mem_mb - row.peak_mem_mb) / base.peak_mem_mb
-            changes["mem_saving_pct"] *= 100.0
-        if row.status != "completed":
-            value, why_bw = None, f"run {row.status}: not compared"
-        else:
-            value, why_bw = inferred_bandwidth(row, group)
-        changes["busbw_gbps_inferred"] = value
-        na["busbw_gbps_inferred"] = why_bw
-        changes["busbw_inferred_warning"] = inferred_warning(row, value)
-        out.append(replace(row, na_reasons=na, **changes))
-    return out
-
-
-def inferred_bandwidth(row: RunMetrics, group: list[RunMetrics]) -> tuple[float | None, str]:
-    """busbw = (bytes - ref bytes) / (time - ref time) against the run of the same group with
-    the same tp/pp/dp (same compute per rank) that sends the fewest bytes. None with the reason
-    when there is no such reference or the 95% CI of the time difference includes 0.
-    Assumes communication is not overlapped with compute (gloo on CPU blocks)."""
-    if row.iter_ms_mean is None or row.comm_bytes_per_iter is None:
-        return None, "no steady-state time or no communication model"
-    if row.zero_stage == 3:
-        return None, (
-            "ZeRO-3 adds parameter partitioning and hook work to forward/backward: no run is "
-            "compute-identical, so extra time is not all communication"
-        )
-    peers = [
-        r
-        for r in group
-        if r.name != row.name
-        and (r.tp, r.pp, r.dp) == (row.tp, row.pp, row.dp)
-        and r.comm_bytes_per_iter is not None
-        and r.comm_bytes_per_iter < row.comm_bytes_per_iter
-    ]
-    if not peers:
-        return _intercept_bandwidth(row, group)
-    ref = min(peers, key=lambda r: r.comm_bytes_per_iter or 0.0)
-    assert ref.comm_bytes_per_iter is not None
-    extra_bytes = row.comm_bytes_per_iter - ref.comm_bytes_per_iter
-    welch = _welch(ref, row)
-    if welch is None:
-        return None, f"reference {ref.name}: not enough windows for an interval"
-    diff, se, df = welch
-    lo, hi = diff - t95(max(1.0, df)) * se, diff + t95(max(1.0, df)) * se
-    text = (
-        f"vs {ref.name}: +{extra_bytes / 1e6:.2f} MB in {diff:+.1f} ms "
-        f"(95% CI [{lo:.1f}, {hi:.1f}] ms)"
-    )
-    if lo <= 0:
-        return None, text + ": the interval includes 0, communication time is within the noise"
-    return comm.gbps(extra_bytes, diff), text
-
-
-INFERRED_TOLERANCE = 0.25
-"""Relative gap between the inferred and the expected link bandwidth beyond which the inferred
-figure is flagged as not bandwidth-bound."""
-
-LINK_EFFICIENCY = 0.94
-"""TCP/IP payload share of an Ethernet link (1448 of 1538 bytes per full frame): the busbw a
-collective can reach on a link of rate R is about 0.94 R; netbench's gloo all-reduce reached
-0.93-0.95 of the emulated link."""
-
-
-def inferred_warning(row: RunMetrics, inferred: float | None) -> str | None:
-    """Why the inferred figure should not be read as the network's bandwidth, or None.
-
-    The reference is the measured busbw when netbench ran, else the link rate times
-    ``LINK_EFFICIENCY`` (the emulated cluster's ground truth). Communication time that is small
-    next to per-byte host costs and compute noise makes the inference measure those instead.
-    """
-    if inferred is None:
-        return None
-    if row.busbw_gbps_measured is not None:
-        expected, what = row.busbw_gbps_measured, "the measured busbw"
-    elif row.link_mbit:
-        expected, what = row.link_mbit / 1000 * LINK_EFFICIENCY, "the link rate x 0.94"
-    else:
-        return None
-    gap = (inferred - expected) / expected
-    if abs(gap) <= INFERRED_TOLERANCE:
-        return None
-    link_ms = (row.comm_bytes_per_iter or 0) * 8 / (expected * 1e9) * 1e3
-    return (
-        f"{inferred:.3f} Gbit/s is {gap:+.0%} off {what} ({expected:.3f}): at that bandwidth "
-        f"the bytes of this run take {link_ms:.0f} ms per iteration, so the extra time is "
-        "dominated by host-side costs and compute noise, not by the link; read it as the "
-        "cost per extra byte, not as the network's bandwidth"
-    )
-
-
-def _intercept_bandwidth(row: RunMetrics, group: list[RunMetrics]) -> tuple[float | None, str]:
-    """For the compute family's run with the fewest bytes (e.g. DP beside ZeRO-1/2): the
-    compute-only reference is the zero-byte intercept C of T = C + B / busbw drawn through this
-    run and the family's run with the most bytes; busbw = B / (T - C). With two runs this is the
-    same bandwidth as the pair's, which is all that two timings can tell."""
-    assert row.iter_ms_mean is not None and row.comm_bytes_per_iter is not None
-    others = [
-        r
-        for r in group
-        if r.name != row.name
-        and (r.tp, r.pp, r.dp) == (row.tp, row.pp, row.dp)
-        and r.zero_stage != 3
-        and r.comm_bytes_per_iter is not None
-        and r.comm_bytes_per_iter > row.comm_bytes_per_iter
-    ]
-    if not others:
-        return None, "no compute-identical run (same tp/pp/dp) with other bytes in this group"
-    hi = max(others, key=lambda r: r.comm_bytes_per_iter or 0.0)
-    assert hi.comm_bytes_per_iter is not None and hi.iter_ms_mean is not None
-    welch = _welch(row, hi)
-    if welch is None:
-        return None, f"reference {hi.name}: not enough windows for an interval"
-    diff, se, df = welch
-    lo = diff - t95(max(1.0, df)) * se
-    extra = hi.comm_bytes_per_iter - row.comm_bytes_per_iter
-    ms_per_byte = diff / extra
-    intercept = row.iter_ms_mean - row.comm_bytes_per_iter * ms_per_byte
-    text = (
-        f"compute-only reference: zero-byte intercept {intercept:.1f} ms of T = C + B/busbw "
-        f"through {row.name} and {hi.name} (+{extra / 1e6:.2f} MB in {diff:+.1f} ms)"
-    )
-    if lo <= 0 or intercept <= 0:
-        return None, text + ": not separable from the noise"
-    return comm.gbps(row.comm_bytes_per_iter, row.iter_ms_mean - intercept), text
 
 
 def to_frame(rows: list[RunMetrics]) -> pd.DataFrame:

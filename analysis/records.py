@@ -148,6 +148,9 @@ class ParsedRun:
     """See ``RunStatus``."""
     failure: Failure | None = None
     """The first failure recognised, or None."""
+    further_failures: list[Failure] = field(default_factory=list)
+    """Failures recognised after the first (another rank's, a consequence), in log order; each
+    is also named in ``problems``."""
     interrupted: bool = False
     """The launcher's own outcome marker (``# run outcome: interrupted``) says the run was
     cancelled by a signal (Ctrl-C, SIGTERM); ``status`` is then ``failed`` with kind
@@ -188,7 +191,13 @@ class ParsedRun:
         d: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("iterations", "memory", "memory_other", "pipeline_steps"):
+            if f.name in (
+                "iterations",
+                "memory",
+                "memory_other",
+                "pipeline_steps",
+                "further_failures",
+            ):
                 d[f.name] = [asdict(x) for x in value]
             elif f.name == "timers":
                 d[f.name] = [block_dict(b) for b in value]

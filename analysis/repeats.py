@@ -232,13 +232,13 @@ def repeat_sets(rows: Sequence[RunMetrics]) -> list[RepeatSet]:
 def same_round_speedups(rows: Sequence[RunMetrics]) -> list[RunMetrics]:
     """Per-run speedups of an interleaved matrix against the baseline run of the same round.
 
-    ``metrics.compare`` relates every run to one baseline run; with repeats each run is set
+    ``speedup.compare`` relates every run to one baseline run; with repeats each run is set
     beside the baseline's repeat from its own round (same ``repeat_group`` and
     ``repeat_round``) when that one was timed, and ``na_reasons['speedup']`` says so.
     """
     from dataclasses import replace
 
-    from analysis.metrics import speedup_interval
+    from analysis.speedup import speedup_interval
 
     index = {
         (r.setup_key, r.name, r.repeat_group, r.repeat_round): r
@@ -480,7 +480,7 @@ class GroupRepeats:
     """Its repeat sets."""
     base: RepeatSet | None
     """The baseline set: the timed set named like the rows' ``baseline`` (chosen by
-    ``metrics.compare``), the one with the most timed runs when several specs share that name."""
+    ``speedup.compare``), the one with the most timed runs when several specs share that name."""
     model: SpeedupModel
     """The group's log-scale model."""
     speedups: dict[tuple[str, str], Ratio]

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from analysis import load, metrics, predict, repeats
+from analysis import load, metrics, prediction, repeats, report_predict, speedup
+from analysis.markdown import md_table
 from analysis.metrics import RunMetrics
 
 
@@ -74,12 +75,6 @@ def _speedup_cell(r: RunMetrics, notes: Footnotes) -> str:
     if r.speedup_ci95_lo is not None:
         text += f" [{r.speedup_ci95_lo:.2f}, {r.speedup_ci95_hi:.2f}]"
     return text
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
 
 
 def _groups(rows: list[RunMetrics]) -> dict[str, list[RunMetrics]]:
@@ -157,11 +152,11 @@ def findings(group: list[RunMetrics]) -> list[str]:
         hi = max(r.peak_mem_mb or 0.0 for r in mems)
         kind = mems[0].mem_kind or ""
         text = f"Peak memory spans {lo:,.0f}-{hi:,.0f} MiB ({(hi - lo) / hi:.1%} spread)"
-        if "RSS" in kind and mems[0].num_parameters:
-            state = 16 * mems[0].num_parameters / 2**20
+        states = [r.model_state_mb for r in mems if r.model_state_mb is not None]
+        if "RSS" in kind and states:
             text += (
-                f"; these are process RSS figures (CPU), while the model state (16 bytes per "
-                f"parameter for fp32 Adam) is only {state:,.1f} MiB: the differences between "
+                f"; these are process RSS figures (CPU), while the Adam model state per rank is "
+                f"only {min(states):,.1f}-{max(states):,.1f} MiB: the differences between "
                 "strategies are not tensor-memory savings"
             )
         out.append(text + ".")
@@ -201,19 +196,9 @@ READ_PROBLEMS = (
 in the report, so a figure that is missing because a file was unreadable is never silent."""
 
 
-def render(
-    rows: list[RunMetrics],
-    logdir_label: str,
-    figures: list[str],
-    model: predict.ReportSections | None = None,
-) -> str:
-    """The whole markdown report; ``model`` adds the calibrated model's sections."""
-    notes = Footnotes()
-    groups = _groups(rows)
-    md: list[str] = ["# Megatron-DeepSpeed parallelism report", ""]
-    md += [f"Source: `{logdir_label}`, {len(rows)} run(s) in {len(groups)} setup group(s).", ""]
-
-    md += ["## Executive summary", ""]
+def executive_summary(groups: dict[str, list[RunMetrics]]) -> list[str]:
+    """One line per setup group: its fastest run (or the repeats' summary) and what failed."""
+    md: list[str] = []
     for key, group in groups.items():
         timed = _timed(group)
         failed = [r for r in group if r.status != "completed"]
@@ -231,7 +216,22 @@ def render(
             md.append(line + f"; {len(timed)} timed run(s), {len(failed)} not completed.")
         else:
             md.append(f"- **{key}**: no timed run; {len(failed)} not completed.")
-    md.append("")
+    return md
+
+
+def render(
+    rows: list[RunMetrics],
+    logdir_label: str,
+    figures: list[str],
+    model: report_predict.ReportSections | None = None,
+) -> str:
+    """The whole markdown report; ``model`` adds the calibrated model's sections."""
+    notes = Footnotes()
+    groups = _groups(rows)
+    md: list[str] = ["# Megatron-DeepSpeed parallelism report", ""]
+    md += [f"Source: `{logdir_label}`, {len(rows)} run(s) in {len(groups)} setup group(s).", ""]
+
+    md += ["## Executive summary", "", *executive_summary(groups), ""]
 
     unread = [(r, [p for p in r.problems if any(m in p for m in READ_PROBLEMS)]) for r in rows]
     unread = [(r, found) for r, found in unread if found]
@@ -263,7 +263,7 @@ def render(
             )
         headers = ["run", "strategy", "status", "peak mem (MiB)", "ms/iter mean ± std [95% CI]"]
         headers += ["samples/s", "TFLOP/s/rank", "speedup [95% CI]", "mem saving %"]
-        md += _table(headers, table)
+        md += md_table(headers, table)
         md += [
             "",
             "Legend: ms/iter is the mean over steady-state windows (rule: "
@@ -318,7 +318,7 @@ def render(
         )
     headers = ["run", "iteration", "forward", "backward", "fwd+bwd", "optimizer", "comm"]
     headers += ["data", "pipe wait"] if piped else []
-    md += _table([*headers, "other", "timers"], bd_rows)
+    md += md_table([*headers, "other", "timers"], bd_rows)
     md.append("")
     md += pipeline_section(rows)
 
@@ -330,18 +330,18 @@ def render(
             _num(r.peak_reserved_mb, 1) or "n/a",
             r.mem_kind or "n/a",
             _num(r.mem_saving_pct, 1) or "n/a",
-            _num(16 * r.num_parameters / 2**20, 1) if r.num_parameters else "n/a",
+            _num(r.model_state_mb, 1) or "n/a",
         ]
         for r in rows
     ]
-    md += _table(
+    md += md_table(
         [
             "run",
             "peak allocated (MiB)",
             "peak reserved (MiB)",
             "what it measures",
             "saving %",
-            "model state 16 B/param (MiB)",
+            "Adam model state per rank (MiB)",
         ],
         mem_rows,
     )
@@ -349,7 +349,11 @@ def render(
         "",
         "The logs print 'MB' = bytes / 1024^2: figures here are MiB. The memory line is printed "
         "once, after the first log interval, by every rank whose data-parallel rank is 0; the "
-        "peak is the max over ranks and nodes.",
+        "peak is the max over ranks and nodes. The Adam model state per rank follows the ZeRO "
+        "paper with Psi the busiest rank's parameters (its TP shard and pipeline stage) and N "
+        "the data-parallel size: fp16/bf16 16 Psi (DP), 4 Psi + 12 Psi/N (ZeRO-1), "
+        "2 Psi + 14 Psi/N (ZeRO-2), 16 Psi/N (ZeRO-3); fp32 16 Psi, 8 Psi + 12 Psi/N, "
+        "4 Psi + 16 Psi/N, 20 Psi/N (DeepSpeed keeps an fp32 copy of the partition).",
         "",
     ]
 
@@ -368,7 +372,7 @@ def render(
         ]
         for r in rows
     ]
-    md += _table(
+    md += md_table(
         ["run", "bytes/iter (busiest rank)", "DP", "PP", "TP", "timed comm ms", "share",
          "on the wire (counters)", "wire / model"],
         comm_rows,
@@ -405,7 +409,7 @@ def render(
                 cell(r, "busbw_gbps_measured", notes, 3),
             ]
         )
-    md += _table(
+    md += md_table(
         [
             "run",
             "link Gbit/s",
@@ -460,7 +464,7 @@ def render(
         ]
         for r in rows
     ]
-    md += _table(
+    md += md_table(
         ["run", "model", "strategy", "tp/pp/dp", "ZeRO", "GAS", "micro/global batch", "params"],
         cfg,
     )
@@ -511,7 +515,7 @@ def pipeline_section(rows: list[RunMetrics]) -> list[str]:
                 _num(r.other_busbw_gbps, 3) or "n/a",
             ]
         )
-    md += _table(
+    md += md_table(
         ["run", "iteration", "fwd", "bwd", "step", "batch_input", "pipe wait",
          "wait share", "bubble theory", "untimed", "untimed busbw Gbit/s"],
         table,
@@ -638,14 +642,14 @@ def _set_aside(out: Path) -> Path | None:
 
 def summarize(
     logdir: Path, exclude: list[Path], baseline: str | None = None
-) -> tuple[list[load.LoadedRun], list[RunMetrics], predict.ReportSections]:
+) -> tuple[list[load.LoadedRun], list[RunMetrics], report_predict.ReportSections]:
     """The runs under ``logdir``, their summary rows (with the cross-run and leave-one-out
     figures) and the calibrated model's sections: everything the report shows."""
     runs = load.discover(logdir, exclude=exclude)
-    rows = metrics.compare([metrics.compute(r) for r in runs], baseline)
+    rows = speedup.compare([metrics.compute(r) for r in runs], baseline)
     rows = repeats.same_round_speedups(rows)
-    model = predict.report_sections(runs, rows)
-    return runs, predict.fill_rows(rows, model.loo), model
+    model = report_predict.report_sections(runs, rows)
+    return runs, prediction.fill_rows(rows, model.loo), model
 
 
 def build(logdir: Path, out: Path, baseline: str | None = None) -> list[RunMetrics]:
@@ -673,6 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("logdir", type=Path, help="run directories and/or log files")
     parser.add_argument("--out", type=Path, help="output directory (default LOGDIR/report)")
     parser.add_argument("--baseline", help="name of the baseline run (default: strategy baseline)")
+    parser.add_argument("--summary", action="store_true", help="also print the executive summary")
     args = parser.parse_args(argv)
     if not args.logdir.exists():
         parser.error(f"{args.logdir} does not exist")
@@ -681,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = build(args.logdir, out, args.baseline)
     console_table(rows)
     print(f"wrote {out / 'report.md'}")
+    if args.summary:
+        print("\n".join(executive_summary(_groups(rows))))
     return 0
 
 

@@ -283,7 +283,7 @@ def _mem_limit(args: argparse.Namespace, specs: Sequence[RunSpec]) -> int | None
     """
     if args.mem_limit is None:
         return None
-    from launchers.execute import MemoryCgroup, parse_size
+    from launchers.memlimit import MemoryCgroup, parse_size
 
     try:
         size = parse_size(args.mem_limit)
@@ -454,12 +454,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from analysis.report import main as report_main
 
     out = Path(args.logs) / "report"
-    report_status = report_main([str(args.logs), "--out", str(out)])
-    summary = out / "report.md"
-    if summary.exists():
-        text = summary.read_text(encoding="utf-8")
-        head = text.split("## Executive summary", 1)[-1].split("\n## ", 1)[0].strip()
-        print(f"\nreport: {summary}\n{head}")
+    print()
+    report_status = report_main([str(args.logs), "--out", str(out), "--summary"])
     return status or report_status
 
 
@@ -602,8 +598,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = build_parser().parse_args(argv)
     from launchers.doctor import DoctorError
-    from launchers.execute import LimitError
     from launchers.lab import LabError
+    from launchers.memlimit import LimitError
 
     try:
         return args.func(args)

@@ -39,15 +39,11 @@ leftover lab of this project, found by the ``mdsl`` prefix).
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
-import fcntl
 import ipaddress
-import json
 import os
 import re
-import secrets
 import shlex
 import shutil
 import signal
@@ -57,400 +53,59 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-PREFIX = "mdsl"
-"""Prefix of every namespace, interface and state directory a lab creates (``down --all`` key)."""
-
-NODE_INTERFACE = "eth0"
-"""Name of each node's interface inside its namespace (the same in every node)."""
-
-SUBNET_BASE = ipaddress.IPv4Network("10.200.0.0/16")
-"""Private range the labs' /24s are taken from; used only inside the lab namespaces and bridge."""
-
-HOST_OCTET = 254
-"""Last octet of the host's address on the lab bridge."""
-
-MAX_NODES = 64
-"""Most nodes per lab (interface names stay <= 15 characters, addresses inside one /24)."""
-
-SSH_PORT = 22
-"""Port each node's sshd listens on (on the node's own address, inside its namespace)."""
-
-SSHD = "/usr/sbin/sshd"
-"""sshd must be started by absolute path (it re-executes itself)."""
-
-INSTALL_HINT = "apt-get install -y iproute2 openssh-server openssh-client pdsh util-linux"
-"""Debian packages the lab needs (iproute2 for ip/tc; the rest, unshare too, for the ssh path)."""
-
-MTU = 1500
-"""MTU of every lab link (the veth default); each packet on the wire is at most this plus 14."""
-
-FRAME_BYTES = MTU + 14
-"""Largest packet tbf sees on a lab link: an MTU-sized IP packet plus its Ethernet header."""
-
-MSS = MTU - 52
-"""TCP payload per frame: MTU minus IPv4 (20) and TCP (20 + 12 of timestamps) headers."""
-
-GSO_MAX_BYTES = 65536
-"""The veth's default (and largest usual) offload packet, bytes."""
-
-DEFAULT_BURST_MS = 1.0
-"""Default tbf bucket, ms at the link rate (see ``LinkShape.burst_bytes``)."""
-
-_ID_RE = re.compile(r"^[a-z0-9]{1,6}$")
-_RATE_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>kbit|mbit|gbit)(?:/s|ps)?\s*$", re.I)
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_UNIT_MBIT = {"kbit": 1e-3, "mbit": 1.0, "gbit": 1e3}
-
-CounterName = Literal["tx_bytes", "rx_bytes", "tx_packets", "rx_packets"]
-"""Interface statistics read from ``/sys/class/net/<if>/statistics``."""
-
-COUNTERS: tuple[CounterName, ...] = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
-"""Counters ``Lab.counters`` returns, per node."""
-
-
-class LabError(RuntimeError):
-    """A lab could not be created, used or removed; the message says what would fix it."""
-
-
-# ----------------------------------------------------------------------------- link shape
-
-
-def parse_rate(text: str) -> float | None:
-    """Parse a link rate into Mbit/s: ``100mbit`` -> 100, ``1gbit`` -> 1000, ``none`` -> None.
-
-    Units are tc's (base 10: 1 mbit = 1e6 bit/s); ``/s`` or ``ps`` suffixes are accepted.
-    """
-    if text.strip().lower() in ("none", "unshaped", "unlimited", "off"):
-        return None
-    match = _RATE_RE.match(text)
-    if not match:
-        raise ValueError(
-            f"link rate {text!r} not understood: write e.g. '100mbit', '1gbit', '500kbit' or 'none'"
-        )
-    rate = float(match["num"]) * _UNIT_MBIT[match["unit"].lower()]
-    if rate <= 0:
-        raise ValueError(f"link rate {text!r} must be > 0 (or 'none' for an unshaped link)")
-    return rate
-
-
-@dataclass(frozen=True)
-class LinkShape:
-    """How every node's link to the lab bridge is shaped."""
-
-    rate_mbit: float | None = None
-    """Link rate in Mbit/s (1e6 bit/s) each way; None leaves the link unshaped (veth speed)."""
-    delay_ms: float = 0.0
-    """One-way delay added to every packet a node sends, ms (node-to-node RTT is twice this)."""
-    loss_pct: float = 0.0
-    """Percentage of packets a node sends that are dropped (0 <= loss < 100)."""
-    burst_ms: float = DEFAULT_BURST_MS
-    """tbf bucket as time at the rate, ms (how long the link may run above the rate after an
-    idle spell); the bucket never holds less than two full frames."""
-
-    def __post_init__(self) -> None:
-        if self.rate_mbit is not None and not self.rate_mbit > 0:
-            raise ValueError(f"rate_mbit({self.rate_mbit}) must be > 0, or None for unshaped")
-        if not 0 <= self.delay_ms <= 60_000:
-            raise ValueError(f"delay_ms({self.delay_ms}) must be within 0..60000")
-        if not 0 <= self.loss_pct < 100:
-            raise ValueError(f"loss_pct({self.loss_pct}) must be within 0 <= loss < 100")
-        if not 0 < self.burst_ms <= 1000:
-            raise ValueError(f"burst_ms({self.burst_ms}) must be within 0 < burst <= 1000")
-
-    @classmethod
-    def parse(
-        cls,
-        rate: str,
-        delay_ms: float = 0.0,
-        loss_pct: float = 0.0,
-        burst_ms: float = DEFAULT_BURST_MS,
-    ) -> LinkShape:
-        """Build from a rate spelling (``100mbit``, ``1gbit``, ``none``) plus the other fields."""
-        return cls(parse_rate(rate), delay_ms=delay_ms, loss_pct=loss_pct, burst_ms=burst_ms)
-
-    @property
-    def label(self) -> str:
-        """Short name for run names and tables: ``100mbit``, ``1gbit``, ``unshaped``."""
-        if self.rate_mbit is None:
-            base = "unshaped"
-        elif self.rate_mbit >= 1000 and self.rate_mbit % 1000 == 0:
-            base = f"{self.rate_mbit / 1000:g}gbit"
-        else:
-            base = f"{self.rate_mbit:g}mbit"
-        extra = (f"-{self.delay_ms:g}ms" if self.delay_ms else "") + (
-            f"-loss{self.loss_pct:g}" if self.loss_pct else ""
-        )
-        return base + extra
-
-    def burst_bytes(self) -> int:
-        """``tbf`` bucket size, bytes: ``burst_ms`` of traffic at the rate, at least 2 frames.
-
-        The bucket bounds how far a link runs ahead of its rate after an idle spell (a
-        collective after compute): a message of the bucket's size leaves at host speed, a larger
-        one pays the rate for the rest. It need not hold the veth's 64 KiB offload super-packets:
-        the lab limits them to half the bucket (``segment_bytes``), and tbf would split a larger
-        one into frames itself. It must hold one frame with its headers (tbf drops larger
-        non-offload packets) and cover the scheduling delay of tbf's timer at the rate (high
-        resolution timers, but a loaded machine runs them late). Bulk TCP payload rates measured
-        on a 2-core machine under a load of 6-13 (1448/1514 of the rate is the most TCP gets):
-        100 Mbit/s: 95.9 Mbit/s at 1 ms, 91.6-93.1 at 0.5 ms, 90.4-94.5 at 0.25 ms; 1 Gbit/s:
-        910-940 at 1 ms, 831-868 at 0.5 ms, 775-912 at 0.25 ms. Hence the default of 1 ms.
-        """
-        if self.rate_mbit is None:
-            return 0
-        return max(2 * FRAME_BYTES, int(self.rate_mbit * 1e6 / 8 * self.burst_ms / 1e3))
-
-    def segment_bytes(self) -> int:
-        """Largest packet a node's stack hands the shaped link: half the bucket, between one
-        frame and the veth's 64 KiB (``segmentation_commands``).
-
-        tbf would split a larger offload super-packet into frames itself (``tbf_segment``),
-        but then every frame costs a trip through veth, bridge and the receiver's stack: with a
-        0.25 ms bucket at 1 Gbit/s a bulk stream reached 408-474 Mbit/s that way on a loaded
-        2-core machine, 775-912 with 15 KB segments. Packets of half the bucket keep that cost
-        low and never need splitting; 0 when unshaped (the veth's defaults stay).
-        """
-        if self.rate_mbit is None:
-            return 0
-        return min(GSO_MAX_BYTES, max(MTU, self.burst_bytes() // 2))
-
-    def segmentation_commands(self, dev: str, netns: str | None) -> list[list[str]]:
-        """``ip link`` argv limiting ``dev``'s offload packets to ``segment_bytes`` (empty when
-        unshaped). Sockets read the limit when they connect: set before any traffic."""
-        size = self.segment_bytes()
-        if not size:
-            return []
-        segs = max(1, size // MSS)
-        return [["ip", *(["-n", netns] if netns else []), "link", "set", "dev", dev,
-                 "gso_max_size", str(size), "gso_max_segs", str(segs)]]  # fmt: skip
-
-    def tbf_args(self) -> list[str]:
-        """``tbf`` parameters for this rate (empty when unshaped).
-
-        ``burst``: ``burst_bytes``; ``latency 50ms`` bounds the queue like a switch buffer would.
-        """
-        if self.rate_mbit is None:
-            return []
-        return ["tbf", "rate", f"{round(self.rate_mbit * 1000)}kbit", "burst",
-                str(self.burst_bytes()), "latency", "50ms"]  # fmt: skip
-
-    def netem_args(self) -> list[str]:
-        """``netem`` parameters for delay and loss (empty when neither is set)."""
-        if not self.delay_ms and not self.loss_pct:
-            return []
-        args = ["netem", "limit", "100000"]
-        if self.delay_ms:
-            args += ["delay", f"{self.delay_ms:g}ms"]
-        if self.loss_pct:
-            args += ["loss", f"{self.loss_pct:g}%"]
-        return args
-
-    def tc_commands(self, dev: str, netns: str | None, uplink: bool) -> list[list[str]]:
-        """The ``tc`` argv lists that shape ``dev`` (inside ``netns`` when given).
-
-        ``uplink`` (the node's own egress) gets netem (delay, loss) with tbf as its child; the
-        downlink (bridge port egress) gets tbf only, so delay and loss count once per direction.
-        """
-        tc = ["tc", *(["-n", netns] if netns else []), "qdisc", "replace", "dev", dev]
-        netem = self.netem_args() if uplink else []
-        tbf = self.tbf_args()
-        if netem and tbf:
-            return [
-                [*tc, "root", "handle", "1:", *netem],
-                [*tc, "parent", "1:1", "handle", "10:", *tbf],
-            ]
-        if netem or tbf:
-            return [[*tc, "root", "handle", "1:", *(netem or tbf)]]
-        return []
-
-
-# ----------------------------------------------------------------------------- names
-
-
-def new_lab_id() -> str:
-    """A random 6-hex-digit lab id (24 bits; creation also checks it is not in use)."""
-    return secrets.token_hex(3)
-
-
-def check_lab_id(lab_id: str) -> str:
-    """Return ``lab_id`` if usable in interface names (1-6 of ``a-z0-9``), else raise."""
-    if not _ID_RE.match(lab_id):
-        raise ValueError(
-            f"lab name {lab_id!r} must be 1-6 characters of a-z and 0-9 (it goes into interface "
-            "names, which Linux limits to 15 characters)"
-        )
-    return lab_id
-
-
-def namespace_name(lab_id: str, index: int) -> str:
-    """Network namespace of node ``index``: ``mdsl<id>-n<i>``."""
-    return f"{PREFIX}{lab_id}-n{index}"
-
-
-def bridge_name(lab_id: str) -> str:
-    """The lab's bridge in the root namespace: ``mdsl<id>-br``."""
-    return f"{PREFIX}{lab_id}-br"
-
-
-def port_name(lab_id: str, index: int) -> str:
-    """Bridge-side end of node ``index``'s veth pair: ``mdsl<id>-v<i>``."""
-    return f"{PREFIX}{lab_id}-v{index}"
-
-
-def lab_id_of(name: str) -> str | None:
-    """The lab id inside a namespace/interface/lab name of ours, or None if it is not ours."""
-    match = re.match(rf"^{PREFIX}([a-z0-9]{{1,6}})(?:-(?:n\d+|v\d+|br))?$", name)
-    if match:
-        return match[1]
-    return name if _ID_RE.match(name) else None
-
-
-def _is_of_lab(name: str, lab_id: str) -> bool:
-    """Whether a namespace or interface name belongs to lab ``lab_id``."""
-    return name.startswith(f"{PREFIX}{lab_id}-") and lab_id_of(name) == lab_id
-
-
-def state_dir_of(lab_id: str) -> Path:
-    """Directory holding a lab's keys, configs, hostfile and logs (removed on teardown)."""
-    return Path(tempfile.gettempdir()) / f"{PREFIX}{lab_id}"
-
-
-@dataclass(frozen=True)
-class LabNode:
-    """One emulated node."""
-
-    index: int
-    """Node rank in the hostfile (0 is the master)."""
-    name: str
-    """Readable name, ``node<i>``."""
-    namespace: str
-    """Network namespace holding the node (``ip netns exec <namespace> ...``)."""
-    interface: str
-    """The node's interface inside its namespace (``GLOO_SOCKET_IFNAME``)."""
-    host_interface: str
-    """The bridge-side end of the node's veth pair, in the root namespace."""
-    address: str
-    """The node's IPv4 address (its host name in the hostfile)."""
-
-    def __post_init__(self) -> None:
-        for field_name in ("namespace", "interface", "host_interface"):
-            value = getattr(self, field_name)
-            if not 0 < len(value) <= 15:
-                raise ValueError(f"{field_name} {value!r} must be 1-15 characters (IFNAMSIZ)")
-        ipaddress.IPv4Address(self.address)
-
-
-def plan_nodes(lab_id: str, subnet: ipaddress.IPv4Network, count: int) -> tuple[LabNode, ...]:
-    """Names and addresses of a lab's nodes (pure; ``Lab`` creates them)."""
-    if not 2 <= count <= MAX_NODES:
-        raise ValueError(f"nodes({count}) must be within 2..{MAX_NODES}")
-    return tuple(
-        LabNode(
-            index=i,
-            name=f"node{i}",
-            namespace=namespace_name(lab_id, i),
-            interface=NODE_INTERFACE,
-            host_interface=port_name(lab_id, i),
-            address=str(subnet.network_address + i + 1),
-        )
-        for i in range(count)
-    )
-
-
-def subnet_for(lab_id: str, taken: Sequence[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
-    """The first free /24 of ``SUBNET_BASE``, starting at one derived from ``lab_id``."""
-    start = int.from_bytes(lab_id.encode(), "big") % 256
-    for step in range(256):
-        third = (start + step) % 256
-        candidate = ipaddress.IPv4Network(f"10.200.{third}.0/24")
-        if not any(candidate.overlaps(net) for net in taken):
-            return candidate
-    raise LabError(
-        "every /24 of 10.200.0.0/16 is in use by a route of this machine: remove leftover labs "
-        "with 'python -m launchers.lab down --all'"
-    )
-
-
-def hostfile_text(nodes: Sequence[LabNode], slots: int = 1, title: str = "") -> str:
-    """DeepSpeed hostfile naming the nodes by address: ``<address> slots=<slots>`` lines."""
-    if slots < 1:
-        raise ValueError(f"slots({slots}) must be >= 1")
-    lines = [
-        f"# Emulated lab {title}: {len(nodes)} nodes (network namespaces on one machine).".replace(
-            "  ", " "
-        ),
-        "# Written per lab by launchers.lab: addresses are per lab. Columns: host slots=ranks.",
-    ]
-    lines += [f"{node.address} slots={slots}" for node in nodes]
-    return "\n".join(lines) + "\n"
-
-
-# ----------------------------------------------------------------------------- commands
-
-
-def _run(
-    argv: Sequence[str], check: bool = True, timeout: float = 30
-) -> subprocess.CompletedProcess:
-    """Run argv (no shell); on failure raise LabError with the command and its stderr."""
-    try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError as err:
-        raise LabError(f"{argv[0]} not found: install it ({INSTALL_HINT})") from err
-    if check and proc.returncode != 0:
-        raise LabError(
-            f"command failed ({proc.returncode}): {shlex.join(argv)}\n{proc.stderr.strip()}"
-        )
-    return proc
-
-
-def _lines(argv: Sequence[str]) -> list[str]:
-    return _run(argv, check=False).stdout.split()
-
-
-def list_namespaces() -> list[str]:
-    """Names of all network namespaces (``ip netns list``)."""
-    out = _run(["ip", "netns", "list"], check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def list_links() -> list[str]:
-    """Names of all interfaces of the root namespace (``ip -o link``), without ``@peer``."""
-    out = _run(["ip", "-o", "link", "show"], check=False).stdout
-    names = []
-    for line in out.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) >= 2:
-            names.append(parts[1].strip().split("@")[0])
-    return names
-
-
-def _taken_networks() -> list[ipaddress.IPv4Network]:
-    """Networks the root namespace routes or holds addresses in (the default route excluded)."""
-    taken: list[ipaddress.IPv4Network] = []
-    for argv in (["ip", "-4", "-j", "route", "show", "table", "all"], ["ip", "-4", "-j", "addr"]):
-        try:
-            data = json.loads(_run(argv, check=False).stdout or "[]")
-        except json.JSONDecodeError:
-            continue
-        for item in data:
-            entries = [item] if "dst" in item else item.get("addr_info", [])
-            for entry in entries:
-                dst = entry.get("dst") or (
-                    f"{entry['local']}/{entry.get('prefixlen', 32)}" if "local" in entry else None
-                )
-                if not dst or dst == "default":
-                    continue
-                with contextlib.suppress(ValueError):
-                    net = ipaddress.IPv4Network(dst if "/" in dst else f"{dst}/32", strict=False)
-                    if net.prefixlen > 0:
-                        taken.append(net)
-    return taken
+from launchers.lab_cpu import CPU_CGROUP_PARENT as CPU_CGROUP_PARENT
+from launchers.lab_cpu import PID_NAMESPACE, CpuCgroup, remove_cgroups
+from launchers.lab_cpu import _write_control as _write_control
+from launchers.lab_cpu import cpu_controller_roots as cpu_controller_roots
+from launchers.lab_cpu import cpu_limit_lines as cpu_limit_lines
+from launchers.lab_cpu import default_node_cpus as default_node_cpus
+from launchers.lab_net import (
+    _ENV_KEY_RE,
+    COUNTERS,
+    HOST_OCTET,
+    MAX_NODES,
+    NODE_INTERFACE,
+    SSH_PORT,
+    SSHD,
+    _creation_lock,
+    _is_of_lab,
+    _kill_namespace_processes,
+    _taken_networks,
+)
+from launchers.lab_net import DEFAULT_BURST_MS as DEFAULT_BURST_MS
+from launchers.lab_net import MTU as MTU
+from launchers.lab_net import PREFIX as PREFIX
+from launchers.lab_net import LabError as LabError
+from launchers.lab_net import LabNode as LabNode
+from launchers.lab_net import LinkShape as LinkShape
+from launchers.lab_net import _lines as _lines
+from launchers.lab_net import _namespace_pids as _namespace_pids
+from launchers.lab_net import _run as _run
+from launchers.lab_net import bridge_name as bridge_name
+from launchers.lab_net import check_lab_id as check_lab_id
+from launchers.lab_net import hostfile_text as hostfile_text
+from launchers.lab_net import lab_id_of as lab_id_of
+from launchers.lab_net import list_links as list_links
+from launchers.lab_net import list_namespaces as list_namespaces
+from launchers.lab_net import namespace_name as namespace_name
+from launchers.lab_net import new_lab_id as new_lab_id
+from launchers.lab_net import plan_nodes as plan_nodes
+from launchers.lab_net import port_name as port_name
+from launchers.lab_net import state_dir_of as state_dir_of
+from launchers.lab_net import subnet_for as subnet_for
+from launchers.lab_tools import LAB_LAUNCHERS as LAB_LAUNCHERS
+from launchers.lab_tools import LAB_TRANSPORTS as LAB_TRANSPORTS
+from launchers.lab_tools import LAUNCHER_TOOLS as LAUNCHER_TOOLS
+from launchers.lab_tools import _executable as _executable
+from launchers.lab_tools import check_launcher as check_launcher
+from launchers.lab_tools import check_prerequisites as check_prerequisites
+from launchers.lab_tools import lab_launcher as lab_launcher
+from launchers.lab_tools import missing_launcher_tools as missing_launcher_tools
 
 
 def existing_labs() -> list[str]:
@@ -467,36 +122,6 @@ def existing_labs() -> list[str]:
             if path.is_dir() and (lab_id := lab_id_of(path.name)) and path.name != lab_id:
                 found.add(lab_id)
     return sorted(found)
-
-
-@contextlib.contextmanager
-def _creation_lock() -> Iterator[None]:
-    """Serialise lab creation on this machine (id and subnet choice must not race)."""
-    path = Path(tempfile.gettempdir()) / "mds-bench-lab.lock"
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _namespace_pids(namespace: str) -> list[int]:
-    return [int(pid) for pid in _lines(["ip", "netns", "pids", namespace]) if pid.isdigit()]
-
-
-def _kill_namespace_processes(namespace: str) -> None:
-    """Stop every process still inside one of our namespaces (it would keep the namespace)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = _namespace_pids(namespace)
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and _namespace_pids(namespace):
-            time.sleep(0.05)
 
 
 def remove_lab(lab_id: str) -> list[str]:
@@ -523,169 +148,6 @@ def remove_lab(lab_id: str) -> list[str]:
     left = [n for n in list_namespaces() + list_links() if _is_of_lab(n, lab_id)]
     if left:
         problems.append(f"still present after teardown: {', '.join(left)}")
-    return problems
-
-
-# ----------------------------------------------------------------------------- CPU budget
-
-CPU_CGROUP_PARENT = "mds-bench-lab"
-"""Our directory under the cpu controller's root; one child per lab node (``mdsl<id>-n<i>``)."""
-
-CPU_BUDGET_NODES = 4
-"""Default budget: the machine's cores divided by this many nodes (0.5 core each on 2 cores),
-the same whatever the lab's node count, so that a node of a 4-node lab computes as fast as one of
-a 2-node lab, as separate machines would. Labs of more nodes than this oversubscribe the cores."""
-
-CFS_PERIOD_US = 100_000
-"""Scheduler period the quota is given in (the kernel's default, 100 ms)."""
-
-PID_NAMESPACE = ["unshare", "--pid", "--mount-proc", "--kill-child"]
-"""Each node's sshd runs as PID 1 of its own PID namespace (with its own /proc), as on a machine
-of its own: DeepSpeed's pdsh runner stops a run with ``pdsh -w <nodes> pkill -f '<python> -u -m
-deepspeed.launcher.launch'``, which in a shared PID namespace also kills every other lab's
-launchers and the host's pdsh (their command lines match). ``--kill-child``: when ``unshare``
-is stopped, its sshd (and so the whole namespace) goes too."""
-
-JOIN_CGROUP = 'echo $$ > "$0" && exec "$@"'
-"""``sh -c`` script: move this shell into the cgroup whose ``cgroup.procs`` is ``$0``, then exec
-the command (its pid, and every child it forks, stay in the group)."""
-
-
-def default_node_cpus() -> float:
-    """Cores per node when none is asked: ``os.cpu_count() / CPU_BUDGET_NODES``."""
-    return (os.cpu_count() or 1) / CPU_BUDGET_NODES
-
-
-def cpu_controller_roots(mounts: str | None = None) -> list[tuple[Path, Literal[1, 2]]]:
-    """Where the cpu controller can be used: cgroup v2 mounts whose root offers ``cpu``, then
-    cgroup v1 hierarchies mounted with the ``cpu`` option (from ``/proc/mounts``)."""
-    if mounts is None:
-        try:
-            mounts = Path("/proc/mounts").read_text()
-        except OSError:
-            return []
-    v2: list[tuple[Path, Literal[1, 2]]] = []
-    v1: list[tuple[Path, Literal[1, 2]]] = []
-    for line in mounts.splitlines():
-        fields = line.split()
-        if len(fields) < 4:
-            continue
-        path, kind, options = Path(fields[1]), fields[2], fields[3].split(",")
-        if kind == "cgroup2":
-            with contextlib.suppress(OSError):
-                if "cpu" in (path / "cgroup.controllers").read_text().split():
-                    v2.append((path, 2))
-        elif kind == "cgroup" and "cpu" in options:
-            v1.append((path, 1))
-    return v2 + v1
-
-
-def cpu_limit_lines(cpus: float, version: Literal[1, 2]) -> dict[str, str]:
-    """Control files and values giving ``cpus`` cores: v2 ``cpu.max`` = "quota period", v1
-    ``cpu.cfs_period_us`` then ``cpu.cfs_quota_us`` (both in µs per ``CFS_PERIOD_US``)."""
-    if not cpus > 0:
-        raise ValueError(f"cpus({cpus}) must be > 0")
-    quota = max(1000, round(cpus * CFS_PERIOD_US))
-    if version == 2:
-        return {"cpu.max": f"{quota} {CFS_PERIOD_US}"}
-    return {"cpu.cfs_period_us": str(CFS_PERIOD_US), "cpu.cfs_quota_us": str(quota)}
-
-
-@dataclass(frozen=True)
-class CpuCgroup:
-    """A cgroup limiting one lab node to a number of cores (CFS bandwidth control)."""
-
-    path: Path
-    """The node's cgroup directory."""
-    version: Literal[1, 2]
-    """cgroup v2 (``cpu.max``) or v1 (``cpu.cfs_quota_us``)."""
-    cpus: float
-    """Cores the node's processes may use together, per scheduler period."""
-
-    @classmethod
-    def create(cls, name: str, cpus: float) -> CpuCgroup:
-        """Make ``<cpu root>/mds-bench-lab/<name>`` with the limit set, or raise LabError."""
-        problems = []
-        roots = cpu_controller_roots()
-        for root, version in roots:
-            parent = root / CPU_CGROUP_PARENT
-            path = parent / name
-            try:
-                if version == 2:
-                    _write_control(root / "cgroup.subtree_control", "+cpu")
-                    parent.mkdir(exist_ok=True)
-                    _write_control(parent / "cgroup.subtree_control", "+cpu")
-                else:
-                    parent.mkdir(exist_ok=True)
-                path.mkdir()
-                for control, value in cpu_limit_lines(cpus, version).items():
-                    _write_control(path / control, value)
-                return cls(path, version, cpus)
-            except OSError as err:
-                with contextlib.suppress(OSError):
-                    path.rmdir()
-                problems.append(f"{root}: {err.strerror or err}")
-        raise LabError(
-            "a CPU budget per node needs a writable cpu cgroup (root, and cgroup v2 with the cpu "
-            "controller or cgroup v1's cpu hierarchy): "
-            + ("; ".join(problems) or "no cpu controller mounted (see /proc/mounts)")
-            + "; or run the lab without a budget (node_cpus=None, --node-cpus 0)"
-        )
-
-    def join(self, argv: Sequence[str]) -> list[str]:
-        """argv that moves itself into this group, then runs ``argv`` (children inherit it).
-
-        On cgroup v2 a process is in one group only: a memory cgroup the executor puts it in
-        first (``--mem-limit``) is left by this move.
-        """
-        return ["sh", "-c", JOIN_CGROUP, str(self.path / "cgroup.procs"), *argv]
-
-    def stat(self) -> dict[str, int]:
-        """``cpu.stat`` counters (periods, throttled periods and time; v2 also usage)."""
-        out: dict[str, int] = {}
-        with contextlib.suppress(OSError):
-            for line in (self.path / "cpu.stat").read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if value.strip().isdigit():
-                    out[key] = int(value)
-        return out
-
-    def describe(self) -> dict[str, Any]:
-        """The group as run.json records it."""
-        return {"cgroup": str(self.path), "cgroup_version": self.version, "cpu_stat": self.stat()}
-
-
-def _write_control(path: Path, value: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(value)
-
-
-def _cgroup_pids(path: Path) -> list[int]:
-    with contextlib.suppress(OSError):
-        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
-    return []
-
-
-def remove_cgroups(lab_id: str) -> list[str]:
-    """Remove the CPU cgroups of lab ``lab_id`` (killing what is left in them); the problems."""
-    problems = []
-    for root, _ in cpu_controller_roots():
-        for path in sorted((root / CPU_CGROUP_PARENT).glob(f"{PREFIX}{lab_id}-n*")):
-            if not path.is_dir() or not _is_of_lab(path.name, lab_id):
-                continue
-            for pid in _cgroup_pids(path):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 5
-            while True:
-                try:
-                    path.rmdir()
-                    break
-                except OSError as err:
-                    if time.monotonic() > deadline:
-                        problems.append(f"cgroup {path}: {err.strerror or err}")
-                        break
-                    time.sleep(0.05)
     return problems
 
 
@@ -746,88 +208,6 @@ def _restore_handlers() -> None:
 
 
 # ----------------------------------------------------------------------------- the lab
-
-
-def check_prerequisites(ssh: bool) -> None:
-    """Raise LabError naming what is missing to run a lab (root, ip, tc, sshd, ssh, pdsh)."""
-    if os.geteuid() != 0:
-        raise LabError("the lab needs root (network namespaces, veth, tc): run it with sudo")
-    tools = ["ip", "tc"] + (["ssh", "ssh-keygen", "pdsh", "unshare"] if ssh else [])
-    missing = [tool for tool in tools if shutil.which(tool) is None]
-    if ssh and not os.access(SSHD, os.X_OK):
-        missing.append(SSHD)
-    if missing:
-        raise LabError(f"missing {', '.join(missing)}: {INSTALL_HINT}")
-
-
-LAB_LAUNCHERS: dict[str, str] = {
-    "pdsh": "DeepSpeed's pdsh runner over the lab's ssh (the default)",
-    "no_ssh": "launch.sh NODE_RANK started inside each node's namespace",
-    "openmpi": "DeepSpeed's openmpi runner: mpirun over the lab's ssh",
-    "slurm": "DeepSpeed's slurm runner: srun inside a salloc allocation of the lab's Slurm cluster",
-}
-"""Launchers a lab serves, and how. Any other is refused: a lab never runs a request through a
-launcher other than the one asked for."""
-
-LAB_TRANSPORTS: dict[str, str] = {
-    "pdsh": "ssh",
-    "no_ssh": "netns-exec",
-    "openmpi": "openmpi",
-    "slurm": "slurm",
-}
-"""run.json's ``network.transport`` per lab launcher: how the ranks reached the nodes."""
-
-LAUNCHER_TOOLS: dict[str, tuple[tuple[str, ...], str]] = {
-    "pdsh": (("ssh", "ssh-keygen", "pdsh", SSHD), INSTALL_HINT),
-    "no_ssh": ((), INSTALL_HINT),
-    "openmpi": (("ssh", "ssh-keygen", SSHD, "pdsh", "mpirun", "ompi_info"),
-                "apt-get install -y openmpi-bin openssh-server openssh-client pdsh"),
-    "slurm": (("munged", "slurmctld", "slurmd", "sinfo", "squeue", "scontrol", "scancel",
-               "salloc", "srun", "nsenter", "unshare"), "apt-get install -y slurm-wlm munge"),
-}  # fmt: skip
-"""Executables each lab launcher needs beyond ``ip`` and ``tc``, and the Debian packages."""
-
-
-def lab_launcher(requested: str | None) -> str:
-    """The launcher a lab runs a request with: the one asked for, or pdsh when none was.
-
-    Raises LabError for a launcher the lab cannot serve (``local`` starts every rank on this
-    machine outside the nodes), naming those it serves: never another one in its place.
-    """
-    if requested is None:
-        return "pdsh"
-    if requested not in LAB_LAUNCHERS:
-        why = {
-            "local": "it starts every rank on this machine, outside the lab's nodes and links"
-        }.get(requested, "the lab does not know it")
-        served = "; ".join(f"{name}: {how}" for name, how in LAB_LAUNCHERS.items())
-        raise LabError(
-            f"launcher {requested!r} cannot run on the lab: {why}. The lab serves {served}"
-        )
-    return requested
-
-
-def missing_launcher_tools(launcher: str) -> list[str]:
-    """Executables ``launcher`` needs in a lab that this machine lacks."""
-    tools, _ = LAUNCHER_TOOLS[lab_launcher(launcher)]
-    return [t for t in tools if not _executable(t)]
-
-
-def _executable(tool: str) -> bool:
-    """Whether ``tool`` (a name on PATH, or an absolute path) can be run."""
-    return os.access(tool, os.X_OK) if "/" in tool else shutil.which(tool) is not None
-
-
-def check_launcher(launcher: str) -> None:
-    """Raise LabError saying what is missing for a lab run with ``launcher`` (root included)."""
-    check_prerequisites(ssh=False)
-    missing = missing_launcher_tools(launcher)
-    if missing:
-        hint = LAUNCHER_TOOLS[launcher][1]
-        raise LabError(
-            f"launcher {launcher} in the lab needs {', '.join(missing)}, missing here: {hint} "
-            "(the lab does not fall back to another launcher)"
-        )
 
 
 class Lab:
@@ -1358,85 +738,7 @@ def _disable_ipv6_here(interface: str) -> None:
         path.write_text("1")
 
 
-# ----------------------------------------------------------------------------- CLI
-
-
-@contextlib.contextmanager
-def _slurm(lab: Lab, args: argparse.Namespace) -> Iterator[None]:
-    """``up --slurm``: the lab's Slurm cluster for as long as the lab is up."""
-    if not args.slurm:
-        yield
-        return
-    from launchers.lab_slurm import SlurmCluster
-
-    with SlurmCluster(lab):
-        yield
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m launchers.lab up|down|list``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m launchers.lab", description=__doc__.split("\n")[0]
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="create a lab and keep it until Ctrl-C / SIGTERM")
-    up.add_argument("--nodes", type=int, default=2, help="number of nodes (default 2)")
-    up.add_argument("--link", default="none", help="rate: 100mbit, 1gbit, none (default none)")
-    up.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay per node, ms")
-    up.add_argument("--loss-pct", type=float, default=0.0, help="packet loss per node, percent")
-    up.add_argument("--burst-ms", type=float, default=DEFAULT_BURST_MS,
-                    help=f"tbf bucket, ms at the rate (default {DEFAULT_BURST_MS:g})")  # fmt: skip
-    up.add_argument("--node-cpus", type=float, default=None,
-                    help="cores per node (default: cores / 4; 0: no budget)")  # fmt: skip
-    up.add_argument("--name", default=None, help="lab id, 1-6 of a-z0-9 (default: random)")
-    up.add_argument("--no_ssh", "--no-ssh", action="store_true", help="no sshd in the nodes")
-    up.add_argument(
-        "--slurm", action="store_true", help="also a Slurm cluster (slurmctld, a slurmd per node)"
-    )
-    down = sub.add_parser("down", help="remove a lab by name, or every lab of ours with --all")
-    down.add_argument("name", nargs="?", help="lab name (mdsl<id>) or id")
-    down.add_argument("--all", action="store_true", help="remove every leftover mdsl* lab")
-    sub.add_parser("list", help="list labs present on this machine")
-    args = parser.parse_args(argv)
-
-    if args.command == "list":
-        for lab_id in existing_labs():
-            namespaces = [ns for ns in list_namespaces() if lab_id_of(ns) == lab_id]
-            print(f"{PREFIX}{lab_id}\t{len(namespaces)} namespaces\t{' '.join(namespaces)}")
-        return 0
-    if args.command == "down":
-        if args.all == bool(args.name):
-            parser.error("down takes a lab name or --all (one of the two)")
-        ids = existing_labs() if args.all else [lab_id_of(args.name) or args.name]
-        status = 0
-        for lab_id in ids:
-            problems = remove_lab(check_lab_id(lab_id))
-            print(f"{PREFIX}{lab_id}: " + ("removed" if not problems else "; ".join(problems)))
-            status |= bool(problems)
-        return status
-    shape = LinkShape.parse(args.link, args.delay_ms, args.loss_pct, args.burst_ms)
-    if args.node_cpus is not None and args.node_cpus < 0:
-        parser.error(f"--node-cpus {args.node_cpus:g}: cores per node, > 0 (0: no budget)")
-    cpus = "auto" if args.node_cpus is None else (args.node_cpus or None)
-    with (
-        Lab(args.nodes, shape, name=args.name, ssh=not args.no_ssh, node_cpus=cpus) as lab,
-        _slurm(lab, args),
-    ):
-        hostfile = lab.write_hostfile()
-        print(json.dumps(lab.describe(), indent=2))
-        print(f"hostfile: {hostfile}")
-        if lab.ssh:
-            env = lab.launcher_env(base={})
-            print(f"ssh: ssh -F {lab.ssh_config_path} {lab.master_addr}")
-            print("launcher env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
-        if args.slurm:
-            conf = lab.state_dir / "slurm" / "slurm.conf"
-            print(f"slurm: SLURM_CONF={conf} sinfo   (salloc, srun, sbatch, squeue, scancel)")
-        print(f"remove: Ctrl-C, or 'python -m launchers.lab down {lab.id}'", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            signal.pause()
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from launchers.lab_cli import main
+
+    raise SystemExit(main())

@@ -26,7 +26,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import shlex
 import socket
 import subprocess
@@ -36,6 +35,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, get_args
+
+from analysis import formulas
+from analysis.formulas import ring_factor
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "sendrecv"]
 """Benchmarked operations (nccl-tests names, with underscores)."""
@@ -87,30 +89,14 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 LAB_MASTER_PORT = 29500
 """Rendezvous port inside a lab (a fresh network namespace: nothing else listens there)."""
 
-_SIZE_RE = re.compile(r"^\s*(?P<num>\d+)\s*(?P<unit>[KMG]?)(?:i?B)?\s*$", re.I)
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
 
 def parse_size(text: str | int) -> int:
     """Bytes from ``1K``, ``64M``, ``1MiB``, ``4096`` (binary units, as nccl-tests' ``-b/-e``)."""
-    if isinstance(text, int):
-        return text
-    match = _SIZE_RE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"size {text!r} not understood: write e.g. 1K, 16M, 64M")
-    return int(match["num"]) * _UNITS[match["unit"].upper()]
-
-
-def busbw_factor(op: Op, world: int) -> float:
-    """nccl-tests bus-bandwidth factor: 2(n-1)/n, (n-1)/n, (n-1)/n, 1."""
-    if world < 1:
-        raise ValueError(f"world({world}) must be >= 1")
-    return {
-        "all_reduce": 2 * (world - 1) / world,
-        "all_gather": (world - 1) / world,
-        "reduce_scatter": (world - 1) / world,
-        "sendrecv": 1.0,
-    }[op]
+    try:
+        return formulas.parse_size(text)
+    except ValueError as exc:
+        message = f"size {text!r} not understood: write e.g. 1K, 16M, 64M"
+        raise argparse.ArgumentTypeError(message) from exc
 
 
 def bandwidths(op: Op, nbytes: int, seconds: float, world: int) -> tuple[float, float]:
@@ -118,7 +104,7 @@ def bandwidths(op: Op, nbytes: int, seconds: float, world: int) -> tuple[float, 
     if seconds <= 0:
         raise ValueError(f"seconds({seconds}) must be > 0")
     algbw = nbytes * 8 / seconds / 1e9
-    return algbw, algbw * busbw_factor(op, world)
+    return algbw, algbw * ring_factor(op, world)
 
 
 def element_count(op: Op, nbytes: int, world: int, itemsize: int) -> int:

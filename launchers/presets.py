@@ -20,6 +20,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from analysis.formulas import CONFIG_DIR, CORE_STRATEGIES, STRATEGIES_FILE, padded_vocab_size
 from launchers.hostfile import HostfileError, _check_host_name
 from launchers.project import remote_value_problems
 from launchers.spec import (
@@ -33,17 +34,7 @@ from launchers.spec import (
     SpecError,
     Strategy,
     Training,
-    padded_vocab_size,
 )
-
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "megatron_configs"
-"""Directory of the preset YAML files."""
-
-STRATEGIES_FILE = "strategies.yaml"
-"""The strategy registry inside :data:`CONFIG_DIR`; every other ``*.yaml`` there is a model."""
-
-CORE_STRATEGIES = ("baseline", "pipeline", "tensor", "zero1", "zero2", "zero3")
-"""The six strategies every model is compared on (``matrix --strategies core``)."""
 
 
 class PresetError(ValueError):

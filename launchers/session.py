@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from analysis.formulas import steady_windows
 from launchers.spec import RunSpec
 
 NETBENCH_OPTIONS = {
@@ -77,11 +78,8 @@ def steady_iter_ms(run_dir: Path) -> float | None:
     parts = [runs[-1] for log in sorted(run_dir.glob("*.log")) if (runs := parse_file(log))]
     if not parts:
         return None
-    values = [
-        it.elapsed_ms
-        for it in sorted(merge_runs(parts).iterations, key=lambda it: it.iteration)[1:]
-        if it.elapsed_ms is not None
-    ]
+    windows = sorted(merge_runs(parts).iterations, key=lambda it: it.iteration)
+    values = [it.elapsed_ms for it in steady_windows(windows) if it.elapsed_ms is not None]
     return statistics.fmean(values) if values else None
 
 
@@ -343,7 +341,7 @@ class LabSession:
             if self.start and node in self.start
         }
         doc["counters"] = {"start": self.start, "end": end, "delta": delta}
-        steady = self.samples[1:] if len(self.samples) > 2 else []
+        steady = steady_windows(self.samples)
         if len(steady) >= 2:
             (k0, c0), (k1, c1) = steady[0], steady[-1]
             per = {

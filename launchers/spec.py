@@ -14,6 +14,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
+from analysis.formulas import (  # noqa: F401  (re-exported: the launcher's names for them)
+    MAKE_VOCAB_SIZE_DIVISIBLE_BY,
+    Normalization,
+    gpt_parameters,
+    gpt_parameters_on_rank,
+    padded_vocab_size,
+)
+
 Precision = Literal["fp32", "fp16", "bf16"]
 """Training precision. fp16 uses DeepSpeed's dynamic loss scaling."""
 
@@ -31,18 +39,12 @@ Offload = Literal["none", "optimizer", "optimizer+params"]
 ZeroStage = Literal[0, 1, 2, 3]
 """DeepSpeed ZeRO stage."""
 
-Normalization = Literal["layernorm", "rmsnorm"]
-"""Megatron's ``--normalization``: LayerNorm (weight and bias) or RMSNorm (weight only)."""
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DEVICES: tuple[str, ...] = get_args(Device)
 LAUNCHER_MODES: tuple[str, ...] = get_args(LauncherMode)
 OFFLOADS: tuple[str, ...] = get_args(Offload)
 ZERO_STAGES: tuple[int, ...] = get_args(ZeroStage)
-
-MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
-"""Megatron's ``--make-vocab-size-divisible-by`` default: the vocabulary is padded to a multiple
-of this times the tensor-parallel size (``megatron/tokenizer/tokenizer.py``)."""
 
 
 class SpecError(ValueError):
@@ -67,56 +69,6 @@ def _one_of(owner: str, key: str, value: object, allowed: tuple[Any, ...]) -> No
         value in allowed,
         f"{owner}: {key} must be one of {', '.join(map(str, allowed))}; got {value!r}",
     )
-
-
-def padded_vocab_size(vocab_size: int, tp: int = 1) -> int:
-    """Vocabulary size after Megatron's padding to a multiple of 128 * TP."""
-    multiple = MAKE_VOCAB_SIZE_DIVISIBLE_BY * tp
-    return -(-vocab_size // multiple) * multiple
-
-
-def gpt_parameters_on_rank(
-    layers: int,
-    hidden: int,
-    positions: int,
-    padded_vocab: int,
-    normalization: Normalization = "layernorm",
-    tp: int = 1,
-    pp: int = 1,
-    stage: int = 0,
-) -> int:
-    """What upstream prints as "number of parameters on (tensor, pipeline) model parallel rank
-    (t, ``stage``)", the same for every tensor rank t (``megatron/training.py``).
-
-    The one home of the parameter formula on the launcher side. Per layer and tensor rank:
-    the QKV, dense and two MLP weights 12h^2/tp; the QKV and first MLP biases 7h/tp (column
-    parallel: split); the dense and second MLP biases 2h (row parallel: replicated); two norms,
-    2h each for LayerNorm (weight and bias), h for RMSNorm. The first stage holds the word
-    embeddings (V/tp rows) and the learned positions (s h); the last stage the final norm and,
-    with PP > 1, GPTModelPipe's tied copy of the whole embedding module (words and positions).
-    """
-    norm = 2 * hidden if normalization == "layernorm" else hidden
-    per_layer = 12 * hidden * hidden // tp + 7 * hidden // tp + 2 * hidden + 2 * norm
-    embedding = padded_vocab // tp * hidden + positions * hidden
-    count = layers // pp * per_layer
-    if stage == 0:
-        count += embedding
-    if stage == pp - 1:
-        count += norm + (embedding if pp > 1 else 0)
-    return count
-
-
-def gpt_parameters(
-    layers: int,
-    hidden: int,
-    positions: int,
-    padded_vocab: int,
-    normalization: Normalization = "layernorm",
-) -> int:
-    """Parameters of one model replica: l(12h^2 + 13h) + V h + s h + 2h with LayerNorm,
-    l(12h^2 + 11h) + V h + s h + h with RMSNorm (no biases in the norms). Equals upstream's
-    printed count at TP = PP = 1, and the sum over pipeline stages less the tied embedding."""
-    return gpt_parameters_on_rank(layers, hidden, positions, padded_vocab, normalization)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ the bytes seen on the wire between two emulated nodes (UPSTREAM.md)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from analysis import comm
@@ -101,6 +103,38 @@ def test_tensor_parallel_allreduces_per_layer():
     assert acts.count_per_iter == 8 * 18
     assert acts.size_bytes == 128 * 128 * 4
     assert acts.link == "intra-node"
+
+
+def test_tensor_parallel_recompute_repeats_the_forward_allreduces():
+    """Full recompute runs each layer's forward again in backward: 6 all-reduces per layer.
+    By hand, GAS 8: 8 x (6 x 4 + 2) = 208 calls of 128 x 128 x 4 = 65,536 B each; a ring of 2
+    sends 2(2-1)/2 = 1 byte per byte: 208 x 65,536 = 13,631,488 B, 8 x 8 x 65,536 = 4,194,304
+    more than without recompute (8 x 18 x 65,536 = 9,437,184)."""
+    base, _ = comm.plan(tiny(tp=2, nodes=1, activation_checkpointing=False))
+    again, _ = comm.plan(tiny(tp=2, nodes=1, activation_checkpointing=True))
+    assert base is not None and again is not None
+    assert again.collectives[0].count_per_iter == 8 * 26
+    assert again.collectives[0].wire_bytes_per_rank == 13_631_488
+    assert base.collectives[0].wire_bytes_per_rank == 9_437_184
+    # The cross-entropy statistics sit outside the checkpointed layers: unchanged.
+    assert again.collectives[1] == base.collectives[1]
+
+
+def test_zero3_recompute_gathers_parameters_a_third_time():
+    """With every tensor above the persistence threshold (threshold 0), ZeRO-3 gathers the
+    whole model in forward, in the recomputed forward and in backward: by hand, PSI x 4 B
+    each, GAS 4 on dp 2."""
+    setup = tiny(zero=3, param_persistence_threshold=0, activation_checkpointing=True)
+    plan, _ = comm.plan(setup)
+    assert plan is not None
+    gathers = [c for c in plan.collectives if c.op == "all_gather"]
+    assert [c.purpose for c in gathers] == [
+        "parameters (forward)", "parameters (recomputed forward)", "parameters (backward)"
+    ]  # fmt: skip
+    assert all(c.size_bytes == PSI * 4 and c.count_per_iter == 4 for c in gathers)
+    plain, _ = comm.plan(replace(setup, activation_checkpointing=False))
+    assert plain is not None
+    assert plan.bytes_per_iter - plain.bytes_per_iter == 4 * PSI * 4 / 2  # one more, ring 1/2
 
 
 # Bytes seen on the veth between two emulated nodes per iteration (UPSTREAM.md, tiny model,

@@ -150,7 +150,11 @@ def test_run_json_records_the_resolved_spec(tmp_path: Path) -> None:
     assert record["command"] == launcher_command(spec, str(run_dir))
     s = record["spec"]
     assert s["model"]["num_parameters"] == 875_264
-    assert s["strategy"] | {} == s["strategy"] and s["strategy"]["dp"] == 2
+    # The strategy as strategies.yaml states it, plus dp = world(2) / (tp * pp).
+    assert s["strategy"] == {
+        "name": "zero2", "tp": 1, "pp": 1, "dp": 2, "zero_stage": 2, "offload": "none",
+        "description": "ZeRO-2, optimizer state and gradients partitioned",
+    }  # fmt: skip
     assert s["cluster"] == {
         "hostfile": "hostfiles/localhost",
         "hosts": ["localhost"],

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis.formulas import parse_rate
 from launchers import lab as labmod
 from launchers.lab import (
     Lab,
@@ -23,7 +24,6 @@ from launchers.lab import (
     lab_id_of,
     namespace_name,
     new_lab_id,
-    parse_rate,
     plan_nodes,
     port_name,
     subnet_for,

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from analysis.formulas import ring_factor
 from launchers import lab as labmod
 from launchers._netbench_worker import parse_args
 from launchers.netbench import (
     OPS,
     bandwidths,
-    busbw_factor,
     choose_iters,
     element_count,
     largest,
@@ -43,7 +43,7 @@ RESULT_KEYS = {"op", "bytes", "time_ms", "algbw_gbps", "busbw_gbps", "iters"}
     ],
 )
 def test_busbw_factor_nccl_tests(op: str, world: int, factor: float) -> None:
-    assert busbw_factor(op, world) == pytest.approx(factor)
+    assert ring_factor(op, world) == pytest.approx(factor)
 
 
 def test_bandwidths_in_gbit_per_s() -> None:
@@ -149,9 +149,7 @@ def _check_doc(doc: dict, ops: list[str], world: int) -> None:
     for row in doc["results"]:
         assert row.keys() >= RESULT_KEYS
         assert row["time_ms"] > 0 and row["iters"] >= 2
-        assert row["busbw_gbps"] == pytest.approx(
-            row["algbw_gbps"] * busbw_factor(row["op"], world)
-        )
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * ring_factor(row["op"], world))
         assert row["algbw_gbps"] == pytest.approx(row["bytes"] * 8 / row["time_ms"] / 1e6)
     Console(width=120, file=open("/dev/null", "w")).print(render_table(doc))  # noqa: SIM115
 

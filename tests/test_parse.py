@@ -208,6 +208,9 @@ def test_rmsnorm_fail_keeps_the_gloo_consequence_as_a_problem():
         p.startswith("line 588: further failure (nccl)") and "Connection closed by peer" in p
         for p in run.problems
     )
+    # The same failure as a record, for the launcher's root-cause choice (no string scraping).
+    further = [f for f in run.further_failures if f.line == 588]
+    assert [(f.kind, "Connection closed by peer" in f.message) for f in further] == [("nccl", True)]
 
 
 @needs_lab

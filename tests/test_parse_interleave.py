@@ -40,7 +40,8 @@ import pytest
 
 from analysis import parse, report
 from analysis._lines import split_prefix
-from analysis.load import _LINK_IN_NAME, _NODE_SUFFIX
+from analysis.formulas import RATE_IN_NAME
+from analysis.load import _NODE_SUFFIX
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 
@@ -161,7 +162,7 @@ def _exempt(name: str, netbench: bool) -> set[str]:
     out = set(ALWAYS_EXEMPT) | set(RUN_JSON_ONLY)
     if netbench:
         out |= set(NETBENCH_ONLY)
-    if _LINK_IN_NAME.search(name) is None:
+    if RATE_IN_NAME.search(name) is None:
         out |= set(LINK_ONLY)
     return out
 

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from analysis import repeats, report
-from analysis.metrics import RunMetrics, describe, speedup_interval
+from analysis.metrics import RunMetrics, describe
 from analysis.repeats import repeat_sets, speedup_model
+from analysis.speedup import speedup_interval
 from launchers import cli
 from launchers.hostfile import parse_hostfile_text
 from launchers.presets import resolve_spec

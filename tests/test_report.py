@@ -138,9 +138,9 @@ def _run(name: str, strategy: str, status: str, windows, factor: float = 1.0, **
 
 
 def _rows(runs, baseline=None):
-    from analysis import metrics, predict
+    from analysis import metrics, predict, speedup
 
-    rows = metrics.compare([metrics.compute(r) for r in runs], baseline)
+    rows = speedup.compare([metrics.compute(r) for r in runs], baseline)
     model = predict.report_sections(runs, rows)
     rows = predict.fill_rows(rows, model.loo)
     text = report.render(rows, "logs", [], model)
@@ -253,3 +253,15 @@ def test_pipeline_timers_section_on_real_gpu_logs(tmp_path):
     assert "bubble theory (p-1)/(m+p-1) = 20.0% for balanced stages" in section
     assert "tied embedding gradient all-reduce (_exec_reduce_tied_grads, 51.5 MB" in section
     assert "0.927 Gbit/s bus bandwidth" in section
+
+
+def test_main_prints_the_executive_summary(tmp_path, capsys):
+    if not LAB.is_dir():
+        pytest.skip(f"lab logs not found at {LAB}")
+    assert report.main([str(LAB), "--out", str(tmp_path / "r"), "--summary"]) == 0
+    out = capsys.readouterr().out
+    md = (tmp_path / "r" / "report.md").read_text()
+    lines = [line for line in out.splitlines() if line.startswith("- **")]
+    # The same lines as the report's executive summary, one per setup group.
+    assert lines and all(line in md for line in lines)
+    assert len(lines) == md.split("## Executive summary", 1)[1].split("\n## ", 1)[0].count("- **")

@@ -1,0 +1,399 @@
+"""The bulk scanner's byte-level pieces: keyword anchors, the patterns of DeepSpeed, memory and
+iteration lines, value readers, and the line step of the line path. See ``analysis.scan``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from analysis._lines import MAX_LINE_CHARS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from analysis.parse_machine import _Core
+    from analysis.scan import _Bulk
+
+
+CHUNK_BYTES = 8 << 20
+"""Bytes read at a time (whole lines are handed on; the rest waits for the next read)."""
+SEG_START, SEG_MIN, SEG_MAX = 1 << 18, 1 << 14, 4 << 20
+"""Bytes the bulk path looks at in one step: it grows while no line needs the line path and
+shrinks when one soon does."""
+SPARSE_RECORDS, SPARSE_BYTES = 1000, 8 << 20
+"""A bulk step of at least SEG_START bytes that took fewer records per MB than this hands the
+next SPARSE_BYTES to the line path (whose keyword jumps are cheaper over chatter)."""
+
+_DIGITS = b"0123456789"
+
+
+# -- keywords: the line path's scan --------------------------------------------------------
+
+# Bytes that are rare in log text, rarest first: a keyword is found by its first byte in this
+# list (one memchr-speed pass per byte), then checked at that position.  A keyword with none
+# of them is searched for whole.
+_RARE = "|#*KM)TE"
+
+
+def build_anchors(
+    keywords: tuple[str, ...],
+) -> tuple[tuple[bytes, tuple[tuple[bytes, int], ...]], ...]:
+    """(anchor, ((keyword, offset of the anchor in it), ...)) for every keyword."""
+    by_anchor: dict[bytes, list[tuple[bytes, int]]] = {}
+    whole: list[bytes] = []
+    for kw in keywords:
+        anchor = next((c for c in _RARE if c in kw), None)
+        if anchor is None:
+            whole.append(kw.encode())
+        else:
+            by_anchor.setdefault(anchor.encode(), []).append((kw.encode(), kw.index(anchor)))
+    out = [(a, tuple(checks)) for a, checks in by_anchor.items()]
+    # Keywords searched whole that share a part are found by one search of it ("exits" and
+    # "ssh exited" by "xit"): each multi-byte pass over a chunk costs ~1 ms/MB.
+    shared: dict[bytes, list[bytes]] = {}
+    for kw in whole:
+        part = b"xit" if b"xit" in kw else kw
+        shared.setdefault(part, []).append(kw)
+    for part, kws in shared.items():
+        if kws == [part]:
+            out.append((part, ()))
+        else:
+            out.append((part, tuple((kw, kw.index(part)) for kw in kws)))
+    return tuple(out)
+
+
+def _next_hit(
+    block: bytes, anchor: bytes, checks: tuple[tuple[bytes, int], ...], pos: int, end: int
+) -> int:
+    """Position of the next keyword hit of one anchor in [pos, end), or -1."""
+    find = block.find
+    p = find(anchor, pos, end)
+    if not checks or (len(checks) == 1 and checks[0][1] == 0 and checks[0][0] == anchor):
+        return p
+    startswith = block.startswith
+    while p >= 0:
+        for kw, off in checks:
+            if p >= off and startswith(kw, p - off):
+                return p
+        p = find(anchor, p + 1, end)
+    return -1
+
+
+class Keywords:
+    """The keyword scan: the first line holding a keyword in a range of a chunk."""
+
+    def __init__(self, keywords: tuple[str, ...], iteration_keyword: str = "iteration") -> None:
+        self.keywords = keywords
+        self.pipe_keywords = tuple(k for k in keywords if k != iteration_keyword)
+        self.anchors = build_anchors(keywords)
+        self.pipe_anchors = build_anchors(self.pipe_keywords)
+        self._cache: list[Any] = [None, -1, None, [], 0]
+
+    def has(self, line: str, pipe_iterations: bool) -> bool:
+        """Whether a line holds a keyword."""
+        return any(k in line for k in (self.pipe_keywords if pipe_iterations else self.keywords))
+
+    def first(
+        self, block: bytes, pos: int, end: int, pipe_iterations: bool, once: bool = False
+    ) -> int:
+        """Position of the first keyword in ``block[pos:end]``, or -1.  The next hit of each
+        anchor is remembered for the same buffer, so that successive calls over one chunk
+        search each byte about once (``once``: a buffer searched only once, not remembered)."""
+        anchors = self.pipe_anchors if pipe_iterations else self.anchors
+        if once:
+            best = -1
+            for anchor, checks in anchors:
+                p = _next_hit(block, anchor, checks, pos, end if best < 0 else best)
+                if p >= 0 and (best < 0 or p < best):
+                    best = p
+            return best
+        cache = self._cache
+        if cache[0] is not block or cache[1] != end or cache[2] is not anchors:
+            cache = self._cache = [block, end, anchors, [-2] * len(anchors), pos]
+        elif pos < cache[4]:  # going back: forget
+            cache[3] = [-2] * len(anchors)
+        cache[4] = pos
+        nxt = cache[3]
+        best = -1
+        for i, (anchor, checks) in enumerate(anchors):
+            p = nxt[i]
+            if p < pos and p != -1:
+                p = nxt[i] = _next_hit(block, anchor, checks, pos, end)
+            if p >= 0 and (best < 0 or p < best):
+                best = p
+        return best
+
+
+# -- the line path ---------------------------------------------------------------------------
+
+
+def _line_end(block: bytes, s: int, end: int) -> int:
+    e = block.find(b"\n", s, end)
+    return end if e < 0 else e
+
+
+def line_step(
+    core: _Core, kw: Keywords, block: bytes, pos: int, end: int, lineno: int
+) -> tuple[int, int]:
+    """Feed the next line of ``block[pos:end]`` that can matter (``_Core.active``, keywords,
+    streams with an open timer block); skip the lines before it.  Returns (pos, lineno) after
+    the fed line, or (end, lineno at end) when none is left."""
+    if core.active:
+        e = _line_end(block, pos, end)
+        core.feed(lineno, block[pos:e].decode("utf-8", "replace"))
+        return e + 1, lineno + 1
+    if core.timer_keys:  # lines of those streams continue or close the block: each line
+        e = _line_end(block, pos, end)
+        line = block[pos:e].decode("utf-8", "replace")
+        if kw.has(line, core.run.pipe_iterations):
+            core.feed(lineno, line)
+        elif core.stream_key(line) in core.timer_keys:
+            core.feed(lineno, line, dispatch=False)
+        return e + 1, lineno + 1
+    hit = kw.first(block, pos, end, core.run.pipe_iterations)
+    if hit < 0:
+        return end, lineno + block.count(b"\n", pos, end)
+    s = block.rfind(b"\n", pos, hit) + 1 or pos
+    lineno += block.count(b"\n", pos, s)
+    e = _line_end(block, s, end)
+    core.feed(lineno, block[s:e].decode("utf-8", "replace"))
+    return e + 1, lineno + 1
+
+
+# -- the bulk path ---------------------------------------------------------------------------
+
+_DS_RE = re.compile(rb"\[Rank (\d+)\] time \(ms\) \|([^\n]*)\n")
+_MEM_RE = re.compile(rb"memory \(MB\) \|([^\n]*)\n")
+_MEM_HEAD_RE = re.compile(rb"(?:\[Rank (\d+)\] )?(?:\(after (\d+) iterations\) )?\Z")
+_IT_RE = re.compile(rb"iteration +(\d+)/ *(\d+) *\|")
+# The line path's own patterns, on bytes (the same on printable ASCII, which is all the bulk
+# path takes).
+_HEAD_RE = re.compile(rb"across ranks \(ms\):")
+_HEADS = {
+    b"(min, max) time across ranks (ms):": "(min, max) time",
+    b"max time across ranks (ms):": "max time",
+    b"times across ranks (ms):": "times",
+}
+_NAME_RE = re.compile(rb"[A-Za-z_]+\Z")
+# Launcher prefixes at the start of a line, as ``_lines.split_prefix`` reads them (which then
+# says how many of them really are prefixes).
+_PREFIXES_RE = re.compile(
+    rb"(?:\s{0,4}\d{1,5}:\s|\[(?:default\d+|rank\d+)\]:\s?|[A-Za-z0-9][A-Za-z0-9_.-]{0,62}:\s){0,4}"
+)
+_MEM_FIELDS = {
+    b"allocated": "allocated_mb",
+    b"max allocated": "max_allocated_mb",
+    b"reserved": "reserved_mb",
+    b"max reserved": "max_reserved_mb",
+}
+_MISSING = object()
+
+
+def _pairs(body: bytes) -> tuple[list[bytes], list[bytes]] | None:
+    """Names (stripped) and value tokens of ``name: value | ...``, every piece one colon."""
+    names, values = [], []
+    for piece in body.split(b"|"):
+        if piece.count(b":") != 1:
+            return None
+        k, _, v = piece.partition(b":")
+        names.append(k.strip())
+        values.append(v)
+    return names, values
+
+
+def _finite(token: bytes) -> float | None:
+    try:
+        x = float(token)
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _group_values(
+    names: tuple[str, ...], shape: tuple[int, ...], flat: list[float]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    j = 0
+    for name, k in zip(names, shape, strict=True):
+        out[name] = tuple(flat[j : j + k]) if k else flat[j]
+        j += max(k, 1)
+    return out
+
+
+_PRINTABLE = bytes(range(0x20, 0x7F)) + b"\t"
+
+
+def _printable(line: bytes) -> bool:
+    """Printable ASCII (and tabs), a trailing carriage return allowed."""
+    return not line.translate(None, _PRINTABLE) or not line.rstrip(b"\r").translate(
+        None, _PRINTABLE
+    )
+
+
+_WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+_GLUE_AT_RE = re.compile(rb"iteration\s+\d+\s*/\s*\d+")
+
+
+def _other_glue(text: bytes, rel: int) -> bool:
+    """Whether the line path's ``_GLUE_RE`` matches ``text`` anywhere but at ``rel``."""
+    j = text.find(b"iteration")
+    while j >= 0:
+        if j != rel and (j == 0 or text[j - 1] not in _WORD) and _GLUE_AT_RE.match(text, j):
+            return True
+        j = text.find(b"iteration", j + 9)
+    return False
+
+
+def _ds_values(bodies: list[bytes], k: int) -> np.ndarray | None:
+    """Values of DeepSpeed line bodies of one known shape (k names), as a (lines x k) array;
+    None when one does not convert."""
+    parts = b"|".join(bodies).replace(b":", b"|").split(b"|")
+    if len(parts) != 2 * k * len(bodies):
+        return None
+    names = b"".join(parts[0::2])
+    if len(names.translate(None, _DIGITS)) != len(names):
+        return None
+    try:
+        vals = np.array(list(map(float, parts[1::2])), dtype=float)
+    except ValueError:
+        return None
+    if not np.isfinite(vals).all():
+        return None
+    return vals.reshape(len(bodies), k)
+
+
+# A DeepSpeed ``name: value`` piece whose value is a plain decimal with spaces around it:
+# deleting the names, colons and bars leaves the values, space separated, for np.fromstring
+# (which reads them exactly as float() does); a digit in a name would be a value too many.
+_FAST_PIECE_RE = re.compile(rb" [A-Za-z_]+: +-?[0-9]+(?:\.[0-9]+)? *\Z")
+_NOT_VALUES = bytes(c for c in range(256) if chr(c).isalpha() and c < 128) + b"_:|"
+
+
+def _ds_values_fast(bodies: list[bytes], k: int) -> np.ndarray | None:
+    """``_ds_values`` for shapes of plain decimals (``_FAST_PIECE_RE``), in two C passes."""
+    text = b" | ".join(bodies).translate(None, _NOT_VALUES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            vals = np.fromstring(text, dtype=float, sep=" ")
+        except (ValueError, DeprecationWarning):
+            return None
+    if len(vals) != k * len(bodies) or not np.isfinite(vals).all():
+        return None
+    return vals.reshape(len(bodies), k)
+
+
+class _DSLines:
+    """DeepSpeed lines of a segment: starts, ends, ranks, which are taken, values by group."""
+
+    def __init__(self, n: int) -> None:
+        self.ls = np.zeros(n, dtype=np.int64)
+        self.le = np.zeros(n, dtype=np.int64)
+        self.rank = np.zeros(n, dtype=np.int64)
+        self.keep = np.zeros(n, dtype=bool)
+        self.keys: list[str | None] = []
+        """Stream key of each line (None: not only launcher prefixes)."""
+        self.groups: list[tuple[tuple[str, ...], np.ndarray, np.ndarray]] = []
+
+
+_VALUE = rb"( *[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)? *)"
+
+
+@dataclass
+class _IterPattern:
+    """A Megatron iteration line shape as a pattern (``_Bulk._learn_iteration``)."""
+
+    rx: re.Pattern[bytes]
+    """From ``iteration`` to the end of the line; groups: spaces, number, spaces, total,
+    spaces, one value per piece, trailing spaces."""
+    fields: list[tuple[int, str, str, float]]
+    """(piece, Iteration field, "int" | "float", factor) as ``_Bulk._it_shape`` found."""
+    const: int
+    """Bytes of a match outside its groups."""
+
+
+_BULK_KEYWORDS = ("|", "(ms)", "(s)", "iteration")
+"""The keywords lines read in bulk can hold."""
+_OPEN = object()
+"""A timer block that does not close in the bytes looked at."""
+_LONG = object()
+"""A timer block with an over-long line (the line path truncates it, and counts it)."""
+_NUMBER = rb"([-\d.eE+]+)"
+
+
+def _pattern(raw: bytes, spans: list[tuple[int, int]], offset: int) -> bytes:
+    """A line as a pattern: its text, with the numbers at ``spans`` (of its content, which
+    starts at ``offset``) as groups."""
+    out, q = [], 0
+    for a, b in spans:
+        out += [re.escape(raw[q : offset + a]), _NUMBER]
+        q = offset + b
+    out.append(re.escape(raw[q:]))
+    return b"".join(out)
+
+
+class _BlockPattern:
+    """A Megatron timer block as printed in one piece: the header line and each timer line
+    of its stream, with the numbers as groups.  ``read`` checks the line after it too."""
+
+    def __init__(
+        self, rx: re.Pattern[bytes], kind: str, recipe: list[tuple[str, str | None]], key: str
+    ) -> None:
+        self.rx = rx
+        self.kind = kind
+        self.recipe = recipe
+        self.key = key
+
+    def read(self, bulk: _Bulk, block: bytes, ls: int, T: int) -> Any:
+        m = self.rx.match(block, ls, T)
+        if m is None:
+            return None
+        nums = [_finite(g) for g in m.groups()]
+        if None in nums:
+            return None
+        values: dict[str, Any] = {}
+        j = 0
+        for how, name in self.recipe:
+            if how == "pair":
+                values[name] = (nums[j], nums[j + 1])  # type: ignore[index]
+                j += 2
+            elif how == "one":
+                values[name] = nums[j]  # type: ignore[index]
+                j += 1
+            elif how == "rank":
+                v = nums[j]
+                lo, hi = values.get(name, (v, v))  # type: ignore[arg-type]
+                values[name] = (min(lo, v), max(hi, v))  # type: ignore[type-var]
+                j += 1
+        # The lines of the block, then the line that closes it.
+        mine = []
+        q = block.find(b"\n", ls) + 1
+        while q < m.end():
+            nl = block.find(b"\n", q)
+            mine.append((q, nl + 1))
+            q = nl + 1
+        name = next((n for how, n in reversed(self.recipe) if how == "name"), None)
+        while q < T:
+            le = _line_end(block, q, T)
+            if le >= T:
+                return _OPEN
+            if le - q > MAX_LINE_CHARS:
+                return _LONG
+            k2, cs = bulk._line_key(block, q, le)
+            s = q
+            if k2 != self.key:
+                nxt = bulk._next_of_stream(block, self.key, le + 1, T)
+                if nxt is None:
+                    return _OPEN
+                s, le, cs = nxt
+                if le - s > MAX_LINE_CHARS:
+                    return _LONG
+            probe = dict(values)
+            if bulk._body_step(block, s, le, cs, self.kind, name, probe) is not None:
+                return None  # the block goes on: read it line by line
+            return s, values, mine, self.key
+        return _OPEN

@@ -1,0 +1,356 @@
+"""How the bulk scanner reads runs of known lines and timer blocks in one pass each: a mixin
+of ``analysis.scan._Bulk``.
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import repeat
+from operator import itemgetter, methodcaller
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from analysis._lines import MAX_LINE_CHARS, split_prefix
+
+if TYPE_CHECKING:  # pragma: no cover
+    pass
+
+from analysis.scan_bytes import (
+    _DIGITS,
+    _DS_RE,
+    _HEAD_RE,
+    _HEADS,
+    _IT_RE,
+    _LONG,
+    _MEM_FIELDS,
+    _MEM_HEAD_RE,
+    _MEM_RE,
+    _MISSING,
+    _OPEN,
+    _WORD,
+    _ds_values,
+    _ds_values_fast,
+    _DSLines,
+    _finite,
+    _line_end,
+    _other_glue,
+    _pairs,
+    _pattern,
+    _printable,
+)
+
+
+class _BulkReaders:
+    """Block readers of the bulk path (module doc)."""
+
+    def _ds_lines(self, block: bytes, pos: int, T: int) -> _DSLines:
+        """DeepSpeed ``[Rank N] time (ms) |`` lines of [pos, T) whose form the bulk path
+        knows, converted (``re.split`` and maps: no Python step per line but a few)."""
+        parts = _DS_RE.split(memoryview(block)[pos:T])
+        n = (len(parts) - 1) // 3
+        out = _DSLines(n)
+        if not n:
+            return out
+        gaps, ranks, bodies = parts[0::3], parts[1::3], parts[2::3]
+        raws = list(map(itemgetter(2), map(methodcaller("rpartition", b"\n"), gaps[:-1])))
+        gl = np.fromiter(map(len, gaps), dtype=np.int64, count=n + 1)
+        ml = 20 + np.fromiter(map(len, ranks), dtype=np.int64, count=n)
+        ml += np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+        start = pos + np.cumsum(gl[:n]) + np.concatenate([[0], np.cumsum(ml[:-1])])
+        out.ls = start - np.fromiter(map(len, raws), dtype=np.int64, count=n)
+        out.le = start + ml
+        keys = list(map(self.prefixes.get, raws, repeat(_MISSING)))
+        if _MISSING in keys:
+            keys = [
+                self._key(r, b"[Rank") if k is _MISSING else k
+                for r, k in zip(raws, keys, strict=True)
+            ]
+        out.keys = keys  # type: ignore[assignment]
+        out.keep = out.le - out.ls <= MAX_LINE_CHARS
+        if None in keys:
+            out.keep &= np.array([k is not None for k in keys], dtype=bool)
+        shapes = list(map(bytes.translate, bodies, repeat(None), repeat(_DIGITS)))
+        names = list(map(self.ds_shapes.get, shapes, repeat(_MISSING)))
+        if _MISSING in names:
+            for i, nm in enumerate(names):
+                if nm is _MISSING:
+                    nm = self.ds_shapes.get(shapes[i], _MISSING)
+                    names[i] = (
+                        self._ds_shape(shapes[i], bodies[i], int(ranks[i]))
+                        if nm is _MISSING
+                        else nm
+                    )
+        ids = {nm: i for i, nm in enumerate(dict.fromkeys(names))}
+        gid = np.array(list(map(ids.__getitem__, names)), dtype=np.int64)
+        rank_of = self.ranks
+        if len(rank_of) > 4096:
+            rank_of.clear()
+        for r in set(ranks).difference(rank_of):
+            rank_of[r] = int(r)
+        out.rank = np.array(list(map(rank_of.__getitem__, ranks)), dtype=np.int64)
+        for nm, g in ids.items():
+            idx = np.flatnonzero(gid == g)
+            if nm is None:
+                out.keep[idx] = False
+                continue
+            mine = [bodies[i] for i in idx.tolist()]
+            fast = set(map(shapes.__getitem__, idx.tolist())) <= self.ds_fast
+            vals = _ds_values_fast(mine, len(nm)) if fast else _ds_values(mine, len(nm))
+            if vals is None:  # a value does not convert: look line by line
+                rows = [_ds_values([bodies[i]], len(nm)) for i in idx.tolist()]
+                good = np.array([r is not None for r in rows], dtype=bool)
+                out.keep[idx[~good]] = False
+                idx = idx[good]
+                vals = np.vstack([r for r in rows if r is not None]) if good.any() else None
+            if vals is not None:
+                out.groups.append((nm, idx, vals))
+        return out
+
+    def _mem_lines(
+        self, block: bytes, pos: int, T: int
+    ) -> list[tuple[int, int, int | None, int | None, dict[str, float]]]:
+        """Megatron ``memory (MB) |`` reports of [pos, T) the bulk path knows: (start, end,
+        rank, after iteration, values)."""
+        out = []
+        for m in _MEM_RE.finditer(block, pos, T):
+            e = m.end()
+            ls = block.rfind(b"\n", pos, m.start()) + 1 or pos
+            if e - ls > MAX_LINE_CHARS:
+                continue
+            _key, c = self._line_key(block, ls, e - 1)
+            if c < 0:
+                continue
+            text = block[c : e - 1].rstrip(b"\r\n")
+            if not _printable(text):
+                continue
+            shape = text.translate(None, _DIGITS)
+            names = self.mem_shapes.get(shape, _MISSING)
+            if names is _MISSING:
+                names = self._mem_shape(shape, text)
+            if names is None:
+                continue
+            head, _, body = text.partition(b"memory (MB) |")
+            hm = _MEM_HEAD_RE.match(head)
+            pairs = _pairs(body)
+            if hm is None or pairs is None:
+                continue
+            vals = [_finite(t) for t in pairs[1]]
+            if None in vals:
+                continue
+            got = {_MEM_FIELDS[n]: v for n, v in zip(pairs[0], vals, strict=True)}
+            rank = int(hm.group(1)) if hm.group(1) else None
+            after = int(hm.group(2)) if hm.group(2) else None
+            out.append((ls, e, rank, after, got))  # type: ignore[arg-type]
+        return out
+
+    def _iteration_lines(
+        self, block: bytes, pos: int, T: int
+    ) -> list[tuple[int, int, int, int, dict[str, Any], str]]:
+        """Megatron iteration lines of [pos, T) the bulk path knows: (start, end, number,
+        total, field values, stream)."""
+        out, taken = self._iteration_patterns(block, pos, T)
+        found: list[tuple[int, int, int, int, bytes, list[tuple[int, str, str, float]], str]] = []
+        for m in _IT_RE.finditer(block, pos, T):
+            st = m.start()
+            if taken and (block.rfind(b"\n", pos, st) + 1 or pos) in taken:
+                continue
+            if st > pos and block[st - 1] in _WORD:  # (?<![\w-]) of the line path
+                continue
+            ls = block.rfind(b"\n", pos, st) + 1 or pos
+            e = block.find(b"\n", m.end(), T)
+            if e < 0 or e - ls > MAX_LINE_CHARS:
+                continue
+            key, c = self._line_key(block, ls, e)
+            if c < 0 or c > st:
+                continue
+            text = block[c:e]
+            if text[-1:] == b"\r":
+                text = text.rstrip(b"\r\n")
+            if not _printable(text):
+                continue
+            rel = st - c
+            head = text[:rel]
+            if (
+                b"|" in head
+                or b"iteration" in head
+                or b"time (ms)" in head
+                or b"memory (MB)" in head
+                or b"# run outcome" in text
+                or not text.rstrip().endswith(b"|")
+                or _other_glue(text, rel)
+            ):
+                continue
+            rest = text[rel + m.end() - st - 1 :]
+            shape = rest.translate(None, _DIGITS)
+            fields = self.it_shapes.get(shape, _MISSING)
+            if fields is _MISSING:
+                fields = self._it_shape(shape, text, rest)
+            if fields is None:
+                continue
+            found.append((ls, e + 1, int(m.group(1)), int(m.group(2)), rest, fields, key))  # type: ignore[arg-type]
+        by_shape: dict[int, list[int]] = {}
+        for i, x in enumerate(found):
+            by_shape.setdefault(id(x[5]), []).append(i)
+        keep = [True] * len(found)
+        got: list[dict[str, Any]] = [{} for _ in found]
+        for idx in by_shape.values():
+            fields = found[idx[0]][5]
+            vals = self._iter_values(fields, [found[i][4] for i in idx])
+            if vals is None:  # a value does not convert: look line by line
+                for i in idx:
+                    one = self._iter_values(fields, [found[i][4]])
+                    if one is None:
+                        keep[i] = False
+                        continue
+                    for (_p, f, kd, _x), v in zip(fields, one, strict=True):
+                        got[i][f] = int(v[0]) if kd == "int" else float(v[0])
+                continue
+            for (_p, f, kd, _x), v in zip(fields, vals, strict=True):
+                conv = v.astype(np.int64).tolist() if kd == "int" else v.tolist()
+                for i, value in zip(idx, conv, strict=True):
+                    got[i][f] = value
+        out += [(x[0], x[1], x[2], x[3], got[i], x[6]) for i, x in enumerate(found) if keep[i]]
+        if taken and found:
+            out.sort(key=lambda x: x[0])
+        return out
+
+    def _timer_blocks(
+        self, block: bytes, pos: int, T: int
+    ) -> tuple[
+        int,
+        list[tuple[int, int, dict[str, Any], str]],
+        list[tuple[int, int]],
+        list[tuple[int, int]],
+    ]:
+        """Megatron timer blocks of [pos, T): the header, then the lines of its stream while
+        they are timer lines; the first other line of the stream closes it.  Returns (T, the
+        blocks as (header start, close, values, stream), header lines, body lines); T moves to
+        the header of a block that does not close before it.  A block printed in one piece
+        like one read before is read by one match of that block's pattern."""
+        blocks: list[tuple[int, int, dict[str, Any], str]] = []
+        headers: list[tuple[int, int]] = []
+        bodies: list[tuple[int, int]] = []
+        for m in _HEAD_RE.finditer(block, pos, T):
+            ls = block.rfind(b"\n", pos, m.start()) + 1 or pos
+            e = block.find(b"\n", m.end(), T)
+            if e < 0:
+                self.open_at_limit = True
+                return ls, blocks, headers, bodies
+            got = None
+            for tmpl in self.block_tmpls.get(block[ls : e + 1], ()):
+                got = tmpl.read(self, block, ls, T)
+                if got is not None:
+                    break
+            if got is None:
+                key, c = self._line_key(block, ls, e)
+                if c < 0:
+                    continue
+                text = block[c:e].rstrip()
+                kind = _HEADS.get(text) if _printable(text) else None
+                if kind is None or e - ls > MAX_LINE_CHARS:
+                    continue
+                got = self._read_block(block, ls, e, c, key, kind, T)
+            if got is _OPEN or got is _LONG:  # not closed here: the line path reads it
+                self.open_at_limit = got is _OPEN
+                return ls, blocks, headers, bodies
+            close, values, mine, key = got  # type: ignore[misc]
+            blocks.append((ls, close, values, key))
+            headers.append((ls, e + 1))
+            bodies.extend(mine)
+        return T, blocks, headers, bodies
+
+    def _read_block(
+        self, block: bytes, ls: int, e: int, c: int, key: str, kind: str, T: int
+    ) -> Any:
+        """One timer block line by line: (close, values, body lines, stream), or _OPEN."""
+        values: dict[str, Any] = {}
+        name: str | None = None
+        q = e + 1
+        mine: list[tuple[int, int]] = []
+        recipe: list[tuple[bytes, str, str | None]] = []  # for a pattern of the block
+        while q < T:
+            le = _line_end(block, q, T)
+            if le >= T:
+                return _OPEN
+            if le - q > MAX_LINE_CHARS:  # truncated by the line path: it reads this block
+                return _LONG
+            k2, cs = self._line_key(block, q, le)
+            s = q
+            if k2 != key:
+                nxt = self._next_of_stream(block, key, le + 1, T)
+                if nxt is None:
+                    return _OPEN
+                s, le, cs = nxt
+                if le - s > MAX_LINE_CHARS:
+                    return _LONG
+                recipe = []  # not in one piece
+            step = self._body_step(block, s, le, cs, kind, name, values)
+            if step is None:
+                if recipe is not None and mine and mine[-1][1] == s and len(recipe) == len(mine):
+                    self._learn(block, ls, c, kind, recipe, mine)
+                return s, values, mine, key
+            name, what = step
+            if what is not None:
+                recipe.append(what)
+            mine.append((s, le + 1))
+            q = le + 1
+        return _OPEN
+
+    def _body_step(
+        self,
+        block: bytes,
+        s: int,
+        le: int,
+        cs: int,
+        kind: str,
+        name: str | None,
+        values: dict[str, Any],
+    ) -> tuple[str | None, tuple[bytes, str, str | None] | None] | None:
+        """Read one line of a timer block's stream as ``_Core._continue_block`` does: None
+        when it closes the block, else (current name, how the line reads for a pattern)."""
+        if self.timer_res is None:
+            from analysis._lines import to_float
+            from analysis.parse_rules import _TIMER_LINE_RE, _TIMER_NAME_RE, _TIMER_RANK_RE
+
+            self.str_timer_res = (_TIMER_LINE_RE, _TIMER_NAME_RE, _TIMER_RANK_RE, to_float)
+            self.timer_res = tuple(
+                re.compile(r.pattern.encode())
+                for r in (_TIMER_LINE_RE, _TIMER_NAME_RE, _TIMER_RANK_RE)
+            )
+        body: bytes | str = block[cs:le] if cs >= 0 else b"\x00"
+        if body[-1:] == b"\r":
+            body = body.rstrip(b"\r\n")  # type: ignore[arg-type]
+        plain = _printable(body)  # type: ignore[arg-type]
+        if plain:
+            (line_re, name_re, rank_re), num, dec = self.timer_res, _finite, bytes.decode
+        else:  # read as the line path does
+            body = split_prefix(
+                block[s:le].decode("utf-8", "replace")[:MAX_LINE_CHARS].rstrip("\r\n")
+            )[1]
+            line_re, name_re, rank_re, num = self.str_timer_res  # type: ignore[assignment]
+            dec = str  # type: ignore[assignment]
+        raw = block[s:le] if plain else b"\x00"
+        tm = line_re.match(body)
+        if tm and kind != "times":
+            a = num(tm.group(2))
+            b = num(tm.group(3)) if tm.group(3) else None
+            if a is not None:
+                n = dec(tm.group(1).strip())
+                values[n] = (a, b) if b is not None else a
+                spans = [tm.span(2)] + ([tm.span(3)] if b is not None else [])
+                return name, (_pattern(raw, spans, cs - s), "pair" if b is not None else "one", n)
+        if kind == "times":
+            r = rank_re.match(body)
+            if r and name is not None:
+                v = num(r.group(2))
+                if v is None:
+                    return name, (b"\x00", "skip", name)
+                lo, hi = values.get(name, (v, v))
+                values[name] = (min(lo, v), max(hi, v))
+                return name, (_pattern(raw, [r.span(2)], cs - s), "rank", name)
+            nm = name_re.match(body)
+            if nm:
+                n = dec(nm.group(1).strip())
+                return n, (re.escape(raw), "name", n)
+        return None

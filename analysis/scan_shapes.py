@@ -1,0 +1,307 @@
+"""How the bulk scanner learns a log's line shapes (checked against the line path on first
+sight) and turns them into patterns: a mixin of ``analysis.scan._Bulk``.
+"""
+
+from __future__ import annotations
+
+import re
+from operator import itemgetter, methodcaller
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from analysis._lines import MAX_LINE_CHARS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from analysis.parse_machine import _Core
+
+from analysis.scan_bytes import (
+    _DIGITS,
+    _FAST_PIECE_RE,
+    _IT_RE,
+    _MEM_FIELDS,
+    _MEM_HEAD_RE,
+    _NAME_RE,
+    _VALUE,
+    _BlockPattern,
+    _finite,
+    _IterPattern,
+    _pairs,
+    _printable,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    pass
+
+
+class _BulkShapes:
+    """Shape learning of the bulk path (module doc)."""
+
+    def _ds_shape(self, shape: bytes, body: bytes, rank: int) -> tuple[str, ...] | None:
+        """Names of a new DeepSpeed line shape, when the line path reads it the same way."""
+        result = None
+        pairs = _pairs(body)
+        if pairs is not None and len(self.ds_shapes) < 4096:
+            names, tokens = pairs
+            vals = [_finite(t) for t in tokens]
+            if (
+                all(_NAME_RE.match(n) for n in names)
+                and len(set(names)) == len(names)
+                and None not in vals
+                and not any(w in body for w in (b"iteration", b"steps", b"iter", b"outcome"))
+                and _printable(body)
+            ):
+                want = dict(zip((n.decode() for n in names), vals, strict=True))
+                core = self._probe(f"[Rank {rank}] time (ms) |" + body.decode())
+                blocks = list(core.run.ds_blocks.table)
+                if len(blocks) == 1 and not core.run.problems and not core.run.iterations:
+                    b = blocks[0]
+                    if b.values_ms == want and b.rank == rank and b.line == 1:
+                        result = tuple(want)
+                        if all(_FAST_PIECE_RE.match(p) for p in body.split(b"|")):
+                            self.ds_fast.add(shape)
+        self.ds_shapes[shape] = result
+        return result
+
+    def _mem_shape(self, shape: bytes, text: bytes) -> tuple[str, ...] | None:
+        """Names of a new memory report shape, when the line path reads it the same way."""
+        result = None
+        head, _, body = text.partition(b"memory (MB) |")
+        m = _MEM_HEAD_RE.match(head)
+        pairs = _pairs(body)
+        if m is not None and pairs is not None and len(self.mem_shapes) < 4096:
+            names, tokens = pairs
+            vals = [_finite(t) for t in tokens]
+            if all(n in _MEM_FIELDS for n in names) and len(set(names)) == len(names):
+                core = self._probe(text.decode())
+                mem = list(core.run.memory)
+                want = {_MEM_FIELDS[n]: v for n, v in zip(names, vals, strict=True)}
+                if (
+                    None not in vals
+                    and len(mem) == 1
+                    and not core.run.problems
+                    and not core.run.iterations
+                    and mem[0].rank == (int(m.group(1)) if m.group(1) else None)
+                    and mem[0].after_iteration == (int(m.group(2)) if m.group(2) else None)
+                    and mem[0].kind == "megatron"
+                    and all(getattr(mem[0], f) == want.get(f) for f in _MEM_FIELDS.values())
+                ):
+                    result = tuple(n.decode() for n in names)
+        self.mem_shapes[shape] = result
+        return result
+
+    def _it_shape(
+        self, shape: bytes, text: bytes, rest: bytes
+    ) -> list[tuple[int, str, str, float]] | None:
+        """Which piece of a new iteration line shape feeds which Iteration field, found by
+        giving each piece its own value and reading the line path's record."""
+        result = None
+        pieces = rest.split(b"|")
+        middle = pieces[1:-1]
+        if (
+            len(self.it_shapes) < 4096
+            and pieces[0] == b""
+            and pieces[-1].strip() == b""
+            and all(p.count(b":") == 1 for p in middle)
+        ):
+            names = [p.partition(b":")[0] for p in middle]
+            toks = [p.partition(b":")[2] for p in middle]
+            if not any(d in n for n in names for d in _DIGITS) and all(
+                _finite(t) is not None for t in toks
+            ):
+                head = text[: len(text) - len(rest)].decode()
+                probe = [1000 + 7 * i for i in range(len(names))]
+                line = (
+                    head
+                    + "|"
+                    + "|".join(f"{n.decode()}: {v}" for n, v in zip(names, probe, strict=True))
+                    + "|"
+                )
+                core = self._probe(line)
+                real = self._probe(text.decode())
+                fields = self._mapping(core, probe)
+                if fields is not None and len(real.run.iterations) == 1 and not real.run.problems:
+                    cols = self._iter_values(fields, [rest])
+                    it = real.run.iterations[0]
+                    mapped = {f for _i, f, _k, _x in fields}
+                    same = cols is not None and all(
+                        getattr(it, f) == (int(c[0]) if kind == "int" else float(c[0]))
+                        and type(getattr(it, f)) is (int if kind == "int" else float)
+                        for (_i, f, kind, _x), c in zip(fields, cols, strict=True)
+                    )
+                    others = all(
+                        getattr(it, f) is None
+                        for f in type(it).__dataclass_fields__
+                        if f not in mapped
+                        and f not in ("iteration", "train_iters", "line", "source")
+                    )
+                    m = _IT_RE.search(text)
+                    if (
+                        same
+                        and others
+                        and m
+                        and (it.iteration, it.train_iters) == (int(m.group(1)), int(m.group(2)))
+                    ):
+                        result = fields
+                        self._learn_iteration(text[m.start() :], rest, fields)
+        self.it_shapes[shape] = result
+        return result
+
+    def _learn_iteration(
+        self, text: bytes, rest: bytes, fields: list[tuple[int, str, str, float]]
+    ) -> None:
+        """Keep a pattern of an iteration line shape the line path reads as ``fields``: the
+        keys as printed, the numbers as groups (``re.split`` then reads all such lines)."""
+        if len(self.it_tmpls) >= 4 or any(t.rx.match(text + b"\n") for t in self.it_tmpls):
+            return
+        pat = rb"iteration( +)(\d+)/( *)(\d+)( *)\|"
+        for piece in rest.split(b"|")[1:-1]:
+            pat += re.escape(piece.partition(b":")[0] + b":") + _VALUE + rb"\|"
+        rx = re.compile(pat + rb"([ \t]*\r?)\n")
+        m = rx.match(text + b"\n")
+        if m is None:  # a value not in plain decimals: such lines are read one by one
+            return
+        const = m.end() - sum(len(g) for g in m.groups())
+        self.it_tmpls.append(_IterPattern(rx, fields, const))
+
+    @staticmethod
+    def _mapping(core: _Core, probe: list[int]) -> list[tuple[int, str, str, float]] | None:
+        its = list(core.run.iterations)
+        if len(its) != 1 or core.run.problems:
+            return None
+        it = its[0]
+        fields = []
+        for f in type(it).__dataclass_fields__:
+            v = getattr(it, f)
+            if f in ("iteration", "train_iters", "line", "source") or v is None:
+                continue
+            hit = None
+            for i, base in enumerate(probe):
+                if v == base and type(v) in (int, float):
+                    hit = (i + 1, f, "int" if type(v) is int else "float", 1.0)
+                elif type(v) is float and v == base * 1000.0:
+                    hit = (i + 1, f, "float", 1000.0)
+            if hit is None:
+                return None
+            fields.append(hit)
+        return fields
+
+    @staticmethod
+    def _iter_values(
+        fields: list[tuple[int, str, str, float]], rests: list[bytes]
+    ) -> list[np.ndarray] | None:
+        """Column values of iteration lines of one shape, or None if one does not convert."""
+        flat = b"|".join(rests).split(b"|")
+        width = len(flat) // len(rests)
+        if width * len(rests) != len(flat):
+            return None
+        cols = []
+        value = itemgetter(2)
+        colon = methodcaller("partition", b":")
+        for i, _f, kind, factor in fields:
+            try:
+                vals = np.array(
+                    list(map(float, map(value, map(colon, flat[i::width])))), dtype=float
+                )
+            except ValueError:
+                return None
+            if not np.isfinite(vals).all():
+                return None
+            if kind == "int":
+                if (vals != np.floor(vals)).any() or np.abs(vals).max(initial=0) >= 2**53:
+                    return None
+            elif factor != 1.0:
+                vals = vals * factor
+            cols.append(vals)
+        return cols
+
+    def _iteration_patterns(
+        self, block: bytes, pos: int, T: int
+    ) -> tuple[list[tuple[int, int, int, int, dict[str, Any], str]], set[int]]:
+        """Iteration lines of the learned patterns, read by ``re.split`` (no Python step per
+        line but a few maps), as ``_iteration_lines`` gives them; their starts."""
+        out: list[tuple[int, int, int, int, dict[str, Any], str]] = []
+        taken: set[int] = set()
+        if not self.it_tmpls:
+            return out, taken
+        seg = memoryview(block)[pos:T]
+        for tp in self.it_tmpls:
+            parts = tp.rx.split(seg)
+            G = tp.rx.groups
+            n = (len(parts) - 1) // (G + 1)
+            if not n:
+                continue
+            gaps = parts[0 :: G + 1]
+            heads = list(map(itemgetter(2), map(methodcaller("rpartition", b"\n"), gaps[:-1])))
+            glen = np.fromiter(map(len, gaps), dtype=np.int64, count=n + 1)
+            mlen = np.full(n, tp.const, dtype=np.int64)
+            for j in range(1, G + 1):
+                mlen += np.fromiter(map(len, parts[j :: G + 1]), dtype=np.int64, count=n)
+            start = pos + np.cumsum(glen[:n]) + np.concatenate([[0], np.cumsum(mlen[:-1])])
+            hlen = np.fromiter(map(len, heads), dtype=np.int64, count=n)
+            ls = start - hlen
+            ok = np.array(list(map(self._it_head, heads, (ls == pos).tolist())), dtype=bool)
+            ok &= hlen + mlen <= MAX_LINE_CHARS
+            if not ok.any():
+                continue
+            cols = []
+            for piece, f, kind, factor in tp.fields:
+                toks = parts[5 + piece :: G + 1]
+                try:
+                    vals = np.array(list(map(float, toks)), dtype=float)
+                except ValueError:
+                    vals = np.full(n, np.nan)
+                bad = ~np.isfinite(vals)
+                if kind == "int":
+                    bad |= (vals != np.floor(vals)) | (np.abs(vals) >= 2**53)
+                elif factor != 1.0:
+                    vals = vals * factor
+                ok &= ~bad
+                cols.append((f, kind, vals))
+            sel = np.flatnonzero(ok)
+            if taken:
+                sel = sel[[int(x) not in taken for x in ls[sel].tolist()]]
+            numbers = np.array(list(map(int, parts[2 :: G + 1])), dtype=np.int64)[sel].tolist()
+            totals = np.array(list(map(int, parts[4 :: G + 1])), dtype=np.int64)[sel].tolist()
+            names = [f for f, _k, _v in cols]
+            values = [
+                v[sel].astype(np.int64).tolist() if kind == "int" else v[sel].tolist()
+                for _f, kind, v in cols
+            ]
+            starts, ends = ls[sel].tolist(), (start + mlen)[sel].tolist()
+            keys = list(map(self._head_key, map(heads.__getitem__, sel.tolist())))
+            rows = zip(*values, strict=True) if values else ((),) * len(starts)
+            for a, b, num, tot, row, key in zip(
+                starts, ends, numbers, totals, rows, keys, strict=True
+            ):
+                out.append((a, b, num, tot, dict(zip(names, row, strict=True)), key))
+            taken.update(starts)
+        out.sort(key=lambda x: x[0])
+        return out, taken
+
+    def _learn(
+        self,
+        block: bytes,
+        ls: int,
+        c: int,
+        kind: str,
+        recipe: list[tuple[bytes, str, str | None]],
+        mine: list[tuple[int, int]],
+    ) -> None:
+        """Keep a pattern of a block read line by line that was printed in one piece."""
+        e = mine[0][0] - 1
+        head = block[ls : e + 1]
+        known = self.block_tmpls.setdefault(head, [])
+        if len(known) >= 8 or any(p == b"\x00" or how == "skip" for p, how, _n in recipe):
+            return
+        if not _printable(head.rstrip(b"\n")):
+            return
+        pattern = re.escape(head) + b"".join(p + b"\n" for p, _h, _n in recipe)
+        known.append(
+            _BlockPattern(
+                re.compile(pattern),
+                kind,
+                [(h, n) for _p, h, n in recipe],
+                self._line_key(block, ls, e)[0],
+            )
+        )
