@@ -440,6 +440,8 @@ dist.init_process_group("gloo")
 t = torch.ones(1) * (dist.get_rank() + 1)
 dist.all_reduce(t)
 print(os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"], t.item())
+dist.barrier()  # leave together (a rank exiting under its peer's open gloo pair can abort it)
+dist.destroy_process_group()
 """
 
 
