@@ -60,6 +60,11 @@ ALWAYS_EXEMPT = ("name", "path", "problems")
 RUN_JSON_ONLY = ("wire_bytes_per_iter", "wire_over_model", "spec_hash")
 NETBENCH_ONLY = ("busbw_gbps_measured", "busbw_inferred_warning", "predicted_iter_ms",
                  "prediction_error")  # fmt: skip
+REPEAT_ONLY = ("repeat_group", "repeat_round", "speedup_ci95_lo", "speedup_ci95_hi",
+               "na_reasons.speedup")  # fmt: skip
+"""A repeated matrix's grouping is in run.json alone (``"repeat"``), and with it the speedup's
+interval against the baseline of the same round and the note that says so (``na_reasons.X``:
+only the note of X is exempt, X itself is compared)."""
 LINK_ONLY = ("link_mbit", "setup_key", "busbw_inferred_warning", "predicted_iter_ms",
              "prediction_error")  # fmt: skip
 
@@ -136,7 +141,8 @@ def run_dir_source(label: str, run_dirs: list[Path]) -> Source | None:
     src = Source(label, [], {}, {}, {})
     for run_dir in run_dirs:
         try:
-            name = json.loads((run_dir / "run.json").read_text())["name"]
+            record = json.loads((run_dir / "run.json").read_text())
+            name = record["name"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
         nodes = sorted(p for p in run_dir.glob("node*.log"))
@@ -154,6 +160,8 @@ def run_dir_source(label: str, run_dirs: list[Path]) -> Source | None:
             continue
         src.streams[name], src.hosts[name] = streams, hosts
         src.exempt[name] = _exempt(name, netbench=(run_dir / "netbench.json").is_file())
+        if record.get("repeat"):
+            src.exempt[name] |= set(REPEAT_ONLY)
         src.reference.append(run_dir)
     return src if src.reference else None
 
@@ -243,8 +251,9 @@ def compare_source(src: Source, tmp: Path, seed: int, modes=("line", "block")) -
                     continue
                 other = got.get(col)
                 if col == "na_reasons":  # the reasons of the compared fields
-                    value = {k: v for k, v in value.items() if k not in exempt}
-                    other = {k: v for k, v in (other or {}).items() if k not in exempt}
+                    skip = exempt | {c.split(".", 1)[1] for c in exempt if "." in c}
+                    value = {k: v for k, v in value.items() if k not in skip}
+                    other = {k: v for k, v in (other or {}).items() if k not in skip}
                 COUNTS["fields compared"] += 1
                 if not _same(value, other):
                     problems.append(
