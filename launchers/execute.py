@@ -602,6 +602,7 @@ def run(
     leftovers: list[int] = []
     oom_kills = 0
     at_limit: bool | None = None
+    limit_now = 0  # the cgroup's limit when the run ended (someone may change it meanwhile)
     bar = None
     network = None
     try:
@@ -678,6 +679,7 @@ def run(
         if cgroup is not None:
             oom_kills = cgroup.oom_kills()  # read before the group goes away
             at_limit = cgroup.limit_reached()
+            limit_now = cgroup.current_limit()
             leftovers = cgroup.remove()
         if on_end:
             try:
@@ -709,6 +711,9 @@ def run(
         outcome = _classify(run_dir, logs, exit_codes, arrivals)
     if cgroup is not None and oom_kills > 0:
         seen = f"{outcome.kind}: {outcome.reason}" if outcome.kind else "no failure in the log"
+        limit = format_size(limit_now)
+        if limit_now != cgroup.limit_bytes:
+            limit += f" (changed while the run ran; configured {format_size(cgroup.limit_bytes)})"
         outcome = replace(
             outcome,
             status="failed",
@@ -716,10 +721,9 @@ def run(
             reason=_one_line(
                 f"{oom_kills} process(es) killed by the kernel OOM killer "
                 + (
-                    f"at the memory limit {format_size(cgroup.limit_bytes)}"
+                    f"at the memory limit {limit}"
                     if at_limit is not False
-                    else f"with the machine out of memory (the run stayed under its limit "
-                    f"{format_size(cgroup.limit_bytes)})"
+                    else f"with the machine out of memory (the run stayed under its limit {limit})"
                 )
                 + f" (cgroup {cgroup.path.name} oom_kill counter); the log says: {seen}"
             ),

@@ -131,6 +131,15 @@ class MemoryCgroup:
         out of memory, not from the limit."""
         return None if self.version != 2 else bool(self._counter("oom"))
 
+    def current_limit(self) -> int:
+        """The group's limit as the kernel holds it now (``memory.max`` or v1's
+        ``memory.limit_in_bytes``): someone may have changed it while the run ran; the
+        configured ``limit_bytes`` when it cannot be read."""
+        name = "memory.max" if self.version == 2 else "memory.limit_in_bytes"
+        with contextlib.suppress(OSError, ValueError):
+            return int((self.path / name).read_text().strip())
+        return self.limit_bytes
+
     def pids(self) -> list[int]:
         """Processes still in the group."""
         with contextlib.suppress(OSError):

@@ -389,6 +389,32 @@ def test_memory_limit_oom_kill_is_recorded_as_oom(tmp_path) -> None:
     assert not Path(record["limits"]["cgroup"]).exists(), "the run's cgroup is removed"
 
 
+_LOWER_OWN_LIMIT = r"""m=$(grep -E '^[0-9]+:memory:' /proc/self/cgroup | cut -d: -f3)
+if [ -n "$m" ] && [ -f "/sys/fs/cgroup/memory$m/memory.limit_in_bytes" ]; then
+  f="/sys/fs/cgroup/memory$m/memory.limit_in_bytes"
+else
+  f="/sys/fs/cgroup$(grep '^0::' /proc/self/cgroup | cut -d: -f3)/memory.max"
+fi
+echo 67108864 > "$f"
+"""
+
+
+@pytest.mark.root
+def test_oom_reason_states_the_limit_the_kernel_held_when_it_was_changed(tmp_path) -> None:
+    """A limit lowered while the run ran (here by the run itself, after 4 logged iterations: how
+    a baseline that runs out of memory mid-run is reproduced) is the limit the reason names."""
+    _cgroup_or_skip().remove()
+    hog = "import time; b = bytearray(128 << 20); time.sleep(60)"
+    script = prints_iterations(4, 10) + _LOWER_OWN_LIMIT + f"{PY} -c '{hog}'\nexit 1\n"
+    outcome = execute.run(fake_run_dir(tmp_path, script), stall_s=30,
+                          mem_limit_bytes=512 << 20, show_progress=False)  # fmt: skip
+    assert (outcome.status, outcome.kind) == ("failed", "oom"), outcome
+    assert (
+        "killed by the kernel OOM killer at the memory limit 64.0MiB (changed while the run "
+        "ran; configured 512.0MiB)" in (outcome.reason or "")
+    ), outcome.reason
+
+
 # --------------------------------------------------------------------------- matrix, fast
 
 _BEHAVIOUR = {
