@@ -492,7 +492,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
 
     def _add_blocks(
         self,
-        blocks: list[tuple[int, int, dict[str, Any], str]],
+        blocks: list[tuple[int, int, dict[str, Any] | None, str, Any]],
         hlines: np.ndarray,
         its: tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]],
         last_of: dict[str, int],
@@ -505,37 +505,52 @@ class _Bulk(_BulkShapes, _BulkReaders):
         it_pos, it_num, it_sid, it_ids = its
         table = self.core.run.megatron_blocks
         closes = np.array([b[1] for b in blocks], dtype=np.int64)
-        k_before = np.searchsorted(it_pos, closes).tolist()
+        # The last iteration of the run before each close (-1 with none: last_before).
+        kb = np.searchsorted(it_pos, closes)
+        it_of = np.where(kb > 0, it_num[np.maximum(kb - 1, 0)], -1) if len(it_num) else kb * 0 - 1
+        known = kb > 0
+        keys = [b[3] for b in blocks]
+        for key in set(keys):
+            if key not in it_ids and key not in last_of:
+                continue
+            rows = np.array([i for i, k in enumerate(keys) if k == key], dtype=np.int64)
+            if key in it_ids:
+                mine = it_sid == it_ids[key]
+                j = np.searchsorted(it_pos[mine], closes[rows])
+                hit = j > 0
+                it_of[rows[hit]] = it_num[mine][j[hit] - 1]
+                known[rows[hit]] = True
+                rows = rows[~hit]
+            if key in last_of and len(rows):
+                it_of[rows] = last_of[key]
+                known[rows] = True
+        its_l = [
+            i if k else last_before for i, k in zip(it_of.tolist(), known.tolist(), strict=True)
+        ]
         by_group: dict[tuple[Any, ...], list[tuple[list[float], int | None, int]]] = {}
-        for (_ls, close, values, key), hl, kb in zip(
-            blocks, hlines.tolist(), k_before, strict=True
+        for (_ls, _close, values, _key, flat), hl, it in zip(
+            blocks, hlines.tolist(), its_l, strict=True
         ):
-            if values:
-                it = int(it_num[kb - 1]) if kb > 0 else last_before
-                if key in it_ids:
-                    mine = it_sid == it_ids[key]
-                    j = int(np.searchsorted(it_pos[mine], close))
-                    if j > 0:
-                        it = int(it_num[mine][j - 1])
-                    elif key in last_of:
-                        it = last_of[key]
-                elif key in last_of:
-                    it = last_of[key]
-                flat = [x for v in values.values() for x in (v if isinstance(v, tuple) else (v,))]
-                by_group.setdefault((tuple(values), _shape(values)), []).append((flat, it, hl))
-        for (names, shape), rows in by_group.items():
-            if any(r[1] is None for r in rows):
-                for flat, it, hl in rows:
+            if flat is not None:
+                names, shape, nums = flat
+                if names:
+                    by_group.setdefault((names, shape), []).append((nums, it, hl))
+            elif values:
+                nums = [x for v in values.values() for x in (v if isinstance(v, tuple) else (v,))]
+                by_group.setdefault((tuple(values), _shape(values)), []).append((nums, it, hl))
+        for (names, shape), rows_g in by_group.items():
+            if any(r[1] is None for r in rows_g):
+                for nums, it, hl in rows_g:
                     table.append(
-                        TimerBlock("megatron", _group_values(names, shape, flat), None, it, hl)
+                        TimerBlock("megatron", _group_values(names, shape, nums), None, it, hl)
                     )
                 continue
             table.add_rows(
                 table.group("megatron", names, shape),
-                np.array([r[0] for r in rows], dtype=float),
+                np.array([r[0] for r in rows_g], dtype=float),
                 None,
-                np.array([r[1] for r in rows], dtype=np.int64),
-                np.array([r[2] for r in rows], dtype=np.int64),
+                np.array([r[1] for r in rows_g], dtype=np.int64),
+                np.array([r[2] for r in rows_g], dtype=np.int64),
             )
 
     def _first_keyword(

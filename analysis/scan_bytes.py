@@ -347,28 +347,49 @@ class _BlockPattern:
         self.kind = kind
         self.recipe = recipe
         self.key = key
+        self.name = next((n for how, n in reversed(recipe) if how == "name"), None)
+        # A block of only "one" and "pair" lines, every name once: its values in the order
+        # read are the block's flat values (``_Bulk._add_blocks``), names and shape fixed.
+        named = [(how, n) for how, n in recipe if how in ("one", "pair")]
+        names = tuple(n for _h, n in named)
+        self.flat: tuple[tuple[str, ...], tuple[int, ...]] | None = None
+        if all(how in ("one", "pair", "name") for how, _n in recipe) and len(set(names)) == len(
+            names
+        ):
+            self.flat = (names, tuple(2 if how == "pair" else 0 for how, _n in named))  # type: ignore[misc]
 
     def read(self, bulk: _Bulk, block: bytes, ls: int, T: int) -> Any:
+        """(close, values, body lines, stream, flat) of the block at ``ls``, ``_OPEN``,
+        ``_LONG``, or None when it is not this block printed in one piece.  ``flat``: (names,
+        shape, values) when the block's values are those (then ``values`` is None)."""
         m = self.rx.match(block, ls, T)
         if m is None:
             return None
-        nums = [_finite(g) for g in m.groups()]
-        if None in nums:
+        try:
+            nums = list(map(float, m.groups()))
+        except ValueError:
             return None
-        values: dict[str, Any] = {}
-        j = 0
-        for how, name in self.recipe:
-            if how == "pair":
-                values[name] = (nums[j], nums[j + 1])  # type: ignore[index]
-                j += 2
-            elif how == "one":
-                values[name] = nums[j]  # type: ignore[index]
-                j += 1
-            elif how == "rank":
-                v = nums[j]
-                lo, hi = values.get(name, (v, v))  # type: ignore[arg-type]
-                values[name] = (min(lo, v), max(hi, v))  # type: ignore[type-var]
-                j += 1
+        if not all(map(math.isfinite, nums)):
+            return None
+        values: dict[str, Any] | None = None
+        flat = None
+        if self.flat is not None:
+            flat = (*self.flat, nums)
+        else:
+            values = {}
+            j = 0
+            for how, name in self.recipe:
+                if how == "pair":
+                    values[name] = (nums[j], nums[j + 1])
+                    j += 2
+                elif how == "one":
+                    values[name] = nums[j]
+                    j += 1
+                elif how == "rank":
+                    v = nums[j]
+                    lo, hi = values.get(name, (v, v))
+                    values[name] = (min(lo, v), max(hi, v))
+                    j += 1
         # The lines of the block, then the line that closes it.
         mine = []
         q = block.find(b"\n", ls) + 1
@@ -376,7 +397,7 @@ class _BlockPattern:
             nl = block.find(b"\n", q)
             mine.append((q, nl + 1))
             q = nl + 1
-        name = next((n for how, n in reversed(self.recipe) if how == "name"), None)
+        name = self.name
         while q < T:
             le = _line_end(block, q, T)
             if le >= T:
@@ -392,8 +413,8 @@ class _BlockPattern:
                 s, le, cs = nxt
                 if le - s > MAX_LINE_CHARS:
                     return _LONG
-            probe = dict(values)
-            if bulk._body_step(block, s, le, cs, self.kind, name, probe) is not None:
+            # (Whether the line closes the block does not depend on the values read.)
+            if bulk._body_step(block, s, le, cs, self.kind, name, {}) is not None:
                 return None  # the block goes on: read it line by line
-            return s, values, mine, self.key
+            return s, values, mine, self.key, flat
         return _OPEN

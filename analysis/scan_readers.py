@@ -219,16 +219,17 @@ class _BulkReaders:
         self, block: bytes, pos: int, T: int
     ) -> tuple[
         int,
-        list[tuple[int, int, dict[str, Any], str]],
+        list[tuple[int, int, dict[str, Any] | None, str, Any]],
         list[tuple[int, int]],
         list[tuple[int, int]],
     ]:
         """Megatron timer blocks of [pos, T): the header, then the lines of its stream while
         they are timer lines; the first other line of the stream closes it.  Returns (T, the
-        blocks as (header start, close, values, stream), header lines, body lines); T moves to
-        the header of a block that does not close before it.  A block printed in one piece
+        blocks as (header start, close, values, stream, flat values: ``_BlockPattern.read``),
+        header lines, body lines); T moves to the header of a block that does not close
+        before it.  A block printed in one piece
         like one read before is read by one match of that block's pattern."""
-        blocks: list[tuple[int, int, dict[str, Any], str]] = []
+        blocks: list[tuple[int, int, dict[str, Any] | None, str, Any]] = []
         headers: list[tuple[int, int]] = []
         bodies: list[tuple[int, int]] = []
         for m in _HEAD_RE.finditer(block, pos, T):
@@ -254,8 +255,8 @@ class _BulkReaders:
             if got is _OPEN or got is _LONG:  # not closed here: the line path reads it
                 self.open_at_limit = got is _OPEN
                 return ls, blocks, headers, bodies
-            close, values, mine, key = got  # type: ignore[misc]
-            blocks.append((ls, close, values, key))
+            close, values, mine, key, flat = got  # type: ignore[misc]
+            blocks.append((ls, close, values, key, flat))
             headers.append((ls, e + 1))
             bodies.extend(mine)
         return T, blocks, headers, bodies
@@ -263,7 +264,8 @@ class _BulkReaders:
     def _read_block(
         self, block: bytes, ls: int, e: int, c: int, key: str, kind: str, T: int
     ) -> Any:
-        """One timer block line by line: (close, values, body lines, stream), or _OPEN."""
+        """One timer block line by line: (close, values, body lines, stream, None), or
+        _OPEN."""
         values: dict[str, Any] = {}
         name: str | None = None
         q = e + 1
@@ -289,7 +291,7 @@ class _BulkReaders:
             if step is None:
                 if recipe is not None and mine and mine[-1][1] == s and len(recipe) == len(mine):
                     self._learn(block, ls, c, kind, recipe, mine)
-                return s, values, mine, key
+                return s, values, mine, key, None
             name, what = step
             if what is not None:
                 recipe.append(what)
