@@ -19,19 +19,20 @@ if TYPE_CHECKING:  # pragma: no cover
 from analysis.scan_bytes import (
     _DIGITS,
     _DS_RE,
-    _HEAD_RE,
+    _HEAD_LIT,
     _HEADS,
     _IT_RE,
     _LONG,
     _MEM_FIELDS,
     _MEM_HEAD_RE,
-    _MEM_RE,
+    _MEM_LIT,
     _MISSING,
     _OPEN,
     _WORD,
     _ds_values,
     _ds_values_fast,
     _DSLines,
+    _finds,
     _finite,
     _line_end,
     _other_glue,
@@ -113,9 +114,8 @@ class _BulkReaders:
         """Megatron ``memory (MB) |`` reports of [pos, T) the bulk path knows: (start, end,
         rank, after iteration, values)."""
         out = []
-        for m in _MEM_RE.finditer(block, pos, T):
-            e = m.end()
-            ls = block.rfind(b"\n", pos, m.start()) + 1 or pos
+        for ms, e in _finds(block, _MEM_LIT, pos, T, to_eol=True):
+            ls = block.rfind(b"\n", pos, ms) + 1 or pos
             if e - ls > MAX_LINE_CHARS:
                 continue
             _key, c = self._line_key(block, ls, e - 1)
@@ -232,9 +232,9 @@ class _BulkReaders:
         blocks: list[tuple[int, int, dict[str, Any] | None, str, Any]] = []
         headers: list[tuple[int, int]] = []
         bodies: list[tuple[int, int]] = []
-        for m in _HEAD_RE.finditer(block, pos, T):
-            ls = block.rfind(b"\n", pos, m.start()) + 1 or pos
-            e = block.find(b"\n", m.end(), T)
+        for ms, me in _finds(block, _HEAD_LIT, pos, T):
+            ls = block.rfind(b"\n", pos, ms) + 1 or pos
+            e = block.find(b"\n", me, T)
             if e < 0:
                 self.open_at_limit = True
                 return ls, blocks, headers, bodies
