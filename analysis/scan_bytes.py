@@ -75,12 +75,32 @@ def _next_hit(
     if not checks or (len(checks) == 1 and checks[0][1] == 0 and checks[0][0] == anchor):
         return p
     startswith = block.startswith
+    misses, since = 0, p
     while p >= 0:
         for kw, off in checks:
             if p >= off and startswith(kw, p - off):
                 return p
+        misses += 1
+        if misses == _MISSES and len(checks) == 1 and p - since < _MISSES * _DENSE_GAP:
+            return _whole_hit(block, len(anchor), checks[0], p + 1, end)
         p = find(anchor, p + 1, end)
     return -1
+
+
+_MISSES, _DENSE_GAP = 8, 1024
+"""When the anchor byte of an anchor's only keyword was found ``_MISSES`` times in a row
+without the keyword, less than ``_DENSE_GAP`` bytes apart on average (``E`` and ``T`` of
+NCCL's ``INFO`` and ``NET`` lines, in a log full of them), the keyword is searched for
+whole: one ``bytes.find`` of the keyword costs less than stopping at every such byte."""
+
+
+def _whole_hit(block: bytes, alen: int, check: tuple[bytes, int], pos: int, end: int) -> int:
+    """``_next_hit`` of one keyword searched for whole: the first anchor position in
+    [pos, end) (the anchor ends by ``end``; the keyword may go on past it) that starts the
+    keyword at its offset."""
+    kw, off = check
+    q = block.find(kw, max(pos - off, 0), end - alen - off + len(kw))
+    return q + off if q >= 0 else -1
 
 
 class Keywords:
