@@ -141,6 +141,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.it_shapes: dict[bytes, list[tuple[int, str, str, float]] | None] = {}
         self.it_tmpls: list[_IterPattern] = []
         self.it_heads: dict[bytes, bool] = {}  # text before "iteration" -> takeable
+        self.head_keys: dict[bytes, str] = {}  # such text -> stream key (``_head_key``)
         self.stream_res: dict[str, re.Pattern[bytes]] = {}
         # Prefix runs as matched by _PREFIXES_RE -> (key, length that really is prefixes).
         self.prefix_runs: dict[bytes, tuple[str, int]] = {}
@@ -302,7 +303,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
             return None  # look at more bytes (nothing was added)
         if bodies:  # lines a timer block took are not read as anything else
             taken = {s for s, _e in bodies}
-            ds.keep &= np.array([ls not in taken for ls in ds.ls.tolist()], dtype=bool)
+            ds.keep &= ~np.isin(ds.ls, np.fromiter(taken, dtype=np.int64, count=len(taken)))
             mem = [x for x in mem if x[0] not in taken]
             its = [x for x in its if x[0] not in taken]
 
@@ -453,12 +454,17 @@ class _Bulk(_BulkShapes, _BulkReaders):
     def _head_key(self, head: bytes) -> str:
         """Stream key of an iteration line whose text before ``iteration`` is ``head`` (one
         ``_it_head`` took), as ``_line_key`` finds it."""
+        key = self.head_keys.get(head)
+        if key is not None:
+            return key
         m = _PREFIXES_RE.match(head)
         raw = m.group(0) if m else b""
         got = self.prefix_runs.get(raw)
         if got is None:
             k, rest = split_prefix(raw.decode("ascii"))
             got = self.prefix_runs[raw] = (k, len(raw) - len(rest))
+        if len(self.head_keys) < 4096:
+            self.head_keys[head] = got[0]
         return got[0]
 
     def _it_head(self, head: bytes, at_start: bool) -> bool:

@@ -71,7 +71,8 @@ class _BulkReaders:
         out.keep = out.le - out.ls <= MAX_LINE_CHARS
         if None in keys:
             out.keep &= np.array([k is not None for k in keys], dtype=bool)
-        shapes = list(map(bytes.translate, bodies, repeat(None), repeat(_DIGITS)))
+        # One translate of all bodies (a newline ends each: no body holds one).
+        shapes = b"\n".join(bodies).translate(None, _DIGITS).split(b"\n")
         names = list(map(self.ds_shapes.get, shapes, repeat(_MISSING)))
         if _MISSING in names:
             for i, nm in enumerate(names):
@@ -149,9 +150,10 @@ class _BulkReaders:
     ) -> list[tuple[int, int, int, int, dict[str, Any], str]]:
         """Megatron iteration lines of [pos, T) the bulk path knows: (start, end, number,
         total, field values, stream)."""
-        out, taken = self._iteration_patterns(block, pos, T)
+        matches = list(_IT_RE.finditer(block, pos, T))
+        out, taken = self._iteration_patterns(block, pos, T, [m.start() for m in matches])
         found: list[tuple[int, int, int, int, bytes, list[tuple[int, str, str, float]], str]] = []
-        for m in _IT_RE.finditer(block, pos, T):
+        for m in matches:
             st = m.start()
             if taken and (block.rfind(b"\n", pos, st) + 1 or pos) in taken:
                 continue
