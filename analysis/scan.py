@@ -125,6 +125,8 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.kw = kw
         self.ranks: dict[bytes, int] = {}
         self.rare = Keywords(tuple(k for k in kw.keywords if k not in _BULK_KEYWORDS))
+        # What is left to look for once ``advance`` cut the segment before the first rare one.
+        self.frequent = Keywords(tuple(k for k in kw.keywords if k in _BULK_KEYWORDS))
         self.seg = SEG_START
         self.line_budget = 0  # bytes the line path reads before the bulk path tries again
         self.sparse = 0  # bulk steps in a row that found few records
@@ -563,7 +565,8 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self, block: bytes, pos: int, T: int, span_s: np.ndarray, span_e: np.ndarray
     ) -> int | None:
         """Start of the first line in [pos, T) outside the lines taken (starts, ends) that
-        holds a keyword."""
+        holds a keyword: one of ``_BULK_KEYWORDS`` (``advance`` ended the segment before
+        the first line holding any other)."""
         order = np.argsort(span_s, kind="stable")
         s, e = span_s[order], span_e[order]
         inside = s < T
@@ -576,7 +579,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         if not starts_l:
             return None
         gaps = b"".join(map(block.__getitem__, map(slice, starts_l, ends_l)))
-        hit = self.kw.first(gaps, 0, len(gaps), self.core.run.pipe_iterations, once=True)
+        hit = self.frequent.first(gaps, 0, len(gaps), self.core.run.pipe_iterations, once=True)
         if hit < 0:
             return None
         offsets = np.cumsum(np.concatenate([[0], ends[gap] - starts[gap]]))
