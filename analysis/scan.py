@@ -259,11 +259,27 @@ class _Bulk(_BulkShapes, _BulkReaders):
             if p >= 0:
                 hard = block.rfind(b"\n", pos, p) + 1 or pos
         # A keyword no line read in bulk holds (an error, a launcher exit, DeepSpeed's memory
-        # line): the line path reads that line, so the bulk step ends there.
-        p = self.rare.first(block, pos, hard, self.core.run.pipe_iterations)
-        if 0 <= p < hard:
-            hard = block.rfind(b"\n", pos, p) + 1 or pos
-        limit = min(seg_end, hard)
+        # line): the line path reads that line, so the bulk step ends there (``hard``).  It is
+        # looked for as far as the step looks (through the line at its limit), not to ``hard``
+        # at once: a step mostly takes far less than 4 x ``seg``.
+        rare = self.rare
+        pipe = self.core.run.pipe_iterations
+        scanned = pos  # [pos, scanned) holds none (else ``cut``)
+        cut = False
+
+        def look(limit: int) -> int:
+            """``limit``, before ``hard`` once that is known to lie before it."""
+            nonlocal hard, scanned, cut
+            if not cut and scanned < hard:
+                nl = block.find(b"\n", limit, hard) if limit < hard else -1
+                upto = hard if nl < 0 else nl + 1
+                p = rare.first(block, scanned, upto, pipe)
+                if p >= 0:
+                    hard, cut = block.rfind(b"\n", pos, p) + 1 or pos, True
+                scanned = upto
+            return min(limit, hard)
+
+        limit = look(min(seg_end, hard))
         self.taken = 0
         T: int | None = pos
         while limit > pos:
@@ -273,7 +289,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
             # A timer block open at the limit: look at twice as much.
             grown = min(hard, pos + 2 * (limit - pos))
             nl = block.find(b"\n", grown - 1, hard)
-            limit = hard if nl < 0 else nl + 1
+            limit = look(hard if nl < 0 else nl + 1)
             seg_end = max(seg_end, limit)
         assert T is not None
         if T - pos >= SEG_START and self.taken * 1e6 < SPARSE_RECORDS * (T - pos):
