@@ -389,8 +389,15 @@ class _Bulk(_BulkShapes, _BulkReaders):
         last_before = run.last_iter
         if new_its:
             cols: dict[str, Any] = {}
-            for f in {f for x in new_its for f in x[4]}:
-                vals = [x[4].get(f) for x in new_its]
+            dicts = [x[4] for x in new_its]
+            names = dicts[0].keys()
+            if all(d.keys() == names for d in dicts):  # one shape: transpose in one step
+                rows = (d.values() for d in dicts)
+                by_field = dict(zip(names, map(list, zip(*rows, strict=True)), strict=True))
+            else:
+                fields = {f for d in dicts for f in d}
+                by_field = {f: [d.get(f) for d in dicts] for f in fields}
+            for f, vals in by_field.items():
                 if f in run.iterations.ints:
                     cols[f] = np.array(vals, dtype=np.int64) if None not in vals else vals
                 else:

@@ -84,7 +84,10 @@ class _BulkReaders:
                         else nm
                     )
         ids = {nm: i for i, nm in enumerate(dict.fromkeys(names))}
-        gid = np.array(list(map(ids.__getitem__, names)), dtype=np.int64)
+        gid = np.fromiter(map(ids.__getitem__, names), dtype=np.int64, count=len(names))
+        # Groups with a line of a shape whose values _ds_values_fast does not read.
+        ds_fast, ds_shapes = self.ds_fast, self.ds_shapes
+        slow = {ids[ds_shapes[sh]] for sh in set(shapes) if sh not in ds_fast}
         rank_of = self.ranks
         if len(rank_of) > 4096:
             rank_of.clear()
@@ -96,8 +99,8 @@ class _BulkReaders:
             if nm is None:
                 out.keep[idx] = False
                 continue
-            mine = [bodies[i] for i in idx.tolist()]
-            fast = set(map(shapes.__getitem__, idx.tolist())) <= self.ds_fast
+            mine = list(map(bodies.__getitem__, idx.tolist()))
+            fast = g not in slow
             vals = _ds_values_fast(mine, len(nm)) if fast else _ds_values(mine, len(nm))
             if vals is None:  # a value does not convert: look line by line
                 rows = [_ds_values([bodies[i]], len(nm)) for i in idx.tolist()]
