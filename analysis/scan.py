@@ -125,6 +125,8 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.kw = kw
         self.ranks: dict[bytes, int] = {}
         self.rare = Keywords(tuple(k for k in kw.keywords if k not in _BULK_KEYWORDS))
+        # What is left to look for once ``advance`` cut the segment before the first rare one.
+        self.frequent = Keywords(tuple(k for k in kw.keywords if k in _BULK_KEYWORDS))
         self.seg = SEG_START
         self.line_budget = 0  # bytes the line path reads before the bulk path tries again
         self.sparse = 0  # bulk steps in a row that found few records
@@ -141,6 +143,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.it_shapes: dict[bytes, list[tuple[int, str, str, float]] | None] = {}
         self.it_tmpls: list[_IterPattern] = []
         self.it_heads: dict[bytes, bool] = {}  # text before "iteration" -> takeable
+        self.head_keys: dict[bytes, str] = {}  # such text -> stream key (``_head_key``)
         self.stream_res: dict[str, re.Pattern[bytes]] = {}
         # Prefix runs as matched by _PREFIXES_RE -> (key, length that really is prefixes).
         self.prefix_runs: dict[bytes, tuple[str, int]] = {}
@@ -256,11 +259,27 @@ class _Bulk(_BulkShapes, _BulkReaders):
             if p >= 0:
                 hard = block.rfind(b"\n", pos, p) + 1 or pos
         # A keyword no line read in bulk holds (an error, a launcher exit, DeepSpeed's memory
-        # line): the line path reads that line, so the bulk step ends there.
-        p = self.rare.first(block, pos, hard, self.core.run.pipe_iterations)
-        if 0 <= p < hard:
-            hard = block.rfind(b"\n", pos, p) + 1 or pos
-        limit = min(seg_end, hard)
+        # line): the line path reads that line, so the bulk step ends there (``hard``).  It is
+        # looked for as far as the step looks (through the line at its limit), not to ``hard``
+        # at once: a step mostly takes far less than 4 x ``seg``.
+        rare = self.rare
+        pipe = self.core.run.pipe_iterations
+        scanned = pos  # [pos, scanned) holds none (else ``cut``)
+        cut = False
+
+        def look(limit: int) -> int:
+            """``limit``, before ``hard`` once that is known to lie before it."""
+            nonlocal hard, scanned, cut
+            if not cut and scanned < hard:
+                nl = block.find(b"\n", limit, hard) if limit < hard else -1
+                upto = hard if nl < 0 else nl + 1
+                p = rare.first(block, scanned, upto, pipe)
+                if p >= 0:
+                    hard, cut = block.rfind(b"\n", pos, p) + 1 or pos, True
+                scanned = upto
+            return min(limit, hard)
+
+        limit = look(min(seg_end, hard))
         self.taken = 0
         T: int | None = pos
         while limit > pos:
@@ -270,7 +289,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
             # A timer block open at the limit: look at twice as much.
             grown = min(hard, pos + 2 * (limit - pos))
             nl = block.find(b"\n", grown - 1, hard)
-            limit = hard if nl < 0 else nl + 1
+            limit = look(hard if nl < 0 else nl + 1)
             seg_end = max(seg_end, limit)
         assert T is not None
         if T - pos >= SEG_START and self.taken * 1e6 < SPARSE_RECORDS * (T - pos):
@@ -302,7 +321,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
             return None  # look at more bytes (nothing was added)
         if bodies:  # lines a timer block took are not read as anything else
             taken = {s for s, _e in bodies}
-            ds.keep &= np.array([ls not in taken for ls in ds.ls.tolist()], dtype=bool)
+            ds.keep &= ~np.isin(ds.ls, np.fromiter(taken, dtype=np.int64, count=len(taken)))
             mem = [x for x in mem if x[0] not in taken]
             its = [x for x in its if x[0] not in taken]
 
@@ -370,8 +389,15 @@ class _Bulk(_BulkShapes, _BulkReaders):
         last_before = run.last_iter
         if new_its:
             cols: dict[str, Any] = {}
-            for f in {f for x in new_its for f in x[4]}:
-                vals = [x[4].get(f) for x in new_its]
+            dicts = [x[4] for x in new_its]
+            names = dicts[0].keys()
+            if all(d.keys() == names for d in dicts):  # one shape: transpose in one step
+                rows = (d.values() for d in dicts)
+                by_field = dict(zip(names, map(list, zip(*rows, strict=True)), strict=True))
+            else:
+                fields = {f for d in dicts for f in d}
+                by_field = {f: [d.get(f) for d in dicts] for f in fields}
+            for f, vals in by_field.items():
                 if f in run.iterations.ints:
                     cols[f] = np.array(vals, dtype=np.int64) if None not in vals else vals
                 else:
@@ -453,12 +479,17 @@ class _Bulk(_BulkShapes, _BulkReaders):
     def _head_key(self, head: bytes) -> str:
         """Stream key of an iteration line whose text before ``iteration`` is ``head`` (one
         ``_it_head`` took), as ``_line_key`` finds it."""
+        key = self.head_keys.get(head)
+        if key is not None:
+            return key
         m = _PREFIXES_RE.match(head)
         raw = m.group(0) if m else b""
         got = self.prefix_runs.get(raw)
         if got is None:
             k, rest = split_prefix(raw.decode("ascii"))
             got = self.prefix_runs[raw] = (k, len(raw) - len(rest))
+        if len(self.head_keys) < 4096:
+            self.head_keys[head] = got[0]
         return got[0]
 
     def _it_head(self, head: bytes, at_start: bool) -> bool:
@@ -492,7 +523,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
 
     def _add_blocks(
         self,
-        blocks: list[tuple[int, int, dict[str, Any], str]],
+        blocks: list[tuple[int, int, dict[str, Any] | None, str, Any]],
         hlines: np.ndarray,
         its: tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]],
         last_of: dict[str, int],
@@ -505,44 +536,60 @@ class _Bulk(_BulkShapes, _BulkReaders):
         it_pos, it_num, it_sid, it_ids = its
         table = self.core.run.megatron_blocks
         closes = np.array([b[1] for b in blocks], dtype=np.int64)
-        k_before = np.searchsorted(it_pos, closes).tolist()
+        # The last iteration of the run before each close (-1 with none: last_before).
+        kb = np.searchsorted(it_pos, closes)
+        it_of = np.where(kb > 0, it_num[np.maximum(kb - 1, 0)], -1) if len(it_num) else kb * 0 - 1
+        known = kb > 0
+        keys = [b[3] for b in blocks]
+        for key in set(keys):
+            if key not in it_ids and key not in last_of:
+                continue
+            rows = np.array([i for i, k in enumerate(keys) if k == key], dtype=np.int64)
+            if key in it_ids:
+                mine = it_sid == it_ids[key]
+                j = np.searchsorted(it_pos[mine], closes[rows])
+                hit = j > 0
+                it_of[rows[hit]] = it_num[mine][j[hit] - 1]
+                known[rows[hit]] = True
+                rows = rows[~hit]
+            if key in last_of and len(rows):
+                it_of[rows] = last_of[key]
+                known[rows] = True
+        its_l = [
+            i if k else last_before for i, k in zip(it_of.tolist(), known.tolist(), strict=True)
+        ]
         by_group: dict[tuple[Any, ...], list[tuple[list[float], int | None, int]]] = {}
-        for (_ls, close, values, key), hl, kb in zip(
-            blocks, hlines.tolist(), k_before, strict=True
+        for (_ls, _close, values, _key, flat), hl, it in zip(
+            blocks, hlines.tolist(), its_l, strict=True
         ):
-            if values:
-                it = int(it_num[kb - 1]) if kb > 0 else last_before
-                if key in it_ids:
-                    mine = it_sid == it_ids[key]
-                    j = int(np.searchsorted(it_pos[mine], close))
-                    if j > 0:
-                        it = int(it_num[mine][j - 1])
-                    elif key in last_of:
-                        it = last_of[key]
-                elif key in last_of:
-                    it = last_of[key]
-                flat = [x for v in values.values() for x in (v if isinstance(v, tuple) else (v,))]
-                by_group.setdefault((tuple(values), _shape(values)), []).append((flat, it, hl))
-        for (names, shape), rows in by_group.items():
-            if any(r[1] is None for r in rows):
-                for flat, it, hl in rows:
+            if flat is not None:
+                names, shape, nums = flat
+                if names:
+                    by_group.setdefault((names, shape), []).append((nums, it, hl))
+            elif values:
+                nums = [x for v in values.values() for x in (v if isinstance(v, tuple) else (v,))]
+                by_group.setdefault((tuple(values), _shape(values)), []).append((nums, it, hl))
+        for (names, shape), rows_g in by_group.items():
+            if any(r[1] is None for r in rows_g):
+                for nums, it, hl in rows_g:
                     table.append(
-                        TimerBlock("megatron", _group_values(names, shape, flat), None, it, hl)
+                        TimerBlock("megatron", _group_values(names, shape, nums), None, it, hl)
                     )
                 continue
             table.add_rows(
                 table.group("megatron", names, shape),
-                np.array([r[0] for r in rows], dtype=float),
+                np.array([r[0] for r in rows_g], dtype=float),
                 None,
-                np.array([r[1] for r in rows], dtype=np.int64),
-                np.array([r[2] for r in rows], dtype=np.int64),
+                np.array([r[1] for r in rows_g], dtype=np.int64),
+                np.array([r[2] for r in rows_g], dtype=np.int64),
             )
 
     def _first_keyword(
         self, block: bytes, pos: int, T: int, span_s: np.ndarray, span_e: np.ndarray
     ) -> int | None:
         """Start of the first line in [pos, T) outside the lines taken (starts, ends) that
-        holds a keyword."""
+        holds a keyword: one of ``_BULK_KEYWORDS`` (``advance`` ended the segment before
+        the first line holding any other)."""
         order = np.argsort(span_s, kind="stable")
         s, e = span_s[order], span_e[order]
         inside = s < T
@@ -555,7 +602,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         if not starts_l:
             return None
         gaps = b"".join(map(block.__getitem__, map(slice, starts_l, ends_l)))
-        hit = self.kw.first(gaps, 0, len(gaps), self.core.run.pipe_iterations, once=True)
+        hit = self.frequent.first(gaps, 0, len(gaps), self.core.run.pipe_iterations, once=True)
         if hit < 0:
             return None
         offsets = np.cumsum(np.concatenate([[0], ends[gap] - starts[gap]]))

@@ -75,12 +75,32 @@ def _next_hit(
     if not checks or (len(checks) == 1 and checks[0][1] == 0 and checks[0][0] == anchor):
         return p
     startswith = block.startswith
+    misses, since = 0, p
     while p >= 0:
         for kw, off in checks:
             if p >= off and startswith(kw, p - off):
                 return p
+        misses += 1
+        if misses == _MISSES and len(checks) == 1 and p - since < _MISSES * _DENSE_GAP:
+            return _whole_hit(block, len(anchor), checks[0], p + 1, end)
         p = find(anchor, p + 1, end)
     return -1
+
+
+_MISSES, _DENSE_GAP = 8, 1024
+"""When the anchor byte of an anchor's only keyword was found ``_MISSES`` times in a row
+without the keyword, less than ``_DENSE_GAP`` bytes apart on average (``E`` and ``T`` of
+NCCL's ``INFO`` and ``NET`` lines, in a log full of them), the keyword is searched for
+whole: one ``bytes.find`` of the keyword costs less than stopping at every such byte."""
+
+
+def _whole_hit(block: bytes, alen: int, check: tuple[bytes, int], pos: int, end: int) -> int:
+    """``_next_hit`` of one keyword searched for whole: the first anchor position in
+    [pos, end) (the anchor ends by ``end``; the keyword may go on past it) that starts the
+    keyword at its offset."""
+    kw, off = check
+    q = block.find(kw, max(pos - off, 0), end - alen - off + len(kw))
+    return q + off if q >= 0 else -1
 
 
 class Keywords:
@@ -167,12 +187,13 @@ def line_step(
 # -- the bulk path ---------------------------------------------------------------------------
 
 _DS_RE = re.compile(rb"\[Rank (\d+)\] time \(ms\) \|([^\n]*)\n")
-_MEM_RE = re.compile(rb"memory \(MB\) \|([^\n]*)\n")
+_MEM_LIT = b"memory (MB) |"
+"""A memory report (its text up to the end of the line: ``_finds(..., to_eol=True)``)."""
 _MEM_HEAD_RE = re.compile(rb"(?:\[Rank (\d+)\] )?(?:\(after (\d+) iterations\) )?\Z")
 _IT_RE = re.compile(rb"iteration +(\d+)/ *(\d+) *\|")
 # The line path's own patterns, on bytes (the same on printable ASCII, which is all the bulk
 # path takes).
-_HEAD_RE = re.compile(rb"across ranks \(ms\):")
+_HEAD_LIT = b"across ranks (ms):"
 _HEADS = {
     b"(min, max) time across ranks (ms):": "(min, max) time",
     b"max time across ranks (ms):": "max time",
@@ -191,6 +212,25 @@ _MEM_FIELDS = {
     b"max reserved": "max_reserved_mb",
 }
 _MISSING = object()
+
+
+def _finds(block: bytes, lit: bytes, pos: int, end: int, to_eol: bool = False) -> Any:
+    """(start, end) of each occurrence of ``lit`` in [pos, end), as ``re.finditer`` of the
+    literal gives them (``to_eol``: of ``lit[^\n]*\n``), by ``bytes.find``: a sparse
+    literal is found several times faster than by a regular expression."""
+    find = block.find
+    n = len(lit)
+    p = find(lit, pos, end)
+    while p >= 0:
+        if to_eol:
+            e = find(b"\n", p + n, end)
+            if e < 0:
+                return
+            yield p, e + 1
+            p = find(lit, e + 1, end)
+        else:
+            yield p, p + n
+            p = find(lit, p + n, end)
 
 
 def _pairs(body: bytes) -> tuple[list[bytes], list[bytes]] | None:
@@ -347,28 +387,49 @@ class _BlockPattern:
         self.kind = kind
         self.recipe = recipe
         self.key = key
+        self.name = next((n for how, n in reversed(recipe) if how == "name"), None)
+        # A block of only "one" and "pair" lines, every name once: its values in the order
+        # read are the block's flat values (``_Bulk._add_blocks``), names and shape fixed.
+        named = [(how, n) for how, n in recipe if how in ("one", "pair")]
+        names = tuple(n for _h, n in named)
+        self.flat: tuple[tuple[str, ...], tuple[int, ...]] | None = None
+        if all(how in ("one", "pair", "name") for how, _n in recipe) and len(set(names)) == len(
+            names
+        ):
+            self.flat = (names, tuple(2 if how == "pair" else 0 for how, _n in named))  # type: ignore[misc]
 
     def read(self, bulk: _Bulk, block: bytes, ls: int, T: int) -> Any:
+        """(close, values, body lines, stream, flat) of the block at ``ls``, ``_OPEN``,
+        ``_LONG``, or None when it is not this block printed in one piece.  ``flat``: (names,
+        shape, values) when the block's values are those (then ``values`` is None)."""
         m = self.rx.match(block, ls, T)
         if m is None:
             return None
-        nums = [_finite(g) for g in m.groups()]
-        if None in nums:
+        try:
+            nums = list(map(float, m.groups()))
+        except ValueError:
             return None
-        values: dict[str, Any] = {}
-        j = 0
-        for how, name in self.recipe:
-            if how == "pair":
-                values[name] = (nums[j], nums[j + 1])  # type: ignore[index]
-                j += 2
-            elif how == "one":
-                values[name] = nums[j]  # type: ignore[index]
-                j += 1
-            elif how == "rank":
-                v = nums[j]
-                lo, hi = values.get(name, (v, v))  # type: ignore[arg-type]
-                values[name] = (min(lo, v), max(hi, v))  # type: ignore[type-var]
-                j += 1
+        if not all(map(math.isfinite, nums)):
+            return None
+        values: dict[str, Any] | None = None
+        flat = None
+        if self.flat is not None:
+            flat = (*self.flat, nums)
+        else:
+            values = {}
+            j = 0
+            for how, name in self.recipe:
+                if how == "pair":
+                    values[name] = (nums[j], nums[j + 1])
+                    j += 2
+                elif how == "one":
+                    values[name] = nums[j]
+                    j += 1
+                elif how == "rank":
+                    v = nums[j]
+                    lo, hi = values.get(name, (v, v))
+                    values[name] = (min(lo, v), max(hi, v))
+                    j += 1
         # The lines of the block, then the line that closes it.
         mine = []
         q = block.find(b"\n", ls) + 1
@@ -376,7 +437,7 @@ class _BlockPattern:
             nl = block.find(b"\n", q)
             mine.append((q, nl + 1))
             q = nl + 1
-        name = next((n for how, n in reversed(self.recipe) if how == "name"), None)
+        name = self.name
         while q < T:
             le = _line_end(block, q, T)
             if le >= T:
@@ -392,8 +453,8 @@ class _BlockPattern:
                 s, le, cs = nxt
                 if le - s > MAX_LINE_CHARS:
                     return _LONG
-            probe = dict(values)
-            if bulk._body_step(block, s, le, cs, self.kind, name, probe) is not None:
+            # (Whether the line closes the block does not depend on the values read.)
+            if bulk._body_step(block, s, le, cs, self.kind, name, {}) is not None:
                 return None  # the block goes on: read it line by line
-            return s, values, mine, self.key
+            return s, values, mine, self.key, flat
         return _OPEN

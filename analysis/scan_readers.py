@@ -19,19 +19,20 @@ if TYPE_CHECKING:  # pragma: no cover
 from analysis.scan_bytes import (
     _DIGITS,
     _DS_RE,
-    _HEAD_RE,
+    _HEAD_LIT,
     _HEADS,
     _IT_RE,
     _LONG,
     _MEM_FIELDS,
     _MEM_HEAD_RE,
-    _MEM_RE,
+    _MEM_LIT,
     _MISSING,
     _OPEN,
     _WORD,
     _ds_values,
     _ds_values_fast,
     _DSLines,
+    _finds,
     _finite,
     _line_end,
     _other_glue,
@@ -70,7 +71,8 @@ class _BulkReaders:
         out.keep = out.le - out.ls <= MAX_LINE_CHARS
         if None in keys:
             out.keep &= np.array([k is not None for k in keys], dtype=bool)
-        shapes = list(map(bytes.translate, bodies, repeat(None), repeat(_DIGITS)))
+        # One translate of all bodies (a newline ends each: no body holds one).
+        shapes = b"\n".join(bodies).translate(None, _DIGITS).split(b"\n")
         names = list(map(self.ds_shapes.get, shapes, repeat(_MISSING)))
         if _MISSING in names:
             for i, nm in enumerate(names):
@@ -82,7 +84,10 @@ class _BulkReaders:
                         else nm
                     )
         ids = {nm: i for i, nm in enumerate(dict.fromkeys(names))}
-        gid = np.array(list(map(ids.__getitem__, names)), dtype=np.int64)
+        gid = np.fromiter(map(ids.__getitem__, names), dtype=np.int64, count=len(names))
+        # Groups with a line of a shape whose values _ds_values_fast does not read.
+        ds_fast, ds_shapes = self.ds_fast, self.ds_shapes
+        slow = {ids[ds_shapes[sh]] for sh in set(shapes) if sh not in ds_fast}
         rank_of = self.ranks
         if len(rank_of) > 4096:
             rank_of.clear()
@@ -94,8 +99,8 @@ class _BulkReaders:
             if nm is None:
                 out.keep[idx] = False
                 continue
-            mine = [bodies[i] for i in idx.tolist()]
-            fast = set(map(shapes.__getitem__, idx.tolist())) <= self.ds_fast
+            mine = list(map(bodies.__getitem__, idx.tolist()))
+            fast = g not in slow
             vals = _ds_values_fast(mine, len(nm)) if fast else _ds_values(mine, len(nm))
             if vals is None:  # a value does not convert: look line by line
                 rows = [_ds_values([bodies[i]], len(nm)) for i in idx.tolist()]
@@ -113,9 +118,8 @@ class _BulkReaders:
         """Megatron ``memory (MB) |`` reports of [pos, T) the bulk path knows: (start, end,
         rank, after iteration, values)."""
         out = []
-        for m in _MEM_RE.finditer(block, pos, T):
-            e = m.end()
-            ls = block.rfind(b"\n", pos, m.start()) + 1 or pos
+        for ms, e in _finds(block, _MEM_LIT, pos, T, to_eol=True):
+            ls = block.rfind(b"\n", pos, ms) + 1 or pos
             if e - ls > MAX_LINE_CHARS:
                 continue
             _key, c = self._line_key(block, ls, e - 1)
@@ -149,9 +153,10 @@ class _BulkReaders:
     ) -> list[tuple[int, int, int, int, dict[str, Any], str]]:
         """Megatron iteration lines of [pos, T) the bulk path knows: (start, end, number,
         total, field values, stream)."""
-        out, taken = self._iteration_patterns(block, pos, T)
+        matches = list(_IT_RE.finditer(block, pos, T))
+        out, taken = self._iteration_patterns(block, pos, T, [m.start() for m in matches])
         found: list[tuple[int, int, int, int, bytes, list[tuple[int, str, str, float]], str]] = []
-        for m in _IT_RE.finditer(block, pos, T):
+        for m in matches:
             st = m.start()
             if taken and (block.rfind(b"\n", pos, st) + 1 or pos) in taken:
                 continue
@@ -219,21 +224,22 @@ class _BulkReaders:
         self, block: bytes, pos: int, T: int
     ) -> tuple[
         int,
-        list[tuple[int, int, dict[str, Any], str]],
+        list[tuple[int, int, dict[str, Any] | None, str, Any]],
         list[tuple[int, int]],
         list[tuple[int, int]],
     ]:
         """Megatron timer blocks of [pos, T): the header, then the lines of its stream while
         they are timer lines; the first other line of the stream closes it.  Returns (T, the
-        blocks as (header start, close, values, stream), header lines, body lines); T moves to
-        the header of a block that does not close before it.  A block printed in one piece
+        blocks as (header start, close, values, stream, flat values: ``_BlockPattern.read``),
+        header lines, body lines); T moves to the header of a block that does not close
+        before it.  A block printed in one piece
         like one read before is read by one match of that block's pattern."""
-        blocks: list[tuple[int, int, dict[str, Any], str]] = []
+        blocks: list[tuple[int, int, dict[str, Any] | None, str, Any]] = []
         headers: list[tuple[int, int]] = []
         bodies: list[tuple[int, int]] = []
-        for m in _HEAD_RE.finditer(block, pos, T):
-            ls = block.rfind(b"\n", pos, m.start()) + 1 or pos
-            e = block.find(b"\n", m.end(), T)
+        for ms, me in _finds(block, _HEAD_LIT, pos, T):
+            ls = block.rfind(b"\n", pos, ms) + 1 or pos
+            e = block.find(b"\n", me, T)
             if e < 0:
                 self.open_at_limit = True
                 return ls, blocks, headers, bodies
@@ -254,8 +260,8 @@ class _BulkReaders:
             if got is _OPEN or got is _LONG:  # not closed here: the line path reads it
                 self.open_at_limit = got is _OPEN
                 return ls, blocks, headers, bodies
-            close, values, mine, key = got  # type: ignore[misc]
-            blocks.append((ls, close, values, key))
+            close, values, mine, key, flat = got  # type: ignore[misc]
+            blocks.append((ls, close, values, key, flat))
             headers.append((ls, e + 1))
             bodies.extend(mine)
         return T, blocks, headers, bodies
@@ -263,7 +269,8 @@ class _BulkReaders:
     def _read_block(
         self, block: bytes, ls: int, e: int, c: int, key: str, kind: str, T: int
     ) -> Any:
-        """One timer block line by line: (close, values, body lines, stream), or _OPEN."""
+        """One timer block line by line: (close, values, body lines, stream, None), or
+        _OPEN."""
         values: dict[str, Any] = {}
         name: str | None = None
         q = e + 1
@@ -289,7 +296,7 @@ class _BulkReaders:
             if step is None:
                 if recipe is not None and mine and mine[-1][1] == s and len(recipe) == len(mine):
                     self._learn(block, ls, c, kind, recipe, mine)
-                return s, values, mine, key
+                return s, values, mine, key, None
             name, what = step
             if what is not None:
                 recipe.append(what)

@@ -5,6 +5,7 @@ sight) and turns them into patterns: a mixin of ``analysis.scan._Bulk``.
 from __future__ import annotations
 
 import re
+from itertools import repeat
 from operator import itemgetter, methodcaller
 from typing import TYPE_CHECKING, Any
 
@@ -216,37 +217,46 @@ class _BulkShapes:
         return cols
 
     def _iteration_patterns(
-        self, block: bytes, pos: int, T: int
+        self, block: bytes, pos: int, T: int, starts: list[int]
     ) -> tuple[list[tuple[int, int, int, int, dict[str, Any], str]], set[int]]:
-        """Iteration lines of the learned patterns, read by ``re.split`` (no Python step per
-        line but a few maps), as ``_iteration_lines`` gives them; their starts."""
+        """Iteration lines of the learned patterns, matched at ``starts`` (where ``_IT_RE``
+        matches in [pos, T), where every match of a pattern starts), as ``_iteration_lines``
+        gives them; their starts.  A pattern is tried only there: no scan of the segment."""
         out: list[tuple[int, int, int, int, dict[str, Any], str]] = []
         taken: set[int] = set()
-        if not self.it_tmpls:
+        if not self.it_tmpls or not starts:
             return out, taken
-        seg = memoryview(block)[pos:T]
+        rfind = block.rfind
+        line_of = [rfind(b"\n", pos, st) + 1 or pos for st in starts]
         for tp in self.it_tmpls:
-            parts = tp.rx.split(seg)
-            G = tp.rx.groups
-            n = (len(parts) - 1) // (G + 1)
+            if taken:
+                todo = [i for i, ls in enumerate(line_of) if ls not in taken]
+            else:
+                todo = list(range(len(starts)))
+            found = [
+                (i, m)
+                for i, m in zip(
+                    todo,
+                    map(tp.rx.match, repeat(block), map(starts.__getitem__, todo), repeat(T)),
+                    strict=True,
+                )
+                if m is not None
+            ]
+            n = len(found)
             if not n:
                 continue
-            gaps = parts[0 :: G + 1]
-            heads = list(map(itemgetter(2), map(methodcaller("rpartition", b"\n"), gaps[:-1])))
-            glen = np.fromiter(map(len, gaps), dtype=np.int64, count=n + 1)
-            mlen = np.full(n, tp.const, dtype=np.int64)
-            for j in range(1, G + 1):
-                mlen += np.fromiter(map(len, parts[j :: G + 1]), dtype=np.int64, count=n)
-            start = pos + np.cumsum(glen[:n]) + np.concatenate([[0], np.cumsum(mlen[:-1])])
-            hlen = np.fromiter(map(len, heads), dtype=np.int64, count=n)
-            ls = start - hlen
+            ls = np.array([line_of[i] for i, _m in found], dtype=np.int64)
+            ends = np.array([m.end() for _i, m in found], dtype=np.int64)
+            st = [starts[i] for i, _m in found]
+            heads = list(map(block.__getitem__, map(slice, ls.tolist(), st)))
             ok = np.array(list(map(self._it_head, heads, (ls == pos).tolist())), dtype=bool)
-            ok &= hlen + mlen <= MAX_LINE_CHARS
+            ok &= ends - ls <= MAX_LINE_CHARS
             if not ok.any():
                 continue
+            groups = list(zip(*(m.groups() for _i, m in found), strict=True))
             cols = []
             for piece, f, kind, factor in tp.fields:
-                toks = parts[5 + piece :: G + 1]
+                toks = groups[4 + piece]
                 try:
                     vals = np.array(list(map(float, toks)), dtype=float)
                 except ValueError:
@@ -259,23 +269,19 @@ class _BulkShapes:
                 ok &= ~bad
                 cols.append((f, kind, vals))
             sel = np.flatnonzero(ok)
-            if taken:
-                sel = sel[[int(x) not in taken for x in ls[sel].tolist()]]
-            numbers = np.array(list(map(int, parts[2 :: G + 1])), dtype=np.int64)[sel].tolist()
-            totals = np.array(list(map(int, parts[4 :: G + 1])), dtype=np.int64)[sel].tolist()
+            numbers = np.array(list(map(int, groups[1])), dtype=np.int64)[sel].tolist()
+            totals = np.array(list(map(int, groups[3])), dtype=np.int64)[sel].tolist()
             names = [f for f, _k, _v in cols]
             values = [
                 v[sel].astype(np.int64).tolist() if kind == "int" else v[sel].tolist()
                 for _f, kind, v in cols
             ]
-            starts, ends = ls[sel].tolist(), (start + mlen)[sel].tolist()
+            a_l, b_l = ls[sel].tolist(), ends[sel].tolist()
             keys = list(map(self._head_key, map(heads.__getitem__, sel.tolist())))
-            rows = zip(*values, strict=True) if values else ((),) * len(starts)
-            for a, b, num, tot, row, key in zip(
-                starts, ends, numbers, totals, rows, keys, strict=True
-            ):
+            rows = zip(*values, strict=True) if values else ((),) * len(a_l)
+            for a, b, num, tot, row, key in zip(a_l, b_l, numbers, totals, rows, keys, strict=True):
                 out.append((a, b, num, tot, dict(zip(names, row, strict=True)), key))
-            taken.update(starts)
+            taken.update(a_l)
         out.sort(key=lambda x: x[0])
         return out, taken
 

@@ -17,8 +17,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from analysis import parse, scan
+from analysis import parse, scan, scan_bytes
 from analysis.columns import Column
+from analysis.parse_rules import _KW
+from analysis.scan_bytes import _BULK_KEYWORDS
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = REPO.parent / "shared" / "lab-logs"
@@ -322,3 +324,59 @@ def test_interleaved_streams_bulk_attributes_per_stream(tmp_path, small_chunks, 
     assert by_rank[1] == list(range(1, n + 1))
     megatron = [t["iteration"] for t in run["timers"] if t["source"] == "megatron"]
     assert megatron == list(range(1, n + 1))
+
+
+# -- the keyword scan -------------------------------------------------------------------------
+
+
+def _first_by_anchor(block: bytes, anchors, pos: int, end: int) -> int:
+    """The keyword scan as a loop over every anchor byte (no switch to whole keywords)."""
+    best = -1
+    for anchor, checks in anchors:
+        p = block.find(anchor, pos, end)
+        while p >= 0:
+            if not checks or any(p >= off and block.startswith(kw, p - off) for kw, off in checks):
+                break
+            p = block.find(anchor, p + 1, end)
+        if p >= 0 and (best < 0 or p < best):
+            best = p
+    return best
+
+
+_KW_PIECES = [
+    "E", "T", "x", "xi", "xit", ")", "|", "K", "M", "*", "#", "Error", "Traceback", "Kill",
+    "KILL", "exits", "ssh exited", "(ms)", "(s)", "MemAlloc", "Max_MA", "*** JOB", "NCCL INFO ",
+    "NET/Socket ", "0x7f ", "\n", "iteration",
+]  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_KW_PIECES), max_size=80), st.data(), st.sampled_from([1, 2, 8]))
+def test_keyword_scan_equals_a_loop_over_anchor_bytes(pieces, data, misses):
+    """Also when the scan searches a keyword whole after ``misses`` anchor bytes in a row."""
+    block = "".join(pieces).encode()
+    was = scan_bytes._MISSES, scan_bytes._DENSE_GAP
+    scan_bytes._MISSES, scan_bytes._DENSE_GAP = misses, 1 << 20
+    try:
+        _check_keyword_scan(block, data)
+    finally:
+        scan_bytes._MISSES, scan_bytes._DENSE_GAP = was
+
+
+def _check_keyword_scan(block: bytes, data) -> None:
+    rare = scan.Keywords(tuple(k for k in _KW.keywords if k not in _BULK_KEYWORDS))
+    for kw, pipe in ((_KW, False), (_KW, True), (rare, False)):
+        anchors = kw.pipe_anchors if pipe else kw.anchors
+        pos = data.draw(st.integers(0, len(block)))
+        # An end just after an anchor byte half of the time (a keyword cut by the end).
+        cuts = [i + 1 for i in range(pos, len(block)) if block[i] in b"|)ETKM*#t"]
+        end = data.draw(
+            st.sampled_from(cuts)
+            if cuts and data.draw(st.booleans())
+            else st.integers(pos, len(block))
+        )
+        want = _first_by_anchor(block, anchors, pos, end)
+        assert kw.first(block, pos, end, pipe, once=True) == want
+        assert kw.first(block, pos, end, pipe) == want
+        for step in range(pos, end, 7):  # successive calls over one buffer (remembered hits)
+            assert kw.first(block, step, end, pipe) == _first_by_anchor(block, anchors, step, end)
