@@ -27,21 +27,20 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 if TYPE_CHECKING:
     from analysis.records import ParsedRun
+from analysis.run_record import Outcome as Outcome
 from launchers.memlimit import LimitError as LimitError
 from launchers.memlimit import MemoryCgroup as MemoryCgroup
 from launchers.memlimit import format_size as format_size
 from launchers.memlimit import parse_size as parse_size
-
-OutcomeStatus = Literal["completed", "failed", "interrupted"]
 
 DEFAULT_STALL_S = 300.0
 """Seconds without a new output line after which a run counts as hung (start-up on a loaded
@@ -65,33 +64,6 @@ class NodeProcess:
     """Command started (already wrapped for a lab namespace when there is one)."""
     log: Path
     """File that receives its stdout and stderr."""
-
-
-@dataclass
-class Outcome:
-    """How a run ended; stored under ``"outcome"`` in run.json."""
-
-    status: OutcomeStatus
-    """``completed``, ``failed`` or ``interrupted`` (stopped by the user)."""
-    kind: str | None = None
-    """Failure kind (``oom``, ``nccl``, ``exception``, ``killed``, ``hang``, ``time_limit``,
-    ``cancelled``, ``other``), None when completed."""
-    reason: str | None = None
-    """One line saying why, quoting the log line when there is one."""
-    exit_codes: dict[str, int | None] = field(default_factory=dict)
-    """Exit code per launcher process (None if it had to be killed)."""
-    start: str | None = None
-    """UTC ISO time the first process started."""
-    end: str | None = None
-    """UTC ISO time the last process ended."""
-    wall_s: float | None = None
-    """Wall-clock seconds from start to end."""
-    last_iteration: int | None = None
-    """Last iteration number seen in the output."""
-    train_iters: int | None = None
-    """Planned iterations (from the iteration lines)."""
-    failure_line: str | None = None
-    """``file:line`` of the log line that identified the failure."""
 
 
 def utc_now() -> str:
@@ -724,10 +696,13 @@ def run(
                 + f" (cgroup {cgroup.path.name} oom_kill counter); the log says: {seen}"
             ),
         )
-    outcome.exit_codes = exit_codes
-    outcome.start = start_iso
-    outcome.end = utc_now()
-    outcome.wall_s = round(time.monotonic() - t0, 3)
+    outcome = replace(
+        outcome,
+        exit_codes=exit_codes,
+        start=start_iso,
+        end=utc_now(),
+        wall_s=round(time.monotonic() - t0, 3),
+    )
     if outcome.status != "completed":
         marker = (
             f"# run outcome: {outcome.status} kind={outcome.kind} "
