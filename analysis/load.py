@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, Literal
 
 from analysis.formulas import RATE_IN_NAME, model_table, padded_vocab_size, parse_rate
 from analysis.records import ParsedRun
+from analysis.run_record import RunRecord, RunRecordError, from_json
 
 Precision = Literal["fp32", "fp16", "bf16"]
 """Training precision of weights and activations."""
@@ -271,9 +272,23 @@ def _precision(fp16: Any, bf16: Any) -> Precision | None:
     return "fp32"
 
 
+def as_record(
+    run_json: RunRecord | dict[str, Any] | None, problems: list[str], source: str = "run.json"
+) -> RunRecord | None:
+    """The run record of a run.json document (as is when already typed); None when there is
+    none or it does not read as one (the error, naming the field, is added to ``problems``)."""
+    if run_json is None or isinstance(run_json, RunRecord):
+        return run_json
+    try:
+        return from_json(run_json, source)
+    except RunRecordError as exc:
+        problems.append(str(exc))
+        return None
+
+
 def resolve_setup(
     name: str,
-    run_json: dict[str, Any] | None,
+    run_json: RunRecord | dict[str, Any] | None,
     ds_config: dict[str, Any] | None,
     cmd: str | None,
     parsed: ParsedRun | None,
@@ -290,7 +305,8 @@ def resolve_setup(
             values[key] = value
             sources[key] = source
 
-    spec = (run_json or {}).get("spec") or {}
+    record = as_record(run_json, problems)
+    spec = (record.spec if record else None) or {}
     model = spec.get("model") or {}
     strategy = spec.get("strategy") or {}
     cluster = spec.get("cluster") or {}
@@ -322,17 +338,13 @@ def resolve_setup(
     put("activation_checkpointing", spec.get("activation_checkpointing"), "run.json")
     put("train_iters", _as_int(spec.get("train_iters")), "run.json")
     put("log_interval", _as_int(spec.get("log_interval")), "run.json")
-    network = (run_json or {}).get("network") or {}
-    for key in ("link_mbit", "rate_mbit", "rate_mbps", "mbit"):
-        if isinstance(network.get(key), int | float):
-            put("link_mbit", float(network[key]), "run.json network")
-    for key in ("latency_ms", "delay_ms"):
-        if isinstance(network.get(key), int | float):
-            put("latency_ms", float(network[key]), "run.json network")
-    node_cpu = network.get("node_cpu")
-    cpus = node_cpu.get("cpus") if isinstance(node_cpu, dict) else None
-    if isinstance(cpus, int | float) and cpus > 0:
-        put("node_cpus", float(cpus), "run.json network")
+    network = record.network if record else None
+    if network is not None:
+        put("link_mbit", network.link_mbit, "run.json network")
+        put("latency_ms", network.delay_ms, "run.json network")
+        cpus = (network.node_cpu or {}).get("cpus")
+        if isinstance(cpus, int | float) and cpus > 0:
+            put("node_cpus", float(cpus), "run.json network")
 
     if cmd:
         flags = _cmd_flags(cmd)

@@ -172,3 +172,28 @@ def test_to_json_leaves_out_absent_sections_and_keeps_fields_inside() -> None:
     assert set(doc) == {"schema_version", "name", "outcome"}
     assert doc["outcome"]["status"] == "generated" and doc["outcome"]["kind"] is None
     assert from_json(doc, "run.json") == RunRecord(name="x", outcome=Outcome(status="generated"))
+
+
+@pytest.mark.parametrize(
+    ("network", "version", "link"),
+    [
+        ({"rate_mbit": 100}, 1, 100.0),
+        ({"rate_mbps": 100}, 1, 100.0),
+        ({"mbit": 100}, 1, 100.0),
+        ({"link_mbit": 100}, 1, 100.0),
+        ({"link_mbit": 100}, 2, 100.0),
+        ({"rate_mbit": 100}, 2, None),  # not a version-2 document: no link from it
+    ],
+)
+def test_the_loader_reads_the_link_rate_through_the_record(
+    network: dict[str, Any], version: int, link: float | None
+) -> None:
+    from analysis.load import resolve_setup
+
+    doc: dict[str, Any] = {"network": network | {"delay_ms": 5}}
+    if version == 2:
+        doc["schema_version"] = 2
+    setup, _ = resolve_setup("x", doc, None, None, None)
+    assert setup.link_mbit == link
+    assert setup.latency_ms == (5.0 if link else None)
+    assert setup.sources.get("link_mbit") == ("run.json network" if link else None)
