@@ -29,7 +29,7 @@ from typing import Any, BinaryIO, Literal
 
 from analysis.formulas import RATE_IN_NAME, model_table, padded_vocab_size, parse_rate
 from analysis.records import ParsedRun
-from analysis.run_record import RunRecord, RunRecordError, from_json
+from analysis.run_record import Outcome, RunRecord, RunRecordError, from_json
 
 Precision = Literal["fp32", "fp16", "bf16"]
 """Training precision of weights and activations."""
@@ -184,6 +184,8 @@ class LoadedRun:
     """Failure message or run.json ``outcome.reason``."""
     run_json: dict[str, Any] | None = None
     """run.json as read."""
+    record: RunRecord | None = None
+    """run.json as a typed record (None: no run.json, or one that does not read as a record)."""
     netbench: dict[str, Any] | None = None
     """netbench.json as read (measured collective bandwidth)."""
     log_files: tuple[str, ...] = ()
@@ -515,10 +517,10 @@ def _group_bare_logs(files: Iterable[Path]) -> dict[tuple[Path, str], list[Path]
     return groups
 
 
-def _status(parsed: ParsedRun | None, run_json: dict[str, Any] | None) -> Status:
-    outcome = (run_json or {}).get("outcome") or {}
-    if outcome.get("status") in ("completed", "failed", "interrupted", "running"):
-        return outcome["status"]
+def _status(parsed: ParsedRun | None, record: RunRecord | None) -> Status:
+    status = record.outcome.status if record and record.outcome else None
+    if status in ("completed", "failed", "interrupted", "running"):
+        return status  # type: ignore[return-value]
     if parsed and parsed.interrupted:  # the launcher's marker in a bare log
         return "interrupted"
     return parsed.status if parsed else "incomplete"
@@ -591,6 +593,7 @@ def _make_runs(
     cmd: str | None,
     netbench: dict[str, Any] | None,
     problems: list[str],
+    record: RunRecord | None = None,
 ) -> list[LoadedRun]:
     parsed_runs, log_text = _parse_all(logs, problems) if logs else ([], "")
     if not logs:
@@ -600,10 +603,10 @@ def _make_runs(
     for k, parsed in enumerate(parsed_runs or [None]):
         run_name = name if len(parsed_runs) <= 1 else f"{name}#{k + 1}"
         setup, setup_problems = resolve_setup(
-            run_name, run_json, ds_config, cmd, parsed, node_files, log_text
+            run_name, record, ds_config, cmd, parsed, node_files, log_text
         )
         failure = parsed.failure if parsed else None
-        outcome = (run_json or {}).get("outcome") or {}
+        outcome = (record.outcome if record else None) or Outcome()
         all_problems = [*problems, *setup_problems, *(parsed.problems if parsed else [])]
         out.append(
             LoadedRun(
@@ -612,10 +615,11 @@ def _make_runs(
                 kind=kind,
                 parsed=parsed,
                 setup=setup,
-                status=_status(parsed, run_json),
-                failure_kind=outcome.get("kind") or (failure.kind if failure else None),
-                failure_reason=outcome.get("reason") or (failure.message if failure else None),
+                status=_status(parsed, record),
+                failure_kind=outcome.kind or (failure.kind if failure else None),
+                failure_reason=outcome.reason or (failure.message if failure else None),
                 run_json=run_json,
+                record=record,
                 netbench=netbench,
                 log_files=tuple(p.relative_to(root).as_posix() for p in logs),
                 problems=tuple(all_problems),
@@ -651,7 +655,8 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
         nb_path = run_dir / "netbench.json"
         netbench = _read_json(nb_path, problems) if nb_path.exists() else None
         logs = sorted(run_dir.glob("*.log"))
-        name = (run_json or {}).get("name") or run_dir.name
+        record = as_record(run_json, problems)
+        name = (record.name if record else None) or run_dir.name
         rel = run_dir.relative_to(root).as_posix() if run_dir != root else "."
         runs += _make_runs(
             name,
@@ -664,6 +669,7 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
             launch.read_text() if launch.exists() else None,
             netbench,
             problems,
+            record,
         )
     # A collective benchmark's own directory (netbench.json, no run.json; sessions put them
     # under <logs>/netbench/) holds launcher logs of the benchmark, not of a training run.

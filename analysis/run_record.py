@@ -173,6 +173,8 @@ class Network:
     """Bytes per steady-state iteration per node (``max_tx_bytes``, ``bytes``, ``method``)."""
     per_iteration_reason: str | None = None
     """Why ``per_iteration`` is None."""
+    stopped_leftovers: list[dict[str, Any]] | None = None
+    """Processes a run left inside the nodes, stopped by the session (node, pid, command)."""
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import psutil
 
 if TYPE_CHECKING:
     from analysis.records import ParsedRun
+from analysis.run_record import SCHEMA_VERSION, from_json
 from analysis.run_record import Outcome as Outcome
 from launchers.memlimit import LimitError as LimitError
 from launchers.memlimit import MemoryCgroup as MemoryCgroup
@@ -94,13 +95,18 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 def update_run_json(run_dir: Path, **fields: Any) -> dict[str, Any]:
     """Merge top-level fields into run.json atomically; returns the new document.
 
+    The merged document must read as a :class:`analysis.run_record.RunRecord`: a field that
+    does not raises :class:`analysis.run_record.RunRecordError` naming it, and nothing is
+    written. A new document is written as the current ``schema_version``; an existing one
+    keeps its version.
+
     A run.json that cannot be read as a JSON object is not overwritten blindly: its bytes are
     kept next to it as ``run.json.unreadable-<UTC time>`` and the new record says so under
     ``"record_problems"``.
     """
     path = run_dir / "run.json"
-    data: dict[str, Any] = {}
-    problem = None
+    data: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+    problem = kept = raw = None
     if path.exists():
         raw = path.read_bytes()
         try:
@@ -110,11 +116,13 @@ def update_run_json(run_dir: Path, **fields: Any) -> dict[str, Any]:
             data = loaded
         except ValueError as exc:
             kept = path.with_name(f"run.json.unreadable-{utc_now().replace(':', '')}")
-            kept.write_bytes(raw)
             problem = f"run.json was unreadable ({exc}); its bytes are kept in {kept.name}"
     data.update(fields)
     if problem:
         data.setdefault("record_problems", []).append(problem)
+    from_json(data, str(path))  # raises, naming the field, before anything is written
+    if kept is not None and raw is not None:
+        kept.write_bytes(raw)
     write_json_atomic(path, data)
     return data
 
@@ -534,7 +542,8 @@ def run(
     """
     run_dir = Path(run_dir)
     doc = json.loads((run_dir / "run.json").read_text())
-    outcome_prev = (doc.get("outcome") or {}).get("status")
+    record = from_json(doc, str(run_dir / "run.json"))
+    outcome_prev = record.outcome.status if record.outcome else None
     if outcome_prev not in (None, "generated"):
         raise RuntimeError(
             f"{run_dir} was already run (outcome {outcome_prev!r}); a run directory is never "

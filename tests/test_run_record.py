@@ -197,3 +197,54 @@ def test_the_loader_reads_the_link_rate_through_the_record(
     assert setup.link_mbit == link
     assert setup.latency_ms == (5.0 if link else None)
     assert setup.sources.get("link_mbit") == ("run.json network" if link else None)
+
+
+def test_update_run_json_validates_before_writing(tmp_path: Path) -> None:
+    from launchers.execute import update_run_json
+
+    path = tmp_path / "run.json"
+    update_run_json(tmp_path, outcome={"status": "generated"})
+    assert json.loads(path.read_text()) == {"schema_version": 2, "outcome": {"status": "generated"}}
+    before = path.read_bytes()
+    with pytest.raises(RunRecordError, match=r"run.json: network.rate_mbit: unknown field"):
+        update_run_json(tmp_path, network={"rate_mbit": 100.0})
+    with pytest.raises(RunRecordError, match=r"run.json: repeat.round: '1' is not an integer"):
+        update_run_json(tmp_path, repeat={"group": "g", "round": "1", "rounds": 3})
+    assert path.read_bytes() == before, "nothing written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+    doc = update_run_json(tmp_path, network={"link_mbit": 100.0})
+    assert from_json(doc, "run.json").network == Network(link_mbit=100.0)
+
+
+def test_an_unreadable_run_json_with_a_bad_update_is_left_as_it_was(tmp_path: Path) -> None:
+    from launchers.execute import update_run_json
+
+    (tmp_path / "run.json").write_bytes(b'{"name": "tiny-b')
+    with pytest.raises(RunRecordError, match=r"outcome.wall_s"):
+        update_run_json(tmp_path, outcome={"status": "failed", "wall_s": "slow"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+    assert (tmp_path / "run.json").read_bytes() == b'{"name": "tiny-b'
+
+
+def test_a_version_1_document_stays_version_1_when_updated(tmp_path: Path) -> None:
+    from launchers.execute import update_run_json
+
+    (tmp_path / "run.json").write_text(json.dumps({"name": "x", "network": {"rate_mbit": 10}}))
+    doc = update_run_json(tmp_path, repeat={"group": "g", "round": 1, "rounds": 2})
+    assert "schema_version" not in doc and doc["network"] == {"rate_mbit": 10}
+    assert from_json(doc, "run.json").network == Network(link_mbit=10.0)
+
+
+def test_a_generated_run_directory_reads_back_through_the_record(tmp_path: Path) -> None:
+    from launchers.hostfile import parse_hostfile_text
+    from launchers.presets import resolve_spec
+    from launchers.render import load_run_spec, read_run_record, render_run_dir
+    from launchers.spec import PLACEHOLDER_PATHS
+
+    hosts = parse_hostfile_text("localhost slots=2\n", "hostfiles/localhost")
+    spec = resolve_spec("tiny", "zero1", hosts, paths=PLACEHOLDER_PATHS, device="cpu")
+    run_dir = render_run_dir(spec, tmp_path)
+    doc = json.loads((run_dir / "run.json").read_text())
+    assert doc["schema_version"] == SCHEMA_VERSION
+    assert to_json(read_run_record(run_dir)) == doc
+    assert load_run_spec(run_dir) == spec
