@@ -32,9 +32,10 @@ from analysis.formulas import (  # noqa: F401  (STEADY_RULE and gpt_parameters: 
     steady_windows,
     zero_state_bytes,
 )
-from analysis.load import LoadedRun, RunSetup
+from analysis.load import LoadedRun
 from analysis.records import (
     ParsedRun,
+    RunSetup,
     record_values,
 )
 from analysis.timers import (

@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from analysis.load import RunSetup
 from analysis.metrics import RunMetrics, t95
+from analysis.records import RunSetup
 
 RANDOM_EFFECTS_METHOD = (
     "geometric mean over repeats, one-way random-effects interval on the log scale: t with "
