@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from analysis.formulas import RATE_IN_NAME, model_table, padded_vocab_size, parse_rate
-from analysis.records import ParsedRun, Precision, RunSetup
+from analysis.records import ParsedRun, Precision, Problem, RunSetup
 from analysis.run_record import Outcome, RunRecord, RunRecordError, from_json
 
 Status = Literal["completed", "failed", "incomplete", "interrupted", "running"]
@@ -75,18 +75,20 @@ class LoadedRun:
     """netbench.json as read (measured collective bandwidth)."""
     log_files: tuple[str, ...] = ()
     """Log files that fed the run, relative to LOGDIR."""
-    problems: tuple[str, ...] = ()
-    """What was missing or inconsistent, in words."""
+    problems: tuple[Problem, ...] = ()
+    """What was missing or inconsistent, each with its code."""
 
 
-def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
+def _read_json(path: Path, problems: list[Problem]) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
-        problems.append(f"{path.name}: unreadable JSON ({exc.__class__.__name__}: {exc})")
+        what = f"{path.name}: unreadable JSON ({exc.__class__.__name__}: {exc})"
+        problems.append(Problem("unreadable_json", path.name, what))
         return None
     if not isinstance(data, dict):
-        problems.append(f"{path.name}: not a JSON object (top level is {type(data).__name__})")
+        what = f"{path.name}: not a JSON object (top level is {type(data).__name__})"
+        problems.append(Problem("not_an_object", path.name, what))
         return None
     return data
 
@@ -160,7 +162,9 @@ def _precision(fp16: Any, bf16: Any) -> Precision | None:
 
 
 def as_record(
-    run_json: RunRecord | dict[str, Any] | None, problems: list[str], source: str = "run.json"
+    run_json: RunRecord | dict[str, Any] | None,
+    problems: list[Problem],
+    source: str = "run.json",
 ) -> RunRecord | None:
     """The run record of a run.json document (as is when already typed); None when there is
     none or it does not read as one (the error, naming the field, is added to ``problems``)."""
@@ -169,7 +173,7 @@ def as_record(
     try:
         return from_json(run_json, source)
     except RunRecordError as exc:
-        problems.append(str(exc))
+        problems.append(Problem("invalid_run_json", source, str(exc)))
         return None
 
 
@@ -181,11 +185,11 @@ def resolve_setup(
     parsed: ParsedRun | None,
     node_files: int = 1,
     log_text: str = "",
-) -> tuple[RunSetup, list[str]]:
+) -> tuple[RunSetup, list[Problem]]:
     """Resolve a run's setup from every source, most trusted first; returns (setup, problems)."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    problems: list[str] = []
+    problems: list[Problem] = []
 
     def put(key: str, value: Any, source: str) -> None:
         if value is not None and key not in values:
@@ -371,11 +375,12 @@ def resolve_setup(
         ("padded_vocab_size", "padded vocabulary (needed for FLOPs and parameters)"),
     ):
         if key not in values:
-            problems.append(f"{key}: unknown ({why} not in run.json, cmd, ds_config or log)")
+            what = f"{key}: unknown ({why} not in run.json, cmd, ds_config or log)"
+            problems.append(Problem("setup_unknown", key, what))
     try:
         setup = RunSetup(**values, sources=sources)
     except ValueError as exc:
-        problems.append(f"inconsistent setup: {exc}")
+        problems.append(Problem("inconsistent_setup", None, f"inconsistent setup: {exc}"))
         values.pop("dp", None)
         setup = RunSetup(**values, sources=sources)
     return setup, problems
@@ -450,7 +455,7 @@ def _parse_one(path: Path) -> tuple[list[ParsedRun], str]:
     return runs, reader.head.decode("utf-8", errors="replace")[:_HEAD_CHARS]
 
 
-def _parse_all(paths: list[Path], problems: list[str]) -> tuple[list[ParsedRun], str]:
+def _parse_all(paths: list[Path], problems: list[Problem]) -> tuple[list[ParsedRun], str]:
     """Parse each file and merge the k-th run of every file into one run (per-node logs);
     also the heads of the files' text, joined."""
     from analysis.parse import merge_runs
@@ -463,7 +468,8 @@ def _parse_all(paths: list[Path], problems: list[str]) -> tuple[list[ParsedRun],
         parts = [runs[k] for runs in per_file if k < len(runs)]
         merged.append(merge_runs(parts) if len(parts) > 1 else parts[0])
     if len({len(r) for r in per_file}) > 1:
-        problems.append("log files disagree on the number of training runs they hold")
+        what = "log files disagree on the number of training runs they hold"
+        problems.append(Problem("logs_disagree", "log", what))
     return merged, "\n".join(head for _runs, head in parsed)
 
 
@@ -477,12 +483,12 @@ def _make_runs(
     ds_config: dict[str, Any] | None,
     cmd: str | None,
     netbench: dict[str, Any] | None,
-    problems: list[str],
+    problems: list[Problem],
     record: RunRecord | None = None,
 ) -> list[LoadedRun]:
     parsed_runs, log_text = _parse_all(logs, problems) if logs else ([], "")
     if not logs:
-        problems.append("no *.log file")
+        problems.append(Problem("no_log", "log", "no *.log file"))
     node_files = sum(1 for p in logs if _NODE_SUFFIX.match(p.stem) or p.stem.startswith("node"))
     out = []
     for k, parsed in enumerate(parsed_runs or [None]):
@@ -492,7 +498,8 @@ def _make_runs(
         )
         failure = parsed.failure if parsed else None
         outcome = (record.outcome if record else None) or Outcome()
-        all_problems = [*problems, *setup_problems, *(parsed.problems if parsed else [])]
+        parser = [Problem.of_parser(p) for p in (parsed.problems if parsed else [])]
+        all_problems = [*problems, *setup_problems, *parser]
         out.append(
             LoadedRun(
                 name=run_name,
@@ -511,6 +518,13 @@ def _make_runs(
             )
         )
     return out
+
+
+def _raw_name(run_json: dict[str, Any] | None) -> str | None:
+    """The name of a run.json that is not a valid record (its problem is reported), if it has
+    one: the report still tells the run by its name."""
+    name = (run_json or {}).get("name")
+    return name if isinstance(name, str) else None
 
 
 def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
@@ -532,7 +546,7 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
     run_dirs = sorted({p.parent for p in candidates if p.name == "run.json"})
     runs: list[LoadedRun] = []
     for run_dir in run_dirs:
-        problems: list[str] = []
+        problems: list[Problem] = []
         run_json = _read_json(run_dir / "run.json", problems)
         ds_path = run_dir / "ds_config.json"
         ds_config = _read_json(ds_path, problems) if ds_path.exists() else None
@@ -541,7 +555,8 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
         netbench = _read_json(nb_path, problems) if nb_path.exists() else None
         logs = sorted(run_dir.glob("*.log"))
         record = as_record(run_json, problems)
-        name = (record.name if record else None) or run_dir.name
+        name = record.name if record else _raw_name(run_json)
+        name = name or run_dir.name
         rel = run_dir.relative_to(root).as_posix() if run_dir != root else "."
         runs += _make_runs(
             name,
@@ -576,9 +591,11 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
         ds_config = _read_json(json_path, problems) if json_path.exists() else None
         cmd = cmd_path.read_text() if cmd_path.exists() else None
         if ds_config is None:
-            problems.append("no DeepSpeed config next to the log")
+            what = "no DeepSpeed config next to the log"
+            problems.append(Problem("no_ds_config", json_path.name, what))
         if cmd is None:
-            problems.append("no command line (.cmd) next to the log")
+            what = "no command line (.cmd) next to the log"
+            problems.append(Problem("no_cmd", cmd_path.name, what))
         rel = (parent / stem).relative_to(root).as_posix()
         runs += _make_runs(stem, rel, "log_files", logs, root, None, ds_config, cmd, None, problems)
     return sorted(runs, key=lambda r: r.name)

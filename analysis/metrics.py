@@ -35,6 +35,7 @@ from analysis.formulas import (  # noqa: F401  (STEADY_RULE and gpt_parameters: 
 from analysis.load import LoadedRun
 from analysis.records import (
     ParsedRun,
+    Problem,
     RunSetup,
     record_values,
 )
@@ -371,8 +372,8 @@ class RunMetrics:
     """run.json ``repeat.round`` (1-based)."""
     na_reasons: dict[str, str] = field(default_factory=dict)
     """Column -> why it is None (or why it should be read with care)."""
-    problems: list[str] = field(default_factory=list)
-    """Loading/parsing problems of this run."""
+    problems: list[Problem] = field(default_factory=list)
+    """Loading/parsing problems of this run (summary.json gives their messages)."""
 
 
 SCHEMA: dict[str, str] = {

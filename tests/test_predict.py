@@ -413,7 +413,8 @@ def test_node_cpu_budget_read_from_run_json() -> None:
     run_json = {"network": {"rate_mbit": 100.0, "node_cpu": "0.5"}}
     setup, problems = resolve_setup("x", run_json, None, None, None)
     assert setup.node_cpus is None and setup.link_mbit is None
-    assert any(p.startswith("run.json: network.node_cpu: ") for p in problems), problems
+    assert [p.code for p in problems if p.field == "run.json"] == ["invalid_run_json"]
+    assert any(p.message.startswith("run.json: network.node_cpu: ") for p in problems), problems
 
 
 def test_recompute_costs_one_more_forward_in_backward() -> None:
