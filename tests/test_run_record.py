@@ -248,3 +248,19 @@ def test_a_generated_run_directory_reads_back_through_the_record(tmp_path: Path)
     assert doc["schema_version"] == SCHEMA_VERSION
     assert to_json(read_run_record(run_dir)) == doc
     assert load_run_spec(run_dir) == spec
+
+
+def test_metrics_read_identity_and_wire_bytes_from_the_record() -> None:
+    from analysis.metrics import wire_bytes
+    from analysis.records import RunSetup
+    from analysis.repeats import identity
+
+    record = from_json(V1_LAB_RUN, "run.json")
+    assert identity(record) == {"spec_hash": "0f3c", "repeat_group": "r3-abc", "repeat_round": 1}
+    assert wire_bytes(record) == (None, "only 2 iteration lines were seen")
+    per = {"max_tx_bytes": 4096, "bytes": {}, "method": "counters"}
+    counted = from_json({"schema_version": 2, "network": {"per_iteration": per}}, "run.json")
+    assert wire_bytes(counted) == (4096.0, "")
+    assert wire_bytes(None)[0] is None
+    bare = identity(None, RunSetup(model="tiny"))
+    assert bare["spec_hash"].startswith("setup:") and bare["repeat_group"] is None
