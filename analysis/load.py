@@ -67,8 +67,6 @@ class LoadedRun:
     """Failure kind (parser's closed set, or run.json ``outcome.kind``)."""
     failure_reason: str | None = None
     """Failure message or run.json ``outcome.reason``."""
-    run_json: dict[str, Any] | None = None
-    """run.json as read."""
     record: RunRecord | None = None
     """run.json as a typed record (None: no run.json, or one that does not read as a record)."""
     netbench: dict[str, Any] | None = None
@@ -479,12 +477,11 @@ def _make_runs(
     kind: Literal["run_dir", "log_files"],
     logs: list[Path],
     root: Path,
-    run_json: dict[str, Any] | None,
+    record: RunRecord | None,
     ds_config: dict[str, Any] | None,
     cmd: str | None,
     netbench: dict[str, Any] | None,
     problems: list[Problem],
-    record: RunRecord | None = None,
 ) -> list[LoadedRun]:
     parsed_runs, log_text = _parse_all(logs, problems) if logs else ([], "")
     if not logs:
@@ -510,7 +507,6 @@ def _make_runs(
                 status=_status(parsed, record),
                 failure_kind=outcome.kind or (failure.kind if failure else None),
                 failure_reason=outcome.reason or (failure.message if failure else None),
-                run_json=run_json,
                 record=record,
                 netbench=netbench,
                 log_files=tuple(p.relative_to(root).as_posix() for p in logs),
@@ -564,12 +560,11 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
             "run_dir",
             logs,
             root,
-            run_json,
+            record,
             ds_config,
             launch.read_text() if launch.exists() else None,
             netbench,
             problems,
-            record,
         )
     # A collective benchmark's own directory (netbench.json, no run.json; sessions put them
     # under <logs>/netbench/) holds launcher logs of the benchmark, not of a training run.
