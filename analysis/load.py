@@ -23,15 +23,13 @@ import json
 import re
 import shlex
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from analysis.formulas import RATE_IN_NAME, model_table, padded_vocab_size, parse_rate
-from analysis.records import ParsedRun
-
-Precision = Literal["fp32", "fp16", "bf16"]
-"""Training precision of weights and activations."""
+from analysis.records import ParsedRun, Precision, Problem, RunSetup
+from analysis.run_record import Outcome, RunRecord, RunRecordError, from_json
 
 Status = Literal["completed", "failed", "incomplete", "interrupted", "running"]
 """Run status: the parser's three plus the launcher's ``interrupted``/``running`` (run.json)."""
@@ -47,118 +45,6 @@ _ACCELERATOR_RE = re.compile(
 )
 """The accelerator a log states: the environment the pdsh runner exports to every node
 (``export DS_ACCELERATOR=cpu``), or DeepSpeed's ``Setting ds_accelerator to cpu``."""
-
-
-@dataclass(frozen=True)
-class RunSetup:
-    """What a run was: model, batch, parallelism, cluster and network, each field optional."""
-
-    model: str | None = None
-    """Preset name (``tiny``/``small``/``large``) or ``custom-l{l}-h{h}-a{a}-s{s}``."""
-    num_layers: int | None = None
-    """Transformer layers ``l``."""
-    hidden_size: int | None = None
-    """Hidden size ``h``."""
-    num_attention_heads: int | None = None
-    """Attention heads ``a``."""
-    seq_length: int | None = None
-    """Sequence length ``s`` (tokens per sample)."""
-    max_position_embeddings: int | None = None
-    """Learned position embeddings (``--max-position-embeddings``, >= s; default s)."""
-    ffn_hidden_size: int | None = None
-    """MLP hidden size (Megatron default 4h)."""
-    vocab_size: int | None = None
-    """Tokenizer vocabulary before padding, when known."""
-    padded_vocab_size: int | None = None
-    """Vocabulary after Megatron's padding to a multiple of 128 x TP (``V`` in the formulas)."""
-    normalization: str | None = None
-    """``layernorm`` (weight + bias, 2h parameters) or ``rmsnorm`` (weight only, h)."""
-    micro_batch_size: int | None = None
-    """Samples per micro-batch per data-parallel rank ``b``."""
-    global_batch_size: int | None = None
-    """Samples per optimizer step over all data-parallel ranks ``B``."""
-    precision: Precision | None = None
-    """Weights/activation precision."""
-    activation_checkpointing: bool | None = None
-    """Full activation recompute (adds one forward pass to the FLOPs)."""
-    strategy: str | None = None
-    """Strategy name (``baseline``, ``pipeline``, ``tensor``, ``zero1``..., ``hybrid-...``)."""
-    tp: int | None = None
-    """Tensor-model-parallel size."""
-    pp: int | None = None
-    """Pipeline-model-parallel size."""
-    dp: int | None = None
-    """Data-parallel size (world / (tp * pp))."""
-    zero_stage: int | None = None
-    """DeepSpeed ZeRO stage 0-3."""
-    offload: bool | None = None
-    """ZeRO optimizer/parameter offload to CPU."""
-    world_size: int | None = None
-    """Total ranks."""
-    nodes: int | None = None
-    """Number of machines (1 for a single machine, e.g. ``deepspeed --num_gpus N``)."""
-    device: Literal["cpu", "cuda"] | None = None
-    """Accelerator: on ``cpu`` DeepSpeed reports process RSS as memory."""
-    train_iters: int | None = None
-    """Iterations the run was asked to train."""
-    log_interval: int | None = None
-    """Megatron's ``--log-interval``: iteration lines are averages over that many iterations."""
-    steps_per_print: int | None = None
-    """DeepSpeed ``steps_per_print`` (PipelineEngine timer totals cover that many steps)."""
-    wall_clock_breakdown: bool | None = None
-    """DeepSpeed per-step timers enabled."""
-    reduce_bucket_size: int | None = None
-    """ZeRO ``reduce_bucket_size`` in elements (DeepSpeed default 5e8)."""
-    param_persistence_threshold: int | None = None
-    """ZeRO-3 ``stage3_param_persistence_threshold`` in elements (DeepSpeed default 1e5)."""
-    communication_data_type: str | None = None
-    """DeepSpeed ``communication_data_type`` override, when set."""
-    link_mbit: float | None = None
-    """Inter-node link rate, Mbit/s (run.json network, else the run name, e.g. ``1000mbit``)."""
-    latency_ms: float | None = None
-    """Emulated one-way latency, ms, when known."""
-    node_cpus: float | None = None
-    """Cores each node may use, when capped (the lab's per-node CPU budget, run.json
-    ``network.node_cpu.cpus``); None when the nodes' compute is not known to be bounded."""
-    sources: dict[str, str] = field(default_factory=dict)
-    """Field name -> where its value came from (``run.json``, ``cmd``, ``ds_config``, ``log``,
-    ``name``, ``derived``)."""
-
-    def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "world_size"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name}({value}) must be >= 1")
-        if None not in (self.tp, self.pp, self.dp, self.world_size) and (
-            self.tp * self.pp * self.dp != self.world_size  # type: ignore[operator]
-        ):
-            raise ValueError(
-                f"tp({self.tp}) * pp({self.pp}) * dp({self.dp}) != world_size({self.world_size})"
-            )
-        if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage({self.zero_stage}) not in 0..3")
-
-    @property
-    def positions(self) -> int | None:
-        """Learned positions in the parameter count: ``max_position_embeddings``, else s."""
-        return self.max_position_embeddings or self.seq_length
-
-    @property
-    def gas(self) -> int | None:
-        """Gradient-accumulation steps = B / (b * dp) (micro-batches per step per replica)."""
-        if None in (self.global_batch_size, self.micro_batch_size, self.dp):
-            return None
-        return self.global_batch_size // (self.micro_batch_size * self.dp)  # type: ignore[operator]
-
-    @property
-    def setup_key(self) -> str:
-        """Runs are compared only within one key: model, cluster shape and network."""
-        nodes = f"{self.nodes} node{'s' if self.nodes != 1 else ''}" if self.nodes else "? nodes"
-        world = f"{self.world_size} ranks" if self.world_size is not None else "? ranks"
-        link = f"{self.link_mbit:g} Mbit/s" if self.link_mbit is not None else "unknown link"
-        if self.nodes == 1:
-            link = "one machine"
-        return f"{self.model or 'unknown model'} / {nodes}, {world} / {link}"
 
 
 @dataclass(frozen=True)
@@ -181,24 +67,26 @@ class LoadedRun:
     """Failure kind (parser's closed set, or run.json ``outcome.kind``)."""
     failure_reason: str | None = None
     """Failure message or run.json ``outcome.reason``."""
-    run_json: dict[str, Any] | None = None
-    """run.json as read."""
+    record: RunRecord | None = None
+    """run.json as a typed record (None: no run.json, or one that does not read as a record)."""
     netbench: dict[str, Any] | None = None
     """netbench.json as read (measured collective bandwidth)."""
     log_files: tuple[str, ...] = ()
     """Log files that fed the run, relative to LOGDIR."""
-    problems: tuple[str, ...] = ()
-    """What was missing or inconsistent, in words."""
+    problems: tuple[Problem, ...] = ()
+    """What was missing or inconsistent, each with its code."""
 
 
-def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
+def _read_json(path: Path, problems: list[Problem]) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
-        problems.append(f"{path.name}: unreadable JSON ({exc.__class__.__name__}: {exc})")
+        what = f"{path.name}: unreadable JSON ({exc.__class__.__name__}: {exc})"
+        problems.append(Problem("unreadable_json", path.name, what))
         return None
     if not isinstance(data, dict):
-        problems.append(f"{path.name}: not a JSON object (top level is {type(data).__name__})")
+        what = f"{path.name}: not a JSON object (top level is {type(data).__name__})"
+        problems.append(Problem("not_an_object", path.name, what))
         return None
     return data
 
@@ -271,26 +159,43 @@ def _precision(fp16: Any, bf16: Any) -> Precision | None:
     return "fp32"
 
 
+def as_record(
+    run_json: RunRecord | dict[str, Any] | None,
+    problems: list[Problem],
+    source: str = "run.json",
+) -> RunRecord | None:
+    """The run record of a run.json document (as is when already typed); None when there is
+    none or it does not read as one (the error, naming the field, is added to ``problems``)."""
+    if run_json is None or isinstance(run_json, RunRecord):
+        return run_json
+    try:
+        return from_json(run_json, source)
+    except RunRecordError as exc:
+        problems.append(Problem("invalid_run_json", source, str(exc)))
+        return None
+
+
 def resolve_setup(
     name: str,
-    run_json: dict[str, Any] | None,
+    run_json: RunRecord | dict[str, Any] | None,
     ds_config: dict[str, Any] | None,
     cmd: str | None,
     parsed: ParsedRun | None,
     node_files: int = 1,
     log_text: str = "",
-) -> tuple[RunSetup, list[str]]:
+) -> tuple[RunSetup, list[Problem]]:
     """Resolve a run's setup from every source, most trusted first; returns (setup, problems)."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    problems: list[str] = []
+    problems: list[Problem] = []
 
     def put(key: str, value: Any, source: str) -> None:
         if value is not None and key not in values:
             values[key] = value
             sources[key] = source
 
-    spec = (run_json or {}).get("spec") or {}
+    record = as_record(run_json, problems)
+    spec = (record.spec if record else None) or {}
     model = spec.get("model") or {}
     strategy = spec.get("strategy") or {}
     cluster = spec.get("cluster") or {}
@@ -322,17 +227,13 @@ def resolve_setup(
     put("activation_checkpointing", spec.get("activation_checkpointing"), "run.json")
     put("train_iters", _as_int(spec.get("train_iters")), "run.json")
     put("log_interval", _as_int(spec.get("log_interval")), "run.json")
-    network = (run_json or {}).get("network") or {}
-    for key in ("link_mbit", "rate_mbit", "rate_mbps", "mbit"):
-        if isinstance(network.get(key), int | float):
-            put("link_mbit", float(network[key]), "run.json network")
-    for key in ("latency_ms", "delay_ms"):
-        if isinstance(network.get(key), int | float):
-            put("latency_ms", float(network[key]), "run.json network")
-    node_cpu = network.get("node_cpu")
-    cpus = node_cpu.get("cpus") if isinstance(node_cpu, dict) else None
-    if isinstance(cpus, int | float) and cpus > 0:
-        put("node_cpus", float(cpus), "run.json network")
+    network = record.network if record else None
+    if network is not None:
+        put("link_mbit", network.link_mbit, "run.json network")
+        put("latency_ms", network.delay_ms, "run.json network")
+        cpus = (network.node_cpu or {}).get("cpus")
+        if isinstance(cpus, int | float) and cpus > 0:
+            put("node_cpus", float(cpus), "run.json network")
 
     if cmd:
         flags = _cmd_flags(cmd)
@@ -472,11 +373,12 @@ def resolve_setup(
         ("padded_vocab_size", "padded vocabulary (needed for FLOPs and parameters)"),
     ):
         if key not in values:
-            problems.append(f"{key}: unknown ({why} not in run.json, cmd, ds_config or log)")
+            what = f"{key}: unknown ({why} not in run.json, cmd, ds_config or log)"
+            problems.append(Problem("setup_unknown", key, what))
     try:
         setup = RunSetup(**values, sources=sources)
     except ValueError as exc:
-        problems.append(f"inconsistent setup: {exc}")
+        problems.append(Problem("inconsistent_setup", None, f"inconsistent setup: {exc}"))
         values.pop("dp", None)
         setup = RunSetup(**values, sources=sources)
     return setup, problems
@@ -503,10 +405,10 @@ def _group_bare_logs(files: Iterable[Path]) -> dict[tuple[Path, str], list[Path]
     return groups
 
 
-def _status(parsed: ParsedRun | None, run_json: dict[str, Any] | None) -> Status:
-    outcome = (run_json or {}).get("outcome") or {}
-    if outcome.get("status") in ("completed", "failed", "interrupted", "running"):
-        return outcome["status"]
+def _status(parsed: ParsedRun | None, record: RunRecord | None) -> Status:
+    status = record.outcome.status if record and record.outcome else None
+    if status in ("completed", "failed", "interrupted", "running"):
+        return status  # type: ignore[return-value]
     if parsed and parsed.interrupted:  # the launcher's marker in a bare log
         return "interrupted"
     return parsed.status if parsed else "incomplete"
@@ -551,7 +453,7 @@ def _parse_one(path: Path) -> tuple[list[ParsedRun], str]:
     return runs, reader.head.decode("utf-8", errors="replace")[:_HEAD_CHARS]
 
 
-def _parse_all(paths: list[Path], problems: list[str]) -> tuple[list[ParsedRun], str]:
+def _parse_all(paths: list[Path], problems: list[Problem]) -> tuple[list[ParsedRun], str]:
     """Parse each file and merge the k-th run of every file into one run (per-node logs);
     also the heads of the files' text, joined."""
     from analysis.parse import merge_runs
@@ -564,7 +466,8 @@ def _parse_all(paths: list[Path], problems: list[str]) -> tuple[list[ParsedRun],
         parts = [runs[k] for runs in per_file if k < len(runs)]
         merged.append(merge_runs(parts) if len(parts) > 1 else parts[0])
     if len({len(r) for r in per_file}) > 1:
-        problems.append("log files disagree on the number of training runs they hold")
+        what = "log files disagree on the number of training runs they hold"
+        problems.append(Problem("logs_disagree", "log", what))
     return merged, "\n".join(head for _runs, head in parsed)
 
 
@@ -574,25 +477,26 @@ def _make_runs(
     kind: Literal["run_dir", "log_files"],
     logs: list[Path],
     root: Path,
-    run_json: dict[str, Any] | None,
+    record: RunRecord | None,
     ds_config: dict[str, Any] | None,
     cmd: str | None,
     netbench: dict[str, Any] | None,
-    problems: list[str],
+    problems: list[Problem],
 ) -> list[LoadedRun]:
     parsed_runs, log_text = _parse_all(logs, problems) if logs else ([], "")
     if not logs:
-        problems.append("no *.log file")
+        problems.append(Problem("no_log", "log", "no *.log file"))
     node_files = sum(1 for p in logs if _NODE_SUFFIX.match(p.stem) or p.stem.startswith("node"))
     out = []
     for k, parsed in enumerate(parsed_runs or [None]):
         run_name = name if len(parsed_runs) <= 1 else f"{name}#{k + 1}"
         setup, setup_problems = resolve_setup(
-            run_name, run_json, ds_config, cmd, parsed, node_files, log_text
+            run_name, record, ds_config, cmd, parsed, node_files, log_text
         )
         failure = parsed.failure if parsed else None
-        outcome = (run_json or {}).get("outcome") or {}
-        all_problems = [*problems, *setup_problems, *(parsed.problems if parsed else [])]
+        outcome = (record.outcome if record else None) or Outcome()
+        parser = [Problem.of_parser(p) for p in (parsed.problems if parsed else [])]
+        all_problems = [*problems, *setup_problems, *parser]
         out.append(
             LoadedRun(
                 name=run_name,
@@ -600,16 +504,23 @@ def _make_runs(
                 kind=kind,
                 parsed=parsed,
                 setup=setup,
-                status=_status(parsed, run_json),
-                failure_kind=outcome.get("kind") or (failure.kind if failure else None),
-                failure_reason=outcome.get("reason") or (failure.message if failure else None),
-                run_json=run_json,
+                status=_status(parsed, record),
+                failure_kind=outcome.kind or (failure.kind if failure else None),
+                failure_reason=outcome.reason or (failure.message if failure else None),
+                record=record,
                 netbench=netbench,
                 log_files=tuple(p.relative_to(root).as_posix() for p in logs),
                 problems=tuple(all_problems),
             )
         )
     return out
+
+
+def _raw_name(run_json: dict[str, Any] | None) -> str | None:
+    """The name of a run.json that is not a valid record (its problem is reported), if it has
+    one: the report still tells the run by its name."""
+    name = (run_json or {}).get("name")
+    return name if isinstance(name, str) else None
 
 
 def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
@@ -631,7 +542,7 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
     run_dirs = sorted({p.parent for p in candidates if p.name == "run.json"})
     runs: list[LoadedRun] = []
     for run_dir in run_dirs:
-        problems: list[str] = []
+        problems: list[Problem] = []
         run_json = _read_json(run_dir / "run.json", problems)
         ds_path = run_dir / "ds_config.json"
         ds_config = _read_json(ds_path, problems) if ds_path.exists() else None
@@ -639,7 +550,9 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
         nb_path = run_dir / "netbench.json"
         netbench = _read_json(nb_path, problems) if nb_path.exists() else None
         logs = sorted(run_dir.glob("*.log"))
-        name = (run_json or {}).get("name") or run_dir.name
+        record = as_record(run_json, problems)
+        name = record.name if record else _raw_name(run_json)
+        name = name or run_dir.name
         rel = run_dir.relative_to(root).as_posix() if run_dir != root else "."
         runs += _make_runs(
             name,
@@ -647,7 +560,7 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
             "run_dir",
             logs,
             root,
-            run_json,
+            record,
             ds_config,
             launch.read_text() if launch.exists() else None,
             netbench,
@@ -673,9 +586,11 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
         ds_config = _read_json(json_path, problems) if json_path.exists() else None
         cmd = cmd_path.read_text() if cmd_path.exists() else None
         if ds_config is None:
-            problems.append("no DeepSpeed config next to the log")
+            what = "no DeepSpeed config next to the log"
+            problems.append(Problem("no_ds_config", json_path.name, what))
         if cmd is None:
-            problems.append("no command line (.cmd) next to the log")
+            what = "no command line (.cmd) next to the log"
+            problems.append(Problem("no_cmd", cmd_path.name, what))
         rel = (parent / stem).relative_to(root).as_posix()
         runs += _make_runs(stem, rel, "log_files", logs, root, None, ds_config, cmd, None, problems)
     return sorted(runs, key=lambda r: r.name)

@@ -32,11 +32,14 @@ from analysis.formulas import (  # noqa: F401  (STEADY_RULE and gpt_parameters: 
     steady_windows,
     zero_state_bytes,
 )
-from analysis.load import LoadedRun, RunSetup
+from analysis.load import LoadedRun
 from analysis.records import (
     ParsedRun,
+    Problem,
+    RunSetup,
     record_values,
 )
+from analysis.run_record import RunRecord
 from analysis.timers import (
     Breakdown,
     breakdown,
@@ -130,18 +133,18 @@ class SteadyState:
         )
 
 
-def wire_bytes(run_json: dict[str, Any] | None) -> tuple[float | None, str]:
+def wire_bytes(record: RunRecord | None) -> tuple[float | None, str]:
     """Bytes per steady-state iteration on the busiest node's interface, from run.json.
 
     The executor samples the interface counters of an emulated cluster at the iteration lines
     (launchers.session.LabSession.ground_truth); on a real cluster nothing counts them.
     """
-    network = (run_json or {}).get("network")
-    if not isinstance(network, dict):
+    network = record.network if record else None
+    if network is None:
         return None, "no interface counters (not run on the emulated cluster)"
-    per = network.get("per_iteration")
+    per = network.per_iteration
     if not isinstance(per, dict) or not isinstance(per.get("max_tx_bytes"), int | float):
-        return None, str(network.get("per_iteration_reason") or "no per-iteration counters")
+        return None, str(network.per_iteration_reason or "no per-iteration counters")
     return float(per["max_tx_bytes"]), ""
 
 
@@ -370,8 +373,8 @@ class RunMetrics:
     """run.json ``repeat.round`` (1-based)."""
     na_reasons: dict[str, str] = field(default_factory=dict)
     """Column -> why it is None (or why it should be read with care)."""
-    problems: list[str] = field(default_factory=list)
-    """Loading/parsing problems of this run."""
+    problems: list[Problem] = field(default_factory=list)
+    """Loading/parsing problems of this run (summary.json gives their messages)."""
 
 
 SCHEMA: dict[str, str] = {
@@ -440,7 +443,7 @@ def compute(run: LoadedRun) -> RunMetrics:
     row["na_reasons"] = na
     from analysis.repeats import identity  # repeats builds on this module's rows
 
-    row |= identity(run.run_json, s)
+    row |= identity(run.record, s)
 
     dims = (s.num_layers, s.hidden_size, s.positions, s.padded_vocab_size)
     row["num_parameters"] = num_parameters(s)
@@ -475,7 +478,7 @@ def compute(run: LoadedRun) -> RunMetrics:
         ]
     else:
         na["comm_bytes_per_iter"] = why or "unknown"
-    wire, why_wire = wire_bytes(run.run_json)
+    wire, why_wire = wire_bytes(run.record)
     row["wire_bytes_per_iter"] = wire
     if wire is None:
         na["wire_bytes_per_iter"] = why_wire

@@ -28,8 +28,9 @@ from analysis.costs import (
     updated_parameters,
 )
 from analysis.formulas import backward_factor, bubble_fraction
-from analysis.load import RunSetup, derive_strategy
+from analysis.load import derive_strategy
 from analysis.metrics import RunMetrics
+from analysis.records import RunSetup
 
 # ---------------------------------------------------------------------------- prediction
 

@@ -1,4 +1,5 @@
-"""Typed records that the parser produces and the metrics consume.
+"""Typed records that the parser produces and the metrics consume, and ``RunSetup``: what a run
+was, as ``analysis.load`` resolves it from every source.
 
 These mirror the JSON contract of ``python -m analysis.parse LOG... --json`` (DESIGN.md):
 ``{"logs": [{"path": str, "runs": [RUN, ...]}]}``.  ``to_dict`` on each record gives that JSON.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar, Generic, Literal, TypeVar, overload
+from typing import Any, ClassVar, Generic, Literal, TypeVar, get_args, overload
 
 import numpy as np
 
@@ -761,3 +762,180 @@ def timer_groups(timers: Sequence[TimerBlock], source: str) -> list[TimerGroupVi
             )
         )
     return out
+
+
+Precision = Literal["fp32", "fp16", "bf16"]
+"""Training precision of weights and activations."""
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What a run was: model, batch, parallelism, cluster and network, each field optional."""
+
+    model: str | None = None
+    """Preset name (``tiny``/``small``/``large``) or ``custom-l{l}-h{h}-a{a}-s{s}``."""
+    num_layers: int | None = None
+    """Transformer layers ``l``."""
+    hidden_size: int | None = None
+    """Hidden size ``h``."""
+    num_attention_heads: int | None = None
+    """Attention heads ``a``."""
+    seq_length: int | None = None
+    """Sequence length ``s`` (tokens per sample)."""
+    max_position_embeddings: int | None = None
+    """Learned position embeddings (``--max-position-embeddings``, >= s; default s)."""
+    ffn_hidden_size: int | None = None
+    """MLP hidden size (Megatron default 4h)."""
+    vocab_size: int | None = None
+    """Tokenizer vocabulary before padding, when known."""
+    padded_vocab_size: int | None = None
+    """Vocabulary after Megatron's padding to a multiple of 128 x TP (``V`` in the formulas)."""
+    normalization: str | None = None
+    """``layernorm`` (weight + bias, 2h parameters) or ``rmsnorm`` (weight only, h)."""
+    micro_batch_size: int | None = None
+    """Samples per micro-batch per data-parallel rank ``b``."""
+    global_batch_size: int | None = None
+    """Samples per optimizer step over all data-parallel ranks ``B``."""
+    precision: Precision | None = None
+    """Weights/activation precision."""
+    activation_checkpointing: bool | None = None
+    """Full activation recompute (adds one forward pass to the FLOPs)."""
+    strategy: str | None = None
+    """Strategy name (``baseline``, ``pipeline``, ``tensor``, ``zero1``..., ``hybrid-...``)."""
+    tp: int | None = None
+    """Tensor-model-parallel size."""
+    pp: int | None = None
+    """Pipeline-model-parallel size."""
+    dp: int | None = None
+    """Data-parallel size (world / (tp * pp))."""
+    zero_stage: int | None = None
+    """DeepSpeed ZeRO stage 0-3."""
+    offload: bool | None = None
+    """ZeRO optimizer/parameter offload to CPU."""
+    world_size: int | None = None
+    """Total ranks."""
+    nodes: int | None = None
+    """Number of machines (1 for a single machine, e.g. ``deepspeed --num_gpus N``)."""
+    device: Literal["cpu", "cuda"] | None = None
+    """Accelerator: on ``cpu`` DeepSpeed reports process RSS as memory."""
+    train_iters: int | None = None
+    """Iterations the run was asked to train."""
+    log_interval: int | None = None
+    """Megatron's ``--log-interval``: iteration lines are averages over that many iterations."""
+    steps_per_print: int | None = None
+    """DeepSpeed ``steps_per_print`` (PipelineEngine timer totals cover that many steps)."""
+    wall_clock_breakdown: bool | None = None
+    """DeepSpeed per-step timers enabled."""
+    reduce_bucket_size: int | None = None
+    """ZeRO ``reduce_bucket_size`` in elements (DeepSpeed default 5e8)."""
+    param_persistence_threshold: int | None = None
+    """ZeRO-3 ``stage3_param_persistence_threshold`` in elements (DeepSpeed default 1e5)."""
+    communication_data_type: str | None = None
+    """DeepSpeed ``communication_data_type`` override, when set."""
+    link_mbit: float | None = None
+    """Inter-node link rate, Mbit/s (run.json network, else the run name, e.g. ``1000mbit``)."""
+    latency_ms: float | None = None
+    """Emulated one-way latency, ms, when known."""
+    node_cpus: float | None = None
+    """Cores each node may use, when capped (the lab's per-node CPU budget, run.json
+    ``network.node_cpu.cpus``); None when the nodes' compute is not known to be bounded."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Field name -> where its value came from (``run.json``, ``cmd``, ``ds_config``, ``log``,
+    ``name``, ``derived``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "world_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}({value}) must be >= 1")
+        if None not in (self.tp, self.pp, self.dp, self.world_size) and (
+            self.tp * self.pp * self.dp != self.world_size  # type: ignore[operator]
+        ):
+            raise ValueError(
+                f"tp({self.tp}) * pp({self.pp}) * dp({self.dp}) != world_size({self.world_size})"
+            )
+        if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage({self.zero_stage}) not in 0..3")
+
+    @property
+    def positions(self) -> int | None:
+        """Learned positions in the parameter count: ``max_position_embeddings``, else s."""
+        return self.max_position_embeddings or self.seq_length
+
+    @property
+    def gas(self) -> int | None:
+        """Gradient-accumulation steps = B / (b * dp) (micro-batches per step per replica)."""
+        if None in (self.global_batch_size, self.micro_batch_size, self.dp):
+            return None
+        return self.global_batch_size // (self.micro_batch_size * self.dp)  # type: ignore[operator]
+
+    @property
+    def setup_key(self) -> str:
+        """Runs are compared only within one key: model, cluster shape and network."""
+        nodes = f"{self.nodes} node{'s' if self.nodes != 1 else ''}" if self.nodes else "? nodes"
+        world = f"{self.world_size} ranks" if self.world_size is not None else "? ranks"
+        link = f"{self.link_mbit:g} Mbit/s" if self.link_mbit is not None else "unknown link"
+        if self.nodes == 1:
+            link = "one machine"
+        return f"{self.model or 'unknown model'} / {nodes}, {world} / {link}"
+
+
+UnreadCode = Literal[
+    "unreadable_json",
+    "not_an_object",
+    "invalid_run_json",
+    "no_log",
+    "no_training_output",
+    "truncated_lines",
+    "cut_short",
+]
+"""Problems that mean a run's files could not be read as written: a file that does not read
+(``unreadable_json``, ``not_an_object``, ``invalid_run_json``: run.json is JSON but not a run
+record), no log (``no_log``), or logs that are unusable or damaged (``no_training_output``,
+``truncated_lines``, ``cut_short``)."""
+
+ProblemCode = Literal[
+    UnreadCode,
+    "log",
+    "logs_disagree",
+    "no_ds_config",
+    "no_cmd",
+    "setup_unknown",
+    "inconsistent_setup",
+]
+"""What kind of problem a run has: an :data:`UnreadCode`, any other note of the parser
+(``log``), per-node logs that disagree (``logs_disagree``), side files missing next to bare
+logs (``no_ds_config``, ``no_cmd``), a setup field no source gives (``setup_unknown``) or sources
+that contradict each other (``inconsistent_setup``)."""
+
+UNREAD_CODES: frozenset[str] = frozenset(get_args(UnreadCode))
+"""The :data:`UnreadCode` values: the report lists runs with such a problem on their own, so a
+figure missing because a file was unreadable is never silent."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing missing or inconsistent about a run, as ``analysis.load`` found it."""
+
+    code: ProblemCode
+    """Stable identifier of the kind of problem (what code selects on)."""
+    field: str | None
+    """The file or setup field it is about (``run.json``, ``ds_config.json``, ``log``,
+    ``model``, ...), None when it is about the run as a whole."""
+    message: str
+    """The problem in words, as the report prints it."""
+
+    def __str__(self) -> str:
+        return self.message
+
+    @classmethod
+    def of_parser(cls, text: str) -> Problem:
+        """A problem string of the parser (``ParsedRun.problems``) with its code: lines over the
+        length limit, a log that ends inside a block, no training output, or another note."""
+        if "were truncated" in text:
+            return cls("truncated_lines", "log", text)
+        if "cut short" in text:
+            return cls("cut_short", "log", text)
+        if text == "no training output recognised":
+            return cls("no_training_output", "log", text)
+        return cls("log", "log", text)

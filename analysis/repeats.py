@@ -44,8 +44,9 @@ from typing import Any
 
 import numpy as np
 
-from analysis.load import RunSetup
 from analysis.metrics import RunMetrics, t95
+from analysis.records import RunSetup
+from analysis.run_record import RunRecord
 
 RANDOM_EFFECTS_METHOD = (
     "geometric mean over repeats, one-way random-effects interval on the log scale: t with "
@@ -61,28 +62,25 @@ UNPAIRED_METHOD = "unpaired (log t = strategy, residual pooled over the group)"
 """Speedup interval of repeats without rounds in common."""
 
 
-def identity(run_json: dict[str, Any] | None, setup: RunSetup | None = None) -> dict[str, Any]:
+def identity(record: RunRecord | None, setup: RunSetup | None = None) -> dict[str, Any]:
     """``spec_hash``, ``repeat_group`` and ``repeat_round`` of a run.
 
-    ``spec_hash`` is run.json's; a run without one (bare logs, older run directories) gets
-    ``setup:<digest>`` of its whole resolved setup, so logs of the same configuration (same
-    model, batch, layout, ZeRO stage, precision, iterations, cluster and link, whatever their
-    file names) are repeats of one spec. Not run as a repeat, a run has no group or round; a
-    malformed ``"repeat"`` is ignored (the run then counts as an unpaired repeat).
+    ``spec_hash`` is run.json's; a run without one (bare logs, older run directories, a run.json
+    that does not read as a record) gets ``setup:<digest>`` of its whole resolved setup, so logs
+    of the same configuration (same model, batch, layout, ZeRO stage, precision, iterations,
+    cluster and link, whatever their file names) are repeats of one spec. Not run as a repeat, a
+    run has no group or round.
     """
-    doc = run_json or {}
-    rep = doc.get("repeat") if isinstance(doc.get("repeat"), dict) else {}
-    group, rnd = rep.get("group"), rep.get("round")
-    ok = isinstance(group, str) and isinstance(rnd, int) and not isinstance(rnd, bool)
-    spec_hash = doc.get("spec_hash")
-    if not isinstance(spec_hash, str) and setup is not None:
+    rep = record.repeat if record else None
+    spec_hash = record.spec_hash if record else None
+    if spec_hash is None and setup is not None:
         fields_ = {k: v for k, v in asdict(setup).items() if k != "sources"}
         text = json.dumps(fields_, sort_keys=True, default=str)
         spec_hash = "setup:" + hashlib.sha256(text.encode()).hexdigest()[:16]
     return {
-        "spec_hash": spec_hash if isinstance(spec_hash, str) else None,
-        "repeat_group": group if ok else None,
-        "repeat_round": rnd if ok else None,
+        "spec_hash": spec_hash,
+        "repeat_group": rep.group if rep else None,
+        "repeat_round": rep.round if rep else None,
     }
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from analysis import load, metrics, prediction, repeats, report_predict, speedup
 from analysis.markdown import md_table
 from analysis.metrics import RunMetrics
+from analysis.records import UNREAD_CODES
 
 
 class Footnotes:
@@ -184,18 +185,6 @@ def reference_line(group: list[RunMetrics]) -> str:
     return f"Reference for speedups and savings: {why or 'none'}."
 
 
-READ_PROBLEMS = (
-    "unreadable JSON",  # analysis.load: run.json / ds_config.json / netbench.json
-    "not a JSON object",  # analysis.load: a record whose top level is not an object
-    "no *.log file",  # analysis.load: a run directory without logs
-    "no training output recognised",  # analysis.parse: empty, binary or foreign log
-    "were truncated",  # analysis.parse: lines over its length limit
-    "cut short",  # analysis.parse: a log that ends inside a block
-)
-"""Problems that mean a run's files could not be read as written; such runs get their own list
-in the report, so a figure that is missing because a file was unreadable is never silent."""
-
-
 def executive_summary(groups: dict[str, list[RunMetrics]]) -> list[str]:
     """One line per setup group: its fastest run (or the repeats' summary) and what failed."""
     md: list[str] = []
@@ -233,7 +222,7 @@ def render(
 
     md += ["## Executive summary", "", *executive_summary(groups), ""]
 
-    unread = [(r, [p for p in r.problems if any(m in p for m in READ_PROBLEMS)]) for r in rows]
+    unread = [(r, [p.message for p in r.problems if p.code in UNREAD_CODES]) for r in rows]
     unread = [(r, found) for r, found in unread if found]
     if unread:
         md += ["## Runs that could not be read fully", ""]
@@ -473,7 +462,7 @@ def render(
         md.append(
             f"- {repeats.label(r)}: `{r.path}`, {r.nodes if r.nodes is not None else '?'} node(s), "
             f"{r.world_size} ranks, device {r.device or '?'}"
-            + (f"; problems: {'; '.join(r.problems)}" if r.problems else "")
+            + (f"; problems: {'; '.join(p.message for p in r.problems)}" if r.problems else "")
         )
     if figures:
         md += ["", "## Figures", ""]

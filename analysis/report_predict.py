@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from analysis import comm
 from analysis.calibration import Calibration, calibrate, observations_from
 from analysis.costs import memory_estimate
-from analysis.load import LoadedRun, RunSetup
+from analysis.load import LoadedRun
 from analysis.markdown import md_table
 from analysis.metrics import RunMetrics
 from analysis.prediction import LooResult, Prediction, leave_one_out, predict
+from analysis.records import RunSetup
 from analysis.whatif import (
     STRATEGIES,
     BandwidthCrossover,

@@ -14,8 +14,14 @@ import numpy as np
 
 from analysis import comm
 from analysis.formulas import bubble_fraction
-from analysis.load import RunSetup
-from analysis.records import ParsedRun, TimerBlock, TimerGroupView, blocks_of, timer_groups
+from analysis.records import (
+    ParsedRun,
+    RunSetup,
+    TimerBlock,
+    TimerGroupView,
+    blocks_of,
+    timer_groups,
+)
 
 _ALIASES = {
     "forward": "fwd",

@@ -19,8 +19,9 @@ from analysis.formulas import (
     strategy_table,
     zero_state_bytes,
 )
-from analysis.load import RunSetup, derive_model_name
+from analysis.load import derive_model_name
 from analysis.prediction import predict
+from analysis.records import RunSetup
 
 PROBE_RATES_MBIT = (100.0, 1000.0)
 """Two rates at which the (affine in 1/R) time model is evaluated to solve crossovers."""

@@ -27,21 +27,21 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 if TYPE_CHECKING:
     from analysis.records import ParsedRun
+from analysis.run_record import SCHEMA_VERSION, from_json
+from analysis.run_record import Outcome as Outcome
 from launchers.memlimit import LimitError as LimitError
 from launchers.memlimit import MemoryCgroup as MemoryCgroup
 from launchers.memlimit import format_size as format_size
 from launchers.memlimit import parse_size as parse_size
-
-OutcomeStatus = Literal["completed", "failed", "interrupted"]
 
 DEFAULT_STALL_S = 300.0
 """Seconds without a new output line after which a run counts as hung (start-up on a loaded
@@ -65,33 +65,6 @@ class NodeProcess:
     """Command started (already wrapped for a lab namespace when there is one)."""
     log: Path
     """File that receives its stdout and stderr."""
-
-
-@dataclass
-class Outcome:
-    """How a run ended; stored under ``"outcome"`` in run.json."""
-
-    status: OutcomeStatus
-    """``completed``, ``failed`` or ``interrupted`` (stopped by the user)."""
-    kind: str | None = None
-    """Failure kind (``oom``, ``nccl``, ``exception``, ``killed``, ``hang``, ``time_limit``,
-    ``cancelled``, ``other``), None when completed."""
-    reason: str | None = None
-    """One line saying why, quoting the log line when there is one."""
-    exit_codes: dict[str, int | None] = field(default_factory=dict)
-    """Exit code per launcher process (None if it had to be killed)."""
-    start: str | None = None
-    """UTC ISO time the first process started."""
-    end: str | None = None
-    """UTC ISO time the last process ended."""
-    wall_s: float | None = None
-    """Wall-clock seconds from start to end."""
-    last_iteration: int | None = None
-    """Last iteration number seen in the output."""
-    train_iters: int | None = None
-    """Planned iterations (from the iteration lines)."""
-    failure_line: str | None = None
-    """``file:line`` of the log line that identified the failure."""
 
 
 def utc_now() -> str:
@@ -122,13 +95,18 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 def update_run_json(run_dir: Path, **fields: Any) -> dict[str, Any]:
     """Merge top-level fields into run.json atomically; returns the new document.
 
+    The merged document must read as a :class:`analysis.run_record.RunRecord`: a field that
+    does not raises :class:`analysis.run_record.RunRecordError` naming it, and nothing is
+    written. A new document is written as the current ``schema_version``; an existing one
+    keeps its version.
+
     A run.json that cannot be read as a JSON object is not overwritten blindly: its bytes are
     kept next to it as ``run.json.unreadable-<UTC time>`` and the new record says so under
     ``"record_problems"``.
     """
     path = run_dir / "run.json"
-    data: dict[str, Any] = {}
-    problem = None
+    data: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+    problem = kept = raw = None
     if path.exists():
         raw = path.read_bytes()
         try:
@@ -138,11 +116,13 @@ def update_run_json(run_dir: Path, **fields: Any) -> dict[str, Any]:
             data = loaded
         except ValueError as exc:
             kept = path.with_name(f"run.json.unreadable-{utc_now().replace(':', '')}")
-            kept.write_bytes(raw)
             problem = f"run.json was unreadable ({exc}); its bytes are kept in {kept.name}"
     data.update(fields)
     if problem:
         data.setdefault("record_problems", []).append(problem)
+    from_json(data, str(path))  # raises, naming the field, before anything is written
+    if kept is not None and raw is not None:
+        kept.write_bytes(raw)
     write_json_atomic(path, data)
     return data
 
@@ -562,7 +542,8 @@ def run(
     """
     run_dir = Path(run_dir)
     doc = json.loads((run_dir / "run.json").read_text())
-    outcome_prev = (doc.get("outcome") or {}).get("status")
+    record = from_json(doc, str(run_dir / "run.json"))
+    outcome_prev = record.outcome.status if record.outcome else None
     if outcome_prev not in (None, "generated"):
         raise RuntimeError(
             f"{run_dir} was already run (outcome {outcome_prev!r}); a run directory is never "
@@ -728,10 +709,13 @@ def run(
                 + f" (cgroup {cgroup.path.name} oom_kill counter); the log says: {seen}"
             ),
         )
-    outcome.exit_codes = exit_codes
-    outcome.start = start_iso
-    outcome.end = utc_now()
-    outcome.wall_s = round(time.monotonic() - t0, 3)
+    outcome = replace(
+        outcome,
+        exit_codes=exit_codes,
+        start=start_iso,
+        end=utc_now(),
+        wall_s=round(time.monotonic() - t0, 3),
+    )
     if outcome.status != "completed":
         marker = (
             f"# run outcome: {outcome.status} kind={outcome.kind} "

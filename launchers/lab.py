@@ -689,7 +689,7 @@ class Lab:
             "kind": "emulated",
             "lab": self.name,
             "link": self.shape.label,
-            "rate_mbit": self.shape.rate_mbit,
+            "link_mbit": self.shape.rate_mbit,
             "delay_ms": self.shape.delay_ms,
             "loss_pct": self.shape.loss_pct,
             "topology": "bridge",

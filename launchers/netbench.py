@@ -342,7 +342,7 @@ def render_table(doc: Mapping[str, Any]) -> Any:
 
     network = doc.get("network") or {}
     link = network.get("link") or "link not described"
-    rate_mbit = network.get("rate_mbit")
+    rate_mbit = network.get("link_mbit")
     pause = f" · {doc['pause_ms']:g} ms pause before each call" if doc.get("pause_ms") else ""
     title = (
         f"netbench: {doc.get('backend')} · {doc.get('world_size')} ranks on "

@@ -18,8 +18,16 @@ import textwrap
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
+from analysis.run_record import (
+    Outcome,
+    Provenance,
+    RunRecord,
+    RunRecordError,
+    Upstream,
+    from_json,
+    to_json,
+)
 from launchers.hostfile import render_hostfile
 from launchers.project import (
     DS_CONFIG_NAME,
@@ -213,35 +221,35 @@ def upstream_commit(upstream_dir: str) -> str | None:
     return result.stdout.strip() or None if result.returncode == 0 else None
 
 
-def provenance(spec: RunSpec, now: datetime) -> dict[str, Any]:
+def provenance(spec: RunSpec, now: datetime) -> Provenance:
     """Where and with what a run was generated."""
     env = {
         k: v
         for k, v in sorted(os.environ.items())
         if k.startswith(PROVENANCE_ENV_PREFIXES) or k == "CUDA_VISIBLE_DEVICES"
     }
-    return {
-        "upstream": {"commit": upstream_commit(spec.paths.upstream_dir), "patch": None},
-        "deepspeed": _version("deepspeed"),
-        "torch": _version("torch"),
-        "python": platform.python_version(),
-        "hostname": socket.gethostname(),
-        "hostfile_text": render_hostfile(spec.cluster),
-        "environment": env,
-        "created": now.astimezone(timezone.utc).isoformat(timespec="seconds"),
-    }
+    return Provenance(
+        upstream=Upstream(commit=upstream_commit(spec.paths.upstream_dir), patch=None),
+        deepspeed=_version("deepspeed"),
+        torch=_version("torch"),
+        python=platform.python_version(),
+        hostname=socket.gethostname(),
+        hostfile_text=render_hostfile(spec.cluster),
+        environment=env,
+        created=now.astimezone(timezone.utc).isoformat(timespec="seconds"),
+    )
 
 
-def run_record(spec: RunSpec, run_dir: str, prov: dict[str, Any]) -> dict[str, Any]:
+def run_record(spec: RunSpec, run_dir: str, prov: Provenance) -> RunRecord:
     """The content of ``run.json`` at generation time."""
-    return {
-        "name": spec.name,
-        "spec_hash": spec_hash(spec),
-        "spec": spec_to_json(spec),
-        "command": launcher_command(spec, run_dir),
-        "provenance": prov,
-        "outcome": {"status": "generated"},
-    }
+    return RunRecord(
+        name=spec.name,
+        spec_hash=spec_hash(spec),
+        spec=spec_to_json(spec),
+        command=launcher_command(spec, run_dir),
+        provenance=prov,
+        outcome=Outcome(status="generated"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,21 +295,25 @@ def render_run_dir(spec: RunSpec, logs_root: str | Path, now: datetime | None = 
     for name, text in render_files(spec, str(run_dir)).items():
         write_atomic(run_dir / name, text, 0o755 if name == LAUNCH_NAME else 0o644)
     record = run_record(spec, str(run_dir), provenance(spec, now))
-    write_atomic(run_dir / RUN_JSON_NAME, json.dumps(record, indent=2) + "\n")
+    write_atomic(run_dir / RUN_JSON_NAME, json.dumps(to_json(record), indent=2) + "\n")
     return run_dir
 
 
-def read_run_record(run_dir: str | Path) -> dict[str, Any]:
-    """The parsed ``run.json`` of a run directory."""
+def read_run_record(run_dir: str | Path) -> RunRecord:
+    """The ``run.json`` of a run directory, as a :class:`RunRecord`."""
     path = Path(run_dir) / RUN_JSON_NAME
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return from_json(json.loads(path.read_text(encoding="utf-8")), str(path))
     except (OSError, json.JSONDecodeError) as exc:
         raise SpecError(f"{path}: cannot read the run record: {exc}") from None
+    except RunRecordError as exc:
+        raise SpecError(f"not a run record: {exc}") from None
 
 
 def load_run_spec(run_dir: str | Path) -> RunSpec:
     """The resolved :class:`RunSpec` a run directory was generated from."""
     record = read_run_record(run_dir)
-    text = record.get("provenance", {}).get("hostfile_text", "")
-    return spec_from_json(record["spec"], text)
+    if record.spec is None:
+        raise SpecError(f"{Path(run_dir) / RUN_JSON_NAME}: spec: missing; regenerate the run")
+    text = (record.provenance.hostfile_text if record.provenance else None) or ""
+    return spec_from_json(record.spec, text)

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from analysis import comm
-from analysis.load import RunSetup
+from analysis.records import RunSetup
 
 TINY = dict(
     model="tiny",

@@ -106,7 +106,7 @@ def test_lab_runs_complete(tmp_path, strategy, launcher):
     doc = check_completed_run(run_dir, logs=logs)
     assert doc["spec"]["launcher"] == launcher
     net = doc["network"]
-    assert net["rate_mbit"] == 1000.0 and net["transport"] in ("ssh", "netns-exec")
+    assert net["link_mbit"] == 1000.0 and net["transport"] in ("ssh", "netns-exec")
     per = net["per_iteration"]
     assert per is not None, net.get("per_iteration_reason")
     # ZeRO-2 moves ~15.75 MB per iteration, PP ~0.79 MB (analysis.comm); the wire adds headers.

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from analysis.run_record import Outcome, Upstream, from_json
 from launchers.cli import main as cli_main
 from launchers.hostfile import load_hostfile, parse_hostfile_text
 from launchers.presets import CORE_STRATEGIES, load_strategies, resolve_spec
@@ -144,11 +145,12 @@ def test_run_json_records_the_resolved_spec(tmp_path: Path) -> None:
     spec = make_spec("tiny", "zero2")
     run_dir = render_run_dir(spec, tmp_path, now=NOW)
     record = read_run_record(run_dir)
-    assert record["name"] == "tiny-zero2"
-    assert record["outcome"] == {"status": "generated"}
-    assert record["spec_hash"] == spec_hash(spec)
-    assert record["command"] == launcher_command(spec, str(run_dir))
-    s = record["spec"]
+    assert record.name == "tiny-zero2"
+    assert record.outcome == Outcome(status="generated")
+    assert record.spec_hash == spec_hash(spec)
+    assert record.command == launcher_command(spec, str(run_dir))
+    s = record.spec
+    assert s is not None
     assert s["model"]["num_parameters"] == 875_264
     # The strategy as strategies.yaml states it, plus dp = world(2) / (tp * pp).
     assert s["strategy"] == {
@@ -161,10 +163,14 @@ def test_run_json_records_the_resolved_spec(tmp_path: Path) -> None:
         "slots": [2],
         "world_size": 2,
     }
-    prov = record["provenance"]
-    assert prov["upstream"] == {"commit": None, "patch": None}  # placeholder path: no checkout
-    assert prov["hostfile_text"] == LOCALHOST.text
-    assert prov["created"] == "2026-11-22T02:15:00+00:00"
+    prov = record.provenance
+    assert prov is not None
+    assert prov.upstream == Upstream(commit=None, patch=None)  # placeholder path: no checkout
+    assert prov.hostfile_text == LOCALHOST.text
+    assert prov.created == "2026-11-22T02:15:00+00:00"
+    doc = json.loads((run_dir / "run.json").read_text())
+    assert doc["schema_version"] == 2 and from_json(doc, "run.json") == record
+    assert doc["outcome"]["status"] == "generated"
     assert (run_dir / "hostfile").read_text() == LOCALHOST.text
     assert load_run_spec(run_dir) == spec
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".")]  # no temp files left

@@ -391,7 +391,7 @@ def test_ssh_env_file_carries_the_node_environment(lab100: Lab) -> None:
 @pytest.mark.root
 def test_describe_and_hostfile(lab100: Lab) -> None:
     info = lab100.describe()
-    assert info["rate_mbit"] == 100.0 and info["link"] == "100mbit"
+    assert info["link_mbit"] == 100.0 and info["link"] == "100mbit"
     assert [n["address"] for n in info["nodes"]] == [n.address for n in lab100.nodes]
     assert len(info["shaping"]) == 4 and all("tbf" in cmd for cmd in info["shaping"])
     # Bridge, then each node's two veth ends: offload packets of at most half the bucket.

@@ -133,7 +133,7 @@ def test_bad_flags_are_refused_before_anything_starts(argv, match, capsys) -> No
 
 def test_table_gives_busbw_as_a_fraction_of_the_link() -> None:
     doc = {"backend": "gloo", "world_size": 2, "nodes": 2, "pause_ms": 20.0,
-           "network": {"link": "100mbit", "rate_mbit": 100.0},
+           "network": {"link": "100mbit", "link_mbit": 100.0},
            "results": [{"op": "all_reduce", "bytes": 65536, "time_ms": 5.5, "algbw_gbps": 0.0953,
                         "busbw_gbps": 0.0953, "iters": 30}]}  # fmt: skip
     console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
@@ -183,7 +183,7 @@ def test_lab_100mbit_all_reduce_busbw_near_link_rate(tmp_path: Path) -> None:
     with labmod.Lab(nodes=2, shape=labmod.LinkShape.parse("100mbit")) as lab:
         doc = run_on_lab(lab, tmp_path, options, timeout_s=300)
     _check_doc(doc, ["all_reduce"], 2)
-    assert doc["nodes"] == 2 and doc["network"]["rate_mbit"] == 100.0
+    assert doc["nodes"] == 2 and doc["network"]["link_mbit"] == 100.0
     top = largest(doc, "all_reduce")
     assert top is not None and top["bytes"] == 16 << 20
     assert top["busbw_gbps"] == pytest.approx(0.1, rel=0.25)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from analysis import calibration, comm, formulas, predict
-from analysis.load import RunSetup
+from analysis.records import RunSetup
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 
@@ -403,12 +403,18 @@ def test_node_cpu_budget_scales_compute_per_rank() -> None:
 def test_node_cpu_budget_read_from_run_json() -> None:
     from analysis.load import resolve_setup
 
-    for node_cpu, expected in [({"cpus": 0.5}, 0.5), ({"cpus": None}, None), ("0.5", None),
+    for node_cpu, expected in [({"cpus": 0.5}, 0.5), ({"cpus": None}, None),
                                ({"cpus": 0}, None), (None, None)]:  # fmt: skip
         run_json = {"network": {"rate_mbit": 100.0, "node_cpu": node_cpu}}
         setup, _ = resolve_setup("x", run_json, None, None, None)
         assert setup.node_cpus == expected, node_cpu
         assert setup.link_mbit == 100.0
+    # A network section that is not a run record's is a problem naming the field, not a guess.
+    run_json = {"network": {"rate_mbit": 100.0, "node_cpu": "0.5"}}
+    setup, problems = resolve_setup("x", run_json, None, None, None)
+    assert setup.node_cpus is None and setup.link_mbit is None
+    assert [p.code for p in problems if p.field == "run.json"] == ["invalid_run_json"]
+    assert any(p.message.startswith("run.json: network.node_cpu: ") for p in problems), problems
 
 
 def test_recompute_costs_one_more_forward_in_backward() -> None:
