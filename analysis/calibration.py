@@ -18,7 +18,7 @@ from analysis.costs import ComputeKind, compute_kind, flops_per_microbatch, upda
 from analysis.formulas import LINK_EFFICIENCY, backward_factor, layer_macs
 from analysis.load import LoadedRun
 from analysis.metrics import RunMetrics
-from analysis.records import RunSetup
+from analysis.run_setup import RunSetup
 
 MS_PER_MB_AT_1MBIT = 8000.0
 """8 bits x 1e6 bytes / 1e6 bit/s = 8 s = 8000 ms per MB at 1 Mbit/s: divide by the rate."""

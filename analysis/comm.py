@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from analysis.formulas import ring_factor
-from analysis.records import RunSetup
+from analysis.run_setup import RunSetup
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
 Backend = Literal["nccl", "gloo"]

@@ -10,7 +10,7 @@ from typing import Literal
 
 from analysis import comm
 from analysis.formulas import layer_macs, zero_state_bytes
-from analysis.records import RunSetup
+from analysis.run_setup import RunSetup
 
 ComputeKind = Literal["base", "tp", "zero3"]
 """Compute calibration classes: TP shards matmuls and adds in-layer all-reduces; ZeRO-3 adds

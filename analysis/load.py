@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from analysis.formulas import RATE_IN_NAME, model_table, padded_vocab_size, parse_rate
-from analysis.records import ParsedRun, Precision, Problem, RunSetup
+from analysis.problems import Problem
+from analysis.records import ParsedRun
 from analysis.run_record import Outcome, RunRecord, RunRecordError, from_json
+from analysis.run_setup import Precision, RunSetup
 
 Status = Literal["completed", "failed", "incomplete", "interrupted", "running"]
 """Run status: the parser's three plus the launcher's ``interrupted``/``running`` (run.json)."""

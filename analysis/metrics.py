@@ -33,13 +33,10 @@ from analysis.formulas import (  # noqa: F401  (STEADY_RULE and gpt_parameters: 
     zero_state_bytes,
 )
 from analysis.load import LoadedRun
-from analysis.records import (
-    ParsedRun,
-    Problem,
-    RunSetup,
-    record_values,
-)
+from analysis.problems import Problem
+from analysis.records import ParsedRun, record_values
 from analysis.run_record import RunRecord
+from analysis.run_setup import RunSetup
 from analysis.timers import (
     Breakdown,
     breakdown,

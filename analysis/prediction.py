@@ -30,7 +30,7 @@ from analysis.costs import (
 from analysis.formulas import backward_factor, bubble_fraction
 from analysis.load import derive_strategy
 from analysis.metrics import RunMetrics
-from analysis.records import RunSetup
+from analysis.run_setup import RunSetup
 
 # ---------------------------------------------------------------------------- prediction
 

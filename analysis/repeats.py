@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 
 from analysis.metrics import RunMetrics, t95
-from analysis.records import RunSetup
 from analysis.run_record import RunRecord
+from analysis.run_setup import RunSetup
 
 RANDOM_EFFECTS_METHOD = (
     "geometric mean over repeats, one-way random-effects interval on the log scale: t with "

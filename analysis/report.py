@@ -21,7 +21,7 @@ from typing import Any
 from analysis import load, metrics, prediction, repeats, report_predict, speedup
 from analysis.markdown import md_table
 from analysis.metrics import RunMetrics
-from analysis.records import UNREAD_CODES
+from analysis.problems import UNREAD_CODES
 
 
 class Footnotes:

@@ -14,7 +14,7 @@ from analysis.load import LoadedRun
 from analysis.markdown import md_table
 from analysis.metrics import RunMetrics
 from analysis.prediction import LooResult, Prediction, leave_one_out, predict
-from analysis.records import RunSetup
+from analysis.run_setup import RunSetup
 from analysis.whatif import (
     STRATEGIES,
     BandwidthCrossover,

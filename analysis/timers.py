@@ -14,14 +14,8 @@ import numpy as np
 
 from analysis import comm
 from analysis.formulas import bubble_fraction
-from analysis.records import (
-    ParsedRun,
-    RunSetup,
-    TimerBlock,
-    TimerGroupView,
-    blocks_of,
-    timer_groups,
-)
+from analysis.records import ParsedRun, TimerBlock, TimerGroupView, blocks_of, timer_groups
+from analysis.run_setup import RunSetup
 
 _ALIASES = {
     "forward": "fwd",

@@ -21,7 +21,7 @@ from analysis.formulas import (
 )
 from analysis.load import derive_model_name
 from analysis.prediction import predict
-from analysis.records import RunSetup
+from analysis.run_setup import RunSetup
 
 PROBE_RATES_MBIT = (100.0, 1000.0)
 """Two rates at which the (affine in 1/R) time model is evaluated to solve crossovers."""

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from analysis import comm
-from analysis.records import RunSetup
+from analysis.run_setup import RunSetup
 
 TINY = dict(
     model="tiny",

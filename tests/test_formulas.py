@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis import comm, formulas, load, metrics, records
+from analysis import comm, formulas, load, metrics, run_setup
 from launchers.hostfile import parse_hostfile_text
 from launchers.presets import PresetError, load_models, load_strategies, resolve_spec
 from launchers.project import ds_config, megatron_args
@@ -55,7 +55,7 @@ def test_printed_counts_of_the_lab_logs() -> None:
 
 def test_positions_are_max_position_embeddings_not_seq_length() -> None:
     """s h counts the learned positions: 256 positions at seq 128 add 128 h parameters."""
-    setup = records.RunSetup(num_layers=4, hidden_size=128, seq_length=128,
+    setup = run_setup.RunSetup(num_layers=4, hidden_size=128, seq_length=128,
                           max_position_embeddings=256, padded_vocab_size=512)  # fmt: skip
     assert metrics.num_parameters(setup) == 875_264 + 128 * 128
 

@@ -9,7 +9,8 @@ import pytest
 
 from analysis import metrics, speedup, timers
 from analysis.load import LoadedRun
-from analysis.records import Iteration, Memory, ParsedRun, RunSetup, TimerBlock
+from analysis.records import Iteration, Memory, ParsedRun, TimerBlock
+from analysis.run_setup import RunSetup
 
 # dp2.log: "elapsed time per iteration (ms)" and "TFLOPs" at iterations 5..30 (log interval 5).
 DP2_WINDOWS = [(5, 201.6), (10, 186.6), (15, 219.0), (20, 211.9), (25, 217.7), (30, 214.0)]

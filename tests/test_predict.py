@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from analysis import calibration, comm, formulas, predict
-from analysis.records import RunSetup
+from analysis.run_setup import RunSetup
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from analysis.load import discover
-from analysis.records import UNREAD_CODES, Problem
+from analysis.problems import UNREAD_CODES, Problem
 from analysis.report import main as report_main
 
 LAB_LOGS = Path(__file__).resolve().parent.parent.parent / "shared" / "lab-logs"

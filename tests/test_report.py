@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_metrics import DP2_WINDOWS, SETUP, dp2_parsed, loaded
 
-from analysis import load, records, report
+from analysis import load, report, run_setup
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 GOLDEN = Path(__file__).parent / "golden" / "report"
@@ -26,7 +26,7 @@ DESIGN_KEYS = [
 
 def hand_runs() -> list[load.LoadedRun]:
     slow = [(i, ms * 1.5) for i, ms in DP2_WINDOWS]
-    zero2 = records.RunSetup(**{**SETUP.__dict__, "strategy": "zero2", "zero_stage": 2})
+    zero2 = run_setup.RunSetup(**{**SETUP.__dict__, "strategy": "zero2", "zero_stage": 2})
     failed = load.LoadedRun(
         name="pp2_layernorm_FAIL", path="pp2_layernorm_FAIL", kind="log_files",
         parsed=dp2_parsed(windows=[], steps={}), setup=SETUP, status="failed",
@@ -126,7 +126,7 @@ STRATEGY_LAYOUT = {  # strategy -> (tp, pp, dp, zero stage) on 2 ranks
 
 def _run(name: str, strategy: str, status: str, windows, factor: float = 1.0, **kw):
     tp, pp, dp, zero = STRATEGY_LAYOUT[strategy]
-    setup = records.RunSetup(**{**SETUP.__dict__, "strategy": strategy, "tp": tp, "pp": pp,
+    setup = run_setup.RunSetup(**{**SETUP.__dict__, "strategy": strategy, "tp": tp, "pp": pp,
                              "dp": dp, "zero_stage": zero, "train_iters": 30})  # fmt: skip
     parsed = None
     if windows is not None:
