@@ -157,6 +157,9 @@ class LinkFit:
     """(op, bytes, busbw Gbit/s) measured at ``rate_mbit``, when netbench.json exists."""
     op_efficiency: tuple[tuple[str, float], ...] = ()
     """(netbench op, e) from its large-message busbw (netbench only; see ``_op_efficiency``)."""
+    host_calls: tuple[tuple[str, int, float], ...] = ()
+    """(op, bytes, ms per call) with the links unshaped, each call after a pause (netbench.json
+    ``host_time``, a lab session's): the hosts' own time per call, which the wire hides."""
 
     def ms_per_mb(self, rate_mbit: float | None) -> float:
         """host + 8000 / (e x R) ms per wire MB (host only on one machine)."""
@@ -183,6 +186,17 @@ class LinkFit:
             bus_mb = comm.ring_factor(c.op, c.group_size) * c.size_bytes / 1e6
             t1 = bus_mb * 8 / busbw
             eff = self.efficiency_of(c.op)
+            host = _interp_log(self.host_calls, c.op, c.size_bytes)
+            if host is not None and self.link == "inter-node" and rate_mbit and self.rate_mbit:
+                # The hosts' time per call and the wire's overlap (gloo sends while it copies
+                # and reduces; a node waits on the wire with its CPU idle): a call costs the
+                # larger of the two. At the measured rate the call was wire-bound when it took
+                # longer than the host time: then all of it scales with 1/R; else its wire time
+                # is the bytes at e x R.
+                wire1 = t1
+                if t1 <= host:
+                    wire1 = min(t1, bus_mb * MS_PER_MB_AT_1MBIT / ((eff or 1.0) * self.rate_mbit))
+                return c.count_per_iter * max(host, wire1 * self.rate_mbit / rate_mbit)
             if self.link == "inter-node" and rate_mbit and self.rate_mbit and eff:
                 wire1 = min(t1, bus_mb * MS_PER_MB_AT_1MBIT / (eff * self.rate_mbit))
                 t1 = t1 - wire1 + wire1 * self.rate_mbit / rate_mbit
@@ -194,12 +208,17 @@ def _netbench_busbw(
     table: tuple[tuple[str, int, float], ...], op: str, size: float
 ) -> float | None:
     """busbw (Gbit/s) interpolated linearly in log(size) between netbench sizes (clamped)."""
+    return _interp_log(table, op, size)
+
+
+def _interp_log(table: tuple[tuple[str, int, float], ...], op: str, size: float) -> float | None:
+    """A netbench figure of ``op`` interpolated linearly in log(size) (clamped at the ends)."""
     name = _NETBENCH_OPS.get(op, op)
-    points = sorted((b, bw) for o, b, bw in table if o == name and bw > 0)
+    points = sorted((b, v) for o, b, v in table if o == name and v > 0)
     if not points or size <= 0:
         return None
-    sizes, busbw = zip(*points, strict=True)
-    return float(np.interp(math.log(size), np.log(sizes), busbw))
+    sizes, values = zip(*points, strict=True)
+    return float(np.interp(math.log(size), np.log(sizes), values))
 
 
 @dataclass(frozen=True)
@@ -294,6 +313,17 @@ def _netbench_table(nb: dict[str, Any]) -> tuple[tuple[str, int, float], ...]:
     return tuple(rows)
 
 
+def _host_table(nb: dict[str, Any]) -> tuple[tuple[str, int, float], ...]:
+    """(op, bytes, median ms per call) of netbench.json's ``host_time`` (links unshaped)."""
+    host = nb.get("host_time")
+    rows = []
+    for r in (host.get("results") if isinstance(host, dict) else None) or []:
+        ms = r.get("time_ms_median", r.get("time_ms"))
+        if isinstance(r.get("bytes"), int) and isinstance(ms, int | float) and ms > 0:
+            rows.append((str(r.get("op")), int(r["bytes"]), float(ms)))
+    return tuple(rows)
+
+
 def fit_links(obs: Sequence[Observation]) -> tuple[LinkFit | None, LinkFit | None, list[str]]:
     """Intra- and inter-node link fits (netbench first, then timers, then the link rate)."""
     notes: list[str] = []
@@ -343,6 +373,14 @@ def fit_links(obs: Sequence[Observation]) -> tuple[LinkFit | None, LinkFit | Non
             else:  # no message of 1 MiB or more: nothing measured the sustained rate
                 eff = LINK_EFFICIENCY
                 per_op = f"no message >= 1 MiB measured, assumed e = {eff}"
+            host = _host_table(o.netbench or {})
+            host_note = (
+                f"; each call costs the larger of its wire time and the hosts' own time per "
+                f"call (netbench host_time, links unshaped, after a pause: {_host_summary(host)})"
+                if host
+                else "; no host-time benchmark (netbench.json host_time): a call's time beyond "
+                "its wire time at the measured rate is taken as host time, added at every rate"
+            )
             inter = LinkFit(
                 "inter-node",
                 rate,
@@ -350,9 +388,10 @@ def fit_links(obs: Sequence[Observation]) -> tuple[LinkFit | None, LinkFit | Non
                 0.0,
                 eff,
                 f"netbench.json of {o.name} at {rate:g} Mbit/s: e = large-message busbw / link "
-                f"rate, or the runs' own timer busbw where higher: {per_op}",
+                f"rate, or the runs' own timer busbw where higher: {per_op}{host_note}",
                 table,
                 op_eff,
+                host,
             )
             break
     inter_pts = [(o, mb) for o, mb, _, link in points if link == "inter-node" and o.setup.link_mbit]
@@ -418,6 +457,17 @@ def fit_links(obs: Sequence[Observation]) -> tuple[LinkFit | None, LinkFit | Non
         "messages are all of similar size, so it cannot be separated from the per-MB time"
     )
     return intra, inter, notes
+
+
+def _host_summary(host: tuple[tuple[str, int, float], ...]) -> str:
+    """'all_reduce 64 KiB 3.9 ms, ...' for the sizes nearest 64 KiB and 4 MiB of each op."""
+    parts = []
+    for op in sorted({o for o, _, _ in host}):
+        for target in (64 << 10, 4 << 20):
+            b, ms = min(((b, ms) for o, b, ms in host if o == op), key=lambda p: abs(
+                math.log(p[0] / target)))  # fmt: skip
+            parts.append(f"{op} {b >> 10:,} KiB {ms:.2f} ms")
+    return ", ".join(dict.fromkeys(parts))
 
 
 def _inter_fit(rate: float, host: float, eff: float, source: str) -> LinkFit:

@@ -24,7 +24,9 @@ compute (gloo on CPU blocks; the timers show the all-reduce after backward, not 
   link in Mbit/s (8000 / R = ms per MB at line rate), ``e`` the wire efficiency, ``host`` the
   per-MB cost that does not depend on the link (copies and reductions in gloo/DeepSpeed). Sources,
   in order: netbench.json (busbw by op, interpolated in log size; e of each op = its busbw at
-  the largest message / link rate), the
+  the largest message / link rate; with a lab session's host-time benchmark, netbench.json
+  ``host_time``, a call costs ``max(host time per call, wire time per call)``: the hosts' own
+  time, measured on the unshaped links after a pause, overlaps the wire), the
   runs' ``bwd_allreduce + optimizer_allgather`` timers against the plan's bytes (pooled ms / MB;
   with runs at two or more rates, host and e from a line in 1/R), else the link rate with the
   assumed efficiency ``LINK_EFFICIENCY``.

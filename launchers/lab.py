@@ -53,7 +53,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -664,6 +664,25 @@ class Lab:
         """
         return ["--hostfile", str(hostfile), "--master_addr", self.master_addr,
                 "--master_port", str(master_port), "--no_ssh_check"]  # fmt: skip
+
+    @contextlib.contextmanager
+    def unshaped(self) -> Iterator[None]:
+        """The links without rate, delay or loss while inside (the segment limits stay): what
+        the hosts alone cost, for ``launchers.session``'s host-time benchmark. The shaping is
+        put back on the way out, also after an error; ``describe`` is unchanged."""
+        self._require_nodes()
+        if not self.shaping_commands:
+            yield
+            return
+        for node in self.nodes:
+            for dev, ns in ((node.interface, node.namespace), (node.host_interface, None)):
+                _run(["tc", *(["-n", ns] if ns else []), "qdisc", "del", "dev", dev, "root"],
+                     check=False)  # fmt: skip
+        try:
+            yield
+        finally:
+            for command in self.shaping_commands:
+                _run(shlex.split(command))
 
     def counters(self) -> dict[str, dict[str, int]]:
         """Byte and packet counters of every node's interface, read inside its namespace.

@@ -53,6 +53,23 @@ NETBENCH_OPTIONS = {
 per operation at 100 Mbit/s; 16 MiB is past the size where the link rate is reached)."""
 
 
+HOST_TIME_OPTIONS = {
+    "ops": "all_reduce,all_gather,reduce_scatter,sendrecv",
+    "min_bytes": str(4 << 10),
+    "max_bytes": str(4 << 20),
+    "factor": "4",
+    "pause_ms": "20",
+    "budget_s": "1.0",
+    "min_iters": "5",
+    "max_iters": "20",
+}
+"""Host-time benchmark of a shaped lab session, run with the shaping lifted
+(``Lab.unshaped``): each call after a 20 ms pause, as training sends its collectives between
+computations. A call's time there is what the hosts cost (gloo, copies, waking up under the
+node's CPU budget) without the wire; on a link this cost and the wire time overlap, and the
+what-if model takes the larger of the two (``analysis.calibration.LinkFit.time_ms``)."""
+
+
 @dataclass
 class MatrixRow:
     """One line of the matrix summary."""
@@ -253,7 +270,32 @@ class LabSession:
             return None
         path = out / "netbench.json"
         self.netbench = path if path.exists() else None
+        if self.netbench is not None and self.lab.shaping_commands:
+            self.measure_host_time(out)
         return self.netbench
+
+    def measure_host_time(self, out: Path) -> None:
+        """Add the host-time benchmark (``HOST_TIME_OPTIONS``, links unshaped) to the session's
+        netbench.json under ``host_time``; on failure say so there and go on."""
+        from launchers import netbench
+
+        assert self.netbench is not None
+        print(f"lab {self.lab.name}: measuring the hosts' time per call (links unshaped)",
+              flush=True)  # fmt: skip
+        doc = json.loads(self.netbench.read_text(encoding="utf-8"))
+        try:
+            with self.lab.unshaped():
+                host = netbench.run_on_lab(self.lab, out / "host", HOST_TIME_OPTIONS, 600)
+            doc["host_time"] = {
+                "link": "unshaped",
+                "pause_ms": float(HOST_TIME_OPTIONS["pause_ms"]),
+                "results": host.get("results") or [],
+                "elapsed_s": host.get("elapsed_s"),
+            }
+        except Exception as e:  # the bandwidth figures stay useful without it
+            print(f"lab {self.lab.name}: host-time benchmark failed: {e}", file=sys.stderr)
+            doc["host_time"] = {"error": str(e)}
+        self.netbench.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
     def hooks(self, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
         """Keyword arguments for ``launchers.execute.run`` on this lab."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -234,3 +235,63 @@ def test_lab_small_messages_after_a_pause_pay_the_link(tmp_path: Path) -> None:
         if size >= 64 << 10:
             best = size * 8 / row["time_ms_min"] / 1e6
             assert 0.8 * rate <= best <= 1.15 * rate, f"{size} B: fastest at {best:.4f} Gbit/s"
+
+
+def _qdiscs(lab: labmod.Lab) -> list[str]:
+    """Root qdisc kinds of every node's two link ends (``tc qdisc show``)."""
+    kinds = []
+    for node in lab.nodes:
+        for argv in (
+            ["tc", "-n", node.namespace, "qdisc", "show", "dev", node.interface, "root"],
+            ["tc", "qdisc", "show", "dev", node.host_interface, "root"],
+        ):
+            out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
+            kinds.append(out[1] if len(out) > 1 else "")
+    return kinds
+
+
+@pytest.mark.root
+def test_session_measures_host_time_on_unshaped_links_and_shapes_them_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host-time benchmark runs with the tbf qdiscs lifted, writes its calls' times into
+    the session's netbench.json, and leaves every link shaped as it was."""
+    _require_lab(ssh=True)
+    from launchers import session as sessionmod
+
+    monkeypatch.setattr(sessionmod, "HOST_TIME_OPTIONS", {
+        "ops": "all_reduce", "min_bytes": "64K", "max_bytes": "64K", "pause_ms": "20",
+        "min_iters": "5", "max_iters": "5"})  # fmt: skip
+    seen: list[list[str]] = []
+    with labmod.Lab(nodes=2, shape=labmod.LinkShape.parse("100mbit"), node_cpus=None) as lab:
+        shaped = _qdiscs(lab)
+        unshaped = lab.unshaped
+
+        def spy():
+            cm = unshaped()
+
+            class Spy:
+                def __enter__(self) -> None:
+                    cm.__enter__()
+                    seen.append(_qdiscs(lab))
+
+                def __exit__(self, *exc: object) -> None:
+                    cm.__exit__(*exc)
+
+            return Spy()
+
+        monkeypatch.setattr(lab, "unshaped", spy)
+        nb = tmp_path / "netbench.json"
+        nb.write_text(json.dumps({"results": [], "network": lab.describe()}))
+        session = sessionmod.LabSession(lab=lab, ssh=True, netbench=nb)
+        session.measure_host_time(tmp_path)
+        after = _qdiscs(lab)
+    assert shaped == ["tbf"] * 4
+    assert seen and "tbf" not in seen[0]
+    assert after == shaped
+    host = json.loads(nb.read_text())["host_time"]
+    assert host["link"] == "unshaped" and host["pause_ms"] == 20.0
+    (row,) = host["results"]
+    assert row["op"] == "all_reduce" and row["bytes"] == 64 << 10 and row["pause_ms"] == 20.0
+    # Without the link's 5.2 ms for 64 KiB at 100 Mbit/s: the fastest call beats it.
+    assert 0 < row["time_ms_min"] < 64 * 1024 * 8 / 100e3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -443,3 +444,47 @@ def test_calibration_counts_a_recompute_backward_as_one_and_a_half() -> None:
     assert a.bwd_ms_per_gflop == pytest.approx(200.0 / (0.25165824 * 4))
     assert b.bwd_ms_per_gflop == pytest.approx(a.bwd_ms_per_gflop)
     assert b.fwd_ms_per_gflop == pytest.approx(a.fwd_ms_per_gflop)
+
+
+def test_host_time_and_wire_time_overlap_a_call_costs_the_larger() -> None:
+    """A 64 KiB all-reduce: the hosts' own time per call 3.5 ms (links unshaped). Calibrated
+    at 100 Mbit/s, where the call took 6.0 ms (wire-bound), it takes 3.5 ms at 1 Gbit/s, not
+    6.0 / 10 nor 6.0 - wire + wire / 10. Calibrated at 1 Gbit/s, where the call took 0.5 ms
+    (shorter than the host time: host-bound, its wire part is its bytes at e x R), it takes
+    the wire's 10 x 0.5 ms at 100 Mbit/s, and the host time at 1 Gbit/s."""
+    size = 65_536
+    host = (("all_reduce", 16_384, 3.0), ("all_reduce", 262_144, 4.0))
+    h = 3.0 + (4.0 - 3.0) * math.log(size / 16_384) / math.log(262_144 / 16_384)
+    c = comm.Collective("all_reduce", "activations", size, 144, "tp", 2, "inter-node", "t")
+    slow = predict.LinkFit("inter-node", 100.0, 0.0, 0.0, 0.9, "nb",
+                           (("all_reduce", size, size * 8 / 6.0e6),), (), host)  # fmt: skip
+    assert slow.time_ms(c, 100.0) == pytest.approx(144 * 6.0)
+    assert slow.time_ms(c, 1000.0) == pytest.approx(144 * h)
+    assert slow.time_ms(c, 10.0) == pytest.approx(144 * 60.0)
+    fast = predict.LinkFit("inter-node", 1000.0, 0.0, 0.0, 0.9, "nb",
+                           (("all_reduce", size, size * 8 / 0.5e6),), (), host)  # fmt: skip
+    assert fast.time_ms(c, 1000.0) == pytest.approx(144 * h)
+    assert fast.time_ms(c, 100.0) == pytest.approx(144 * 5.0)
+    # Without the host-time benchmark, the time beyond the wire's is added at every rate.
+    old = replace(slow, host_calls=())
+    wire = size / 1e6 * 8000 / (0.9 * 100)
+    assert old.time_ms(c, 1000.0) == pytest.approx(144 * (6.0 - wire + wire / 10))
+
+
+def test_host_time_read_from_the_session_netbench_medians() -> None:
+    nb = {
+        "results": [{"op": "all_reduce", "bytes": 16 << 20, "busbw_gbps": 0.09}],
+        "host_time": {"link": "unshaped", "pause_ms": 20.0, "results": [
+            {"op": "all_reduce", "bytes": 65_536, "time_ms": 3.9, "time_ms_median": 4.25},
+            {"op": "sendrecv", "bytes": 65_536, "time_ms": 2.0},
+            {"op": "all_gather", "bytes": 65_536, "time_ms": None}]},
+    }  # fmt: skip
+    assert calibration._host_table(nb) == (
+        ("all_reduce", 65_536, 4.25),
+        ("sendrecv", 65_536, 2.0),
+    )
+    assert calibration._host_table({"host_time": {"error": "lab down"}}) == ()
+    run = predict.Observation("nb", replace(TINY_2N, link_mbit=100.0), 500.0, netbench=nb)
+    _, inter, _ = predict.fit_links([run])
+    assert inter is not None and inter.host_calls == calibration._host_table(nb)
+    assert "all_reduce 64 KiB 4.25 ms" in inter.source
