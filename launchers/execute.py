@@ -23,7 +23,6 @@ import os
 import re
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -42,6 +41,7 @@ from launchers.memlimit import LimitError as LimitError
 from launchers.memlimit import MemoryCgroup as MemoryCgroup
 from launchers.memlimit import format_size as format_size
 from launchers.memlimit import parse_size as parse_size
+from launchers.render import write_atomic
 
 DEFAULT_STALL_S = 300.0
 """Seconds without a new output line after which a run counts as hung (start-up on a loaded
@@ -78,18 +78,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     The document is serialised before anything touches the disk; a failed write or rename
     removes the temporary file and leaves the previous record as it was.
     """
-    text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def update_run_json(run_dir: Path, **fields: Any) -> dict[str, Any]:

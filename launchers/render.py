@@ -257,11 +257,15 @@ def run_record(spec: RunSpec, run_dir: str, prov: Provenance) -> RunRecord:
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory."""
+    """Write ``text`` to ``path`` through a temporary file in the same directory, synced and
+    renamed over it (``os.replace``): never a half-written file. A failed write or rename
+    removes the temporary file and leaves the previous file as it was."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
