@@ -158,8 +158,9 @@ class LinkFit:
     op_efficiency: tuple[tuple[str, float], ...] = ()
     """(netbench op, e) from its large-message busbw (netbench only; see ``_op_efficiency``)."""
     host_calls: tuple[tuple[str, int, float], ...] = ()
-    """(op, bytes, ms per call) with the links unshaped, each call after a pause (netbench.json
-    ``host_time``, a lab session's): the hosts' own time per call, which the wire hides."""
+    """(op, bytes, mean ms per call) with the links unshaped, each call after a pause
+    (netbench.json ``host_time``, a lab session's): the hosts' own time per call, which the wire
+    hides."""
 
     def ms_per_mb(self, rate_mbit: float | None) -> float:
         """host + 8000 / (e x R) ms per wire MB (host only on one machine)."""
@@ -190,12 +191,12 @@ class LinkFit:
             if host is not None and self.link == "inter-node" and rate_mbit and self.rate_mbit:
                 # The hosts' time per call and the wire's overlap (gloo sends while it copies
                 # and reduces; a node waits on the wire with its CPU idle): a call costs the
-                # larger of the two. At the measured rate the call was wire-bound when it took
-                # longer than the host time: then all of it scales with 1/R; else its wire time
-                # is the bytes at e x R.
-                wire1 = t1
-                if t1 <= host:
-                    wire1 = min(t1, bus_mb * MS_PER_MB_AT_1MBIT / ((eff or 1.0) * self.rate_mbit))
+                # larger of the two. At the measured rate the call was wire-bound when its
+                # bytes at e x R took longer than the host time: then all of its measured time
+                # scales with 1/R; else its wire time is those bytes at e x R (or the measured
+                # time, if shorter).
+                wire1 = bus_mb * MS_PER_MB_AT_1MBIT / ((eff or 1.0) * self.rate_mbit)
+                wire1 = t1 if wire1 >= host else min(t1, wire1)
                 return c.count_per_iter * max(host, wire1 * self.rate_mbit / rate_mbit)
             if self.link == "inter-node" and rate_mbit and self.rate_mbit and eff:
                 wire1 = min(t1, bus_mb * MS_PER_MB_AT_1MBIT / (eff * self.rate_mbit))
@@ -314,11 +315,15 @@ def _netbench_table(nb: dict[str, Any]) -> tuple[tuple[str, int, float], ...]:
 
 
 def _host_table(nb: dict[str, Any]) -> tuple[tuple[str, int, float], ...]:
-    """(op, bytes, median ms per call) of netbench.json's ``host_time`` (links unshaped)."""
+    """(op, bytes, mean ms per call) of netbench.json's ``host_time`` (links unshaped).
+
+    The mean, not the median: on a lab node a call after a pause takes either well under a
+    millisecond or a scheduler tick more (about 4 ms here), and the median lands on one or the
+    other from one session to the next; a training step pays the mean over its many calls."""
     host = nb.get("host_time")
     rows = []
     for r in (host.get("results") if isinstance(host, dict) else None) or []:
-        ms = r.get("time_ms_median", r.get("time_ms"))
+        ms = r.get("time_ms")
         if isinstance(r.get("bytes"), int) and isinstance(ms, int | float) and ms > 0:
             rows.append((str(r.get("op")), int(r["bytes"]), float(ms)))
     return tuple(rows)
