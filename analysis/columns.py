@@ -16,6 +16,7 @@ None is stored as the array type's smallest value (ints, scaled floats) or NaN (
 
 from __future__ import annotations
 
+import json
 import math
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -216,6 +217,51 @@ class Column:
         out = raw.astype(np.int64)
         out[raw == _MIN[self._arr.typecode]] = fill
         return out
+
+    def json_texts(self, size: int = 4096) -> Iterator[list[str]]:
+        """The values as JSON texts (``null``, ``repr`` of the int or float), ``size`` at a
+        time, converted column-wise; a float that is not finite raises ``ValueError``."""
+        if self._pend:
+            self._sync()
+        n = len(self)
+        if self._list is not None or self._arr is None:
+            values = self._list if self._list is not None else None
+            const = json_text(self._const) if values is None and n else ""
+            for s in range(0, n, size):
+                if values is None:
+                    yield [const] * min(size, n - s)
+                else:
+                    yield [json_text(v) for v in values[s : s + size]]
+            return
+        code = self._arr.typecode
+        raw = np.frombuffer(self._arr, dtype=code)
+        text = int.__repr__ if self.kind == "i" else float.__repr__
+        total = 0
+        for s in range(0, n, size):
+            part = raw[s : s + size]
+            if self._delta:
+                vals = np.cumsum(part, dtype=np.int64) + total
+                total = int(vals[-1])
+                yield list(map(int.__repr__, vals.tolist()))
+                continue
+            if code == "d":
+                none = np.isnan(part)
+                vals = part
+                if np.isinf(part).any():
+                    bad = float(part[np.isinf(part)][0])
+                    raise ValueError(f"out of range float value in the JSON output: {bad!r}")
+            else:
+                none = part == _MIN[code]
+                vals = part
+                if self.kind == "f":
+                    vals = part.astype(float)
+                    if self._scale > 0:
+                        vals /= 10.0**self._scale
+            texts = list(map(text, vals.tolist()))
+            if none.any():
+                for i in np.flatnonzero(none).tolist():
+                    texts[i] = "null"
+            yield texts
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -563,6 +609,19 @@ class Column:
         self._reset()
         for v in values:
             self.append(v)
+
+
+def json_text(v: Any) -> str:
+    """One value as JSON, as ``json`` writes it (a float that is not finite raises)."""
+    if v is None:
+        return "null"
+    if type(v) is float:
+        if v != v or v in (math.inf, -math.inf):
+            raise ValueError(f"out of range float value in the JSON output: {v!r}")
+        return float.__repr__(v)
+    if type(v) is int:
+        return int.__repr__(v)
+    return json.dumps(v, allow_nan=False, default=str)
 
 
 def _repeat(value: Any, n: int) -> Iterator[Any]:

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from analysis import parse, scan, scan_bytes
-from analysis.columns import Column
+from analysis.columns import Column, json_text
 from analysis.parse_rules import _KW
 from analysis.scan_bytes import _BULK_KEYWORDS
 
@@ -270,6 +270,16 @@ def test_column_gives_back_what_was_put_in(args):
     assert len(col) == len(want)
     assert all(_same(a, b) for a, b in zip(col, want, strict=True))
     assert all(_same(col[i], want[i]) for i in range(len(want)))
+    # The JSON texts, read a few values at a time, are those of the values one by one.
+    try:
+        one_by_one: list[str] | type[ValueError] = [json_text(v) for v in want]
+    except ValueError:
+        one_by_one = ValueError
+    try:
+        blocks: list[str] | type[ValueError] = [t for b in col.json_texts(size=3) for t in b]
+    except ValueError:
+        blocks = ValueError
+    assert blocks == one_by_one
 
 
 def test_json_stream_equals_the_records(tmp_path):
@@ -278,8 +288,10 @@ def test_json_stream_equals_the_records(tmp_path):
 
     import loggen
 
-    logs = [*_logs(LAB)[:3], tmp_path / "ranks.log", tmp_path / "missing.log"]
-    loggen.write_ranks(logs[-2], 0.2)
+    logs = [*_logs(LAB), tmp_path / "ranks.log", tmp_path / "dense.log", tmp_path / "missing.log"]
+    loggen.write_ranks(logs[-3], 0.2)
+    if LAB.is_dir():
+        loggen.write_dense(logs[-2], 0.5, LAB)
     odd = tmp_path / "odd%name.log"
     odd.write_text("training ...\n[Rank 0] time (ms) | a%b: 1.5 | c: 2\n")
     logs.append(odd)
@@ -287,7 +299,11 @@ def test_json_stream_equals_the_records(tmp_path):
     want = {
         "logs": [{"path": str(p), "runs": [r.to_dict() for r in parse.parse_file(p)]} for p in logs]
     }
-    assert json.loads(text) == want
+
+    def typed(doc: str) -> object:  # 1 and 1.0 told apart, floats by their text
+        return json.loads(doc, parse_int=lambda x: ("int", x), parse_float=lambda x: ("float", x))
+
+    assert typed(text) == typed(json.dumps(want))
 
 
 def test_interleaved_streams_bulk_attributes_per_stream(tmp_path, small_chunks, monkeypatch):
