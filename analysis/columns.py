@@ -590,6 +590,13 @@ class Column:
             self._sync()
         if other._pend:
             other._sync()
+        if not len(self) and self.kind == other.kind and self._delta == other._delta:
+            # Empty: take a copy of the other's storage (the same values, exactly).
+            self._arr = None if other._arr is None else array(other._arr.typecode, other._arr)
+            self._list = None if other._list is None else list(other._list)
+            self._const, self._n = other._const, other._n
+            self._scale, self._last, self._prefix = other._scale, other._last, None
+            return
         plain = other._list is None and (
             other._arr is not None or other._const is None or other._fits(other._const)
         )

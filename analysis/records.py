@@ -596,13 +596,16 @@ class TimerTable(_Rows[TimerBlock]):
             if (np.diff(lines) >= 0).all():
                 return
         order = np.argsort(lines, kind="stable")
+        del lines
         gid = self.group_ids()
         inverse = np.empty(n, dtype=np.int64)
         inverse[order] = np.arange(n)
         for g, grp in enumerate(self._groups):
-            rows = np.flatnonzero(gid == g)
-            within = np.argsort(inverse[rows], kind="stable")
-            grp.cols = [c.take(within) for c in grp.cols]
+            at = inverse[gid == g]  # where the group's blocks go
+            if len(at) > 1 and not (at[1:] > at[:-1]).all():  # else their order stays
+                within = np.argsort(at, kind="stable")
+                grp.cols = [c.take(within) for c in grp.cols]
+        del gid, inverse
         self._gid = self._gid.take(order)
         self._rank = self._rank.take(order)
         self._iteration = self._iteration.take(order)

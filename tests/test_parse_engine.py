@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -396,3 +397,72 @@ def _check_keyword_scan(block: bytes, data) -> None:
         assert kw.first(block, pos, end, pipe) == want
         for step in range(pos, end, 7):  # successive calls over one buffer (remembered hits)
             assert kw.first(block, step, end, pipe) == _first_by_anchor(block, anchors, step, end)
+
+
+# -- finishing a run: attribution in pieces, timer tables joined and sorted -------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 4), max_size=60), st.integers(1, 7))
+def test_pieces_cover_the_keys_without_cutting_a_run(keys, piece):
+    from analysis import storage
+
+    arr = np.array(sorted(keys), dtype=np.int64)
+    old = storage._PIECE
+    storage._PIECE = piece
+    try:
+        got = list(storage._pieces(arr))
+    finally:
+        storage._PIECE = old
+    assert [a for a, _b in got] == [0, *[b for _a, b in got[:-1]]][: len(got)]
+    assert (got[-1][1] if got else 0) == len(arr)
+    for a, b in got:
+        assert b > a
+        assert b == len(arr) or arr[b] != arr[b - 1]  # no run is cut
+        assert b - a <= piece or len(set(arr[a + piece - 1 : b].tolist())) == 1
+
+
+def test_attribution_in_pieces_equals_one_piece(tmp_path, monkeypatch):
+    """DeepSpeed blocks attributed a few at a time (runs of blocks between two iteration lines
+    kept whole) give the runs attributed in one piece; so do timer tables joined value by value
+    (not by a copy of the storage into empty columns)."""
+    import loggen
+
+    from analysis import columns, storage
+
+    logs = [*_logs(LAB), *_logs(EXTERNAL), tmp_path / "ranks.log"]
+    loggen.write_ranks(logs[-1], 0.3)
+    if LAB.is_dir():
+        logs.append(tmp_path / "dense.log")
+        loggen.write_dense(logs[-1], 0.5, LAB)
+    fast = [[r.to_dict() for r in parse.parse_file(p)] for p in logs]
+
+    monkeypatch.setattr(storage, "_PIECE", 3)
+    plain_concat = columns.Column.concat
+
+    def concat(self, other):  # never the copy of the other's storage
+        if not len(self):
+            for v in other:
+                self.append(v)
+            return
+        plain_concat(self, other)
+
+    monkeypatch.setattr(columns.Column, "concat", concat)
+    slow = [[r.to_dict() for r in parse.parse_file(p)] for p in logs]
+    for p, a, b in zip(logs, fast, slow, strict=True):
+        assert a == b, p.name
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 9)), max_size=30))
+def test_timer_table_sorted_by_line_is_a_stable_sort(blocks):
+    """Blocks of two groups, each group's own blocks in or out of line order."""
+    from analysis.records import TimerBlock, TimerTable
+
+    given_blocks = [
+        TimerBlock("deepspeed", {name: float(i)}, None, i, line)
+        for i, (name, line) in enumerate(blocks)
+    ]
+    table = TimerTable(given_blocks)
+    table.sort_by_line()
+    assert list(table) == sorted(given_blocks, key=lambda b: b.line)
