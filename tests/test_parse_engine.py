@@ -466,3 +466,46 @@ def test_timer_table_sorted_by_line_is_a_stable_sort(blocks):
     table = TimerTable(given_blocks)
     table.sort_by_line()
     assert list(table) == sorted(given_blocks, key=lambda b: b.line)
+
+
+_ODD_HEADS = [
+    "node1: abc",  # a word glued to "iteration"
+    "node1: a | ",
+    "node1: iteration 7/ 9 ",
+    "node1: [Rank 1] time (ms) ",
+    "node1: [Rank 1] memory (MB) ",
+    "node1: # run outcome ",
+    "node1: \x07 ",
+    "node1: é ",
+    "node1: ",  # (no odd head: the line as printed, for contrast)
+    "\tnode1:  ",
+    "node1: node0: ",
+    "node1: [default0]: x ",
+]
+
+
+@pytest.mark.parametrize("chunks", ["default", "small"])
+def test_iteration_heads_the_line_path_reads_otherwise(tmp_path, monkeypatch, chunks):
+    """Iteration lines whose text before ``iteration`` makes the line path read them otherwise
+    (a glued word, a bar, another keyword, a control or non-ASCII byte, odd prefixes), among
+    thousands of plain ones the bulk path takes: both paths give the same runs."""
+    if chunks == "small":
+        monkeypatch.setattr(scan, "CHUNK_BYTES", 4096)
+        monkeypatch.setattr(scan, "SEG_START", 512)
+        monkeypatch.setattr(scan, "SEG_MIN", 256)
+        monkeypatch.setattr(scan, "SEG_MAX", 2048)
+    n = 2400
+    lines = ["node0: training ...", "node1: training ..."]
+    for i in range(1, n + 1):
+        head = _ODD_HEADS[(i // 20) % len(_ODD_HEADS)] if i % 20 == 10 else "node1:  "
+        lines += [
+            f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
+            f"{head}iteration {i:8d}/{n + 10:8d} | consumed samples: {8 * i:12d} | "
+            f"elapsed time per iteration (ms): 84.7 | lm loss: 5.866232E+00 | loss scale: 1.0 "
+            "| number of skipped iterations:   0 | number of nan iterations:   0 |",
+            "node0: NCCL INFO chatter",
+        ]
+    path = tmp_path / "odd-heads.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    assert len(run["iterations"]) > n // 2
