@@ -31,6 +31,8 @@ _MAX_SCALE = 9
 """Largest number of decimals a float column is scaled by (10**9)."""
 _EXACT = 2**53
 """Integers up to this are exact doubles."""
+_PIECE = 1 << 18
+"""Values ``concat`` reads at a time."""
 
 
 def _code_for(lo: int, hi: int) -> str | None:
@@ -233,35 +235,42 @@ class Column:
                 else:
                     yield [json_text(v) for v in values[s : s + size]]
             return
-        code = self._arr.typecode
-        raw = np.frombuffer(self._arr, dtype=code)
         text = int.__repr__ if self.kind == "i" else float.__repr__
-        total = 0
-        for s in range(0, n, size):
-            part = raw[s : s + size]
-            if self._delta:
-                vals = np.cumsum(part, dtype=np.int64) + total
-                total = int(vals[-1])
-                yield list(map(int.__repr__, vals.tolist()))
-                continue
-            if code == "d":
-                none = np.isnan(part)
-                vals = part
-                if np.isinf(part).any():
-                    bad = float(part[np.isinf(part)][0])
-                    raise ValueError(f"out of range float value in the JSON output: {bad!r}")
-            else:
-                none = part == _MIN[code]
-                vals = part
-                if self.kind == "f":
-                    vals = part.astype(float)
-                    if self._scale > 0:
-                        vals /= 10.0**self._scale
+        for vals, none in self._pieces(size):
+            if self._arr is not None and self._arr.typecode == "d" and np.isinf(vals).any():
+                bad = float(vals[np.isinf(vals)][0])
+                raise ValueError(f"out of range float value in the JSON output: {bad!r}")
             texts = list(map(text, vals.tolist()))
             if none.any():
                 for i in np.flatnonzero(none).tolist():
                     texts[i] = "null"
             yield texts
+
+    def _pieces(self, size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The values of array storage, ``size`` at a time: (int64 or float64 values, None
+        mask); a None's value is 0 (ints) or NaN (floats)."""
+        assert self._arr is not None and not self._pend
+        code = self._arr.typecode
+        raw = np.frombuffer(self._arr, dtype=code)
+        total = 0
+        for s in range(0, len(raw), size):
+            part = raw[s : s + size]
+            if self._delta:
+                vals = np.cumsum(part, dtype=np.int64) + total
+                total = int(vals[-1])
+                yield vals, np.zeros(len(vals), dtype=bool)
+            elif code == "d":
+                yield part, np.isnan(part)
+            else:
+                none = part == _MIN[code]
+                if self.kind == "i":
+                    yield np.where(none, 0, part).astype(np.int64), none
+                    continue
+                vals = part.astype(float)
+                if self._scale > 0:
+                    vals /= 10.0**self._scale
+                vals[none] = math.nan
+                yield vals, none
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -409,7 +418,7 @@ class Column:
 
     def _store_np(self, vals: np.ndarray, none: np.ndarray) -> None:
         """Store values (None where ``none``) in the most compact exact array (column empty)."""
-        present = vals[~none]
+        present = vals[~none] if none.any() else vals
         if self.kind == "i":
             if self._delta and len(vals) and not -(2**62) < vals.min() <= vals.max() < 2**62:
                 self._delta = False  # differences could overflow: plain values
@@ -597,19 +606,45 @@ class Column:
             self._const, self._n = other._const, other._n
             self._scale, self._last, self._prefix = other._scale, other._last, None
             return
+        if self._try_join_deltas(other):
+            return
         plain = other._list is None and (
             other._arr is not None or other._const is None or other._fits(other._const)
         )
         if not plain or other.kind != self.kind:
             self.extend(other)
-        elif self.kind == "f":
-            self.extend_floats(other.floats())  # None travels as NaN
+        elif other._arr is None:
+            self.extend_const(other._const, other._n)
         else:
-            vals, none = other._current()
-            if none.any():
-                self.extend(other)
-            else:
-                self.extend_ints(vals)
+            for vals, none in other._pieces(_PIECE):  # a piece at a time: no whole-length copy
+                if self.kind == "f":
+                    self.extend_floats(vals)  # None travels as NaN
+                elif none.any():
+                    self.extend(
+                        None if m else v for v, m in zip(vals.tolist(), none.tolist(), strict=True)
+                    )
+                else:
+                    self.extend_ints(vals)
+
+    def _try_join_deltas(self, other: Column) -> bool:
+        """``concat`` of two delta columns by their differences (no running sums): only the
+        first difference of ``other`` changes; False when that does not fit."""
+        mine, theirs = self._arr, other._arr
+        if not (self._delta and other._delta and mine is not None and theirs is not None):
+            return False
+        code = mine.typecode
+        if not len(theirs) or _CODES.index(theirs.typecode) > _CODES.index(code):
+            return False
+        raw = np.frombuffer(theirs, dtype=theirs.typecode)
+        first = int(raw[0]) - self._last  # other's first value minus this one's last
+        if not (_MIN[code] < first <= _MAX[code]) or not -(2**62) < other._last < 2**62:
+            return False
+        diffs = raw.astype(code)
+        diffs[0] = first
+        mine.frombytes(diffs.tobytes())
+        self._last = other._last
+        self._prefix = None
+        return True
 
     def replace_all(self, values: list[Any]) -> None:
         """Replace every value."""

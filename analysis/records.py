@@ -595,11 +595,12 @@ class TimerTable(_Rows[TimerBlock]):
             lines = np.where(np.isnan(lines), 0, lines)  # None sorts as 0, as before
             if (np.diff(lines) >= 0).all():
                 return
-        order = np.argsort(lines, kind="stable")
+        index = np.int32 if n < 2**31 else np.int64  # half the bytes of the whole-length arrays
+        order = np.argsort(lines, kind="stable").astype(index)
         del lines
         gid = self.group_ids()
-        inverse = np.empty(n, dtype=np.int64)
-        inverse[order] = np.arange(n)
+        inverse = np.empty(n, dtype=index)
+        inverse[order] = np.arange(n, dtype=index)
         for g, grp in enumerate(self._groups):
             at = inverse[gid == g]  # where the group's blocks go
             if len(at) > 1 and not (at[1:] > at[:-1]).all():  # else their order stays

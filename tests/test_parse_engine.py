@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from analysis import parse, scan, scan_bytes
@@ -425,7 +425,7 @@ def test_pieces_cover_the_keys_without_cutting_a_run(keys, piece):
 def test_attribution_in_pieces_equals_one_piece(tmp_path, monkeypatch):
     """DeepSpeed blocks attributed a few at a time (runs of blocks between two iteration lines
     kept whole) give the runs attributed in one piece; so do timer tables joined value by value
-    (not by a copy of the storage into empty columns)."""
+    (not by a copy of the storage into empty columns, nor by joining differences)."""
     import loggen
 
     from analysis import columns, storage
@@ -438,14 +438,10 @@ def test_attribution_in_pieces_equals_one_piece(tmp_path, monkeypatch):
     fast = [[r.to_dict() for r in parse.parse_file(p)] for p in logs]
 
     monkeypatch.setattr(storage, "_PIECE", 3)
-    plain_concat = columns.Column.concat
 
-    def concat(self, other):  # never the copy of the other's storage
-        if not len(self):
-            for v in other:
-                self.append(v)
-            return
-        plain_concat(self, other)
+    def concat(self, other):  # value by value: no copy of storage, no join of differences
+        for v in other:
+            self.append(v)
 
     monkeypatch.setattr(columns.Column, "concat", concat)
     slow = [[r.to_dict() for r in parse.parse_file(p)] for p in logs]
@@ -509,3 +505,37 @@ def test_iteration_heads_the_line_path_reads_otherwise(tmp_path, monkeypatch, ch
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (run,) = _three_ways(path)
     assert len(run["iterations"]) > n // 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["i", "f"]).flatmap(
+        lambda kind: st.tuples(
+            st.just(kind),
+            st.tuples(st.booleans(), st.booleans()),
+            st.lists(_VALUES[kind], max_size=12),
+            st.lists(_VALUES[kind], max_size=12),
+        )
+    )
+)
+@example(("i", (False, True), [1, 2], list(range(1, 13))))
+@example(("i", (True, False), [1, None], [3, None, *range(10)]))
+@example(("f", (False, False), [0.5], [x / 100 for x in range(12)]))
+def test_column_concat_gives_back_both(args):
+    """``Column.concat`` (into an empty column, delta columns by their differences, any other
+    way) holds the values of both, exactly."""
+    from analysis import columns
+
+    kind, delta, first, second = args
+    a, b = Column(kind, delta=delta[0]), Column(kind, delta=delta[1])
+    a.extend(first)
+    b.extend(second)
+    old = columns._PIECE
+    columns._PIECE = 5  # read a few values at a time
+    try:
+        a.concat(b)
+    finally:
+        columns._PIECE = old
+    want = first + second
+    assert len(a) == len(want)
+    assert all(_same(x, y) for x, y in zip(a, want, strict=True))
