@@ -515,15 +515,21 @@ class TimerTable(_Rows[TimerBlock]):
         self._iteration.append(block.iteration)
         self._line.append(block.line)
 
-    def extend(self, items: Iterable[TimerBlock]) -> None:
-        """Add blocks (another table's are copied column-wise)."""
+    def extend(self, items: Iterable[TimerBlock], move: bool = False) -> None:
+        """Add blocks (another table's are copied column-wise; ``move``: the value columns of
+        its groups new here are taken over, not copied: that table is not used again)."""
         if not isinstance(items, TimerTable):
             for b in items:
                 self.append(b)
             return
         remap = [self.group(g.source, g.names, g.shape) for g in items._groups]
         for g_other, g in zip(items._groups, remap, strict=True):
-            for mine, theirs in zip(self._groups[g].cols, g_other.cols, strict=True):
+            grp = self._groups[g]
+            if move and not any(len(c) for c in grp.cols):
+                grp.cols = g_other.cols
+                g_other.cols = []
+                continue
+            for mine, theirs in zip(grp.cols, g_other.cols, strict=True):
                 mine.concat(theirs)
         gid = items.group_ids()
         self._gid.extend_ints(np.array(remap, dtype=np.int64)[gid] if len(gid) else gid)
