@@ -65,6 +65,9 @@ def deepspeed_step_timers(parsed: ParsedRun, warmup_iters: int) -> dict[str, lis
                 for v in views
             ]  # numbers only, not Megatron-style pairs
             vals = np.concatenate(parts)[order][keep]
+            del parts
+            for v in views:  # a view keeps what it read: let this name's values go
+                v.values.pop(key, None)
             out.setdefault(_ALIASES.get(key, key), array("d")).extend(vals[~np.isnan(vals)])
     return out  # type: ignore[return-value]
 
