@@ -565,9 +565,12 @@ class Column:
             and (self._arr is not None or self._const is None or self._fits(self._const))
             and v.min() > _MIN["q"]
         ):
-            cur, none = self._current()
-            vals = np.concatenate([cur, v])
-            mask = np.concatenate([none, np.zeros(len(v), dtype=bool)])
+            if len(self):
+                cur, none = self._current()
+                vals = np.concatenate([cur, v])
+                mask = np.concatenate([none, np.zeros(len(v), dtype=bool)])
+            else:  # empty: the values as given (no copy)
+                vals, mask = v, np.zeros(len(v), dtype=bool)
             delta = self._delta
             self._reset()
             self._delta = delta and not mask.any()
@@ -585,8 +588,9 @@ class Column:
         elif self._arr is None:
             out._const, out._n = self._const, len(order)
         elif self._delta:
-            vals = np.cumsum(np.frombuffer(self._arr, dtype=self._arr.typecode), dtype=np.int64)
-            out._store_np(vals[order], np.zeros(len(order), dtype=bool))
+            raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
+            vals = np.cumsum(raw, dtype=np.int64)[order]  # (the running sums let go at once)
+            out._store_np(vals, np.zeros(len(order), dtype=bool))
         else:
             raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
             out._arr = array(self._arr.typecode, raw[order].tobytes())
