@@ -423,7 +423,7 @@ class Column:
             if self._delta and len(vals) and not -(2**62) < vals.min() <= vals.max() < 2**62:
                 self._delta = False  # differences could overflow: plain values
             if self._delta:
-                diffs = np.diff(vals, prepend=0)
+                diffs = _diff(vals, 0)
                 code = _code_for(int(diffs.min(initial=0)), int(diffs.max(initial=0)))
                 if code is not None:
                     self._arr = array(code, diffs.astype(code).tobytes())
@@ -551,7 +551,7 @@ class Column:
             code = arr.typecode
             if self._delta:
                 if min(v.min(), self._last) > -(2**62) and max(v.max(), self._last) < 2**62:
-                    d = np.diff(v, prepend=self._last)
+                    d = _diff(v, self._last)
                     if d.min() > _MIN[code] and d.max() <= _MAX[code]:
                         arr.frombytes(d.astype(code).tobytes())
                         self._last = int(v[-1])
@@ -668,6 +668,15 @@ def json_text(v: Any) -> str:
     if type(v) is int:
         return int.__repr__(v)
     return json.dumps(v, allow_nan=False, default=str)
+
+
+def _diff(values: np.ndarray, before: int) -> np.ndarray:
+    """``np.diff(values, prepend=before)`` (int64) without its whole-length concatenation."""
+    out = np.empty(len(values), dtype=np.int64)
+    if len(values):
+        out[0] = int(values[0]) - before
+        np.subtract(values[1:], values[:-1], out=out[1:])
+    return out
 
 
 def _repeat(value: Any, n: int) -> Iterator[Any]:
