@@ -16,6 +16,7 @@ None is stored as the array type's smallest value (ints, scaled floats) or NaN (
 
 from __future__ import annotations
 
+import json
 import math
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,6 +31,8 @@ _MAX_SCALE = 9
 """Largest number of decimals a float column is scaled by (10**9)."""
 _EXACT = 2**53
 """Integers up to this are exact doubles."""
+_PIECE = 1 << 18
+"""Values ``concat`` reads at a time."""
 
 
 def _code_for(lo: int, hi: int) -> str | None:
@@ -217,6 +220,58 @@ class Column:
         out[raw == _MIN[self._arr.typecode]] = fill
         return out
 
+    def json_texts(self, size: int = 4096) -> Iterator[list[str]]:
+        """The values as JSON texts (``null``, ``repr`` of the int or float), ``size`` at a
+        time, converted column-wise; a float that is not finite raises ``ValueError``."""
+        if self._pend:
+            self._sync()
+        n = len(self)
+        if self._list is not None or self._arr is None:
+            values = self._list if self._list is not None else None
+            const = json_text(self._const) if values is None and n else ""
+            for s in range(0, n, size):
+                if values is None:
+                    yield [const] * min(size, n - s)
+                else:
+                    yield [json_text(v) for v in values[s : s + size]]
+            return
+        text = int.__repr__ if self.kind == "i" else float.__repr__
+        for vals, none in self._pieces(size):
+            if self._arr is not None and self._arr.typecode == "d" and np.isinf(vals).any():
+                bad = float(vals[np.isinf(vals)][0])
+                raise ValueError(f"out of range float value in the JSON output: {bad!r}")
+            texts = list(map(text, vals.tolist()))
+            if none.any():
+                for i in np.flatnonzero(none).tolist():
+                    texts[i] = "null"
+            yield texts
+
+    def _pieces(self, size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The values of array storage, ``size`` at a time: (int64 or float64 values, None
+        mask); a None's value is 0 (ints) or NaN (floats)."""
+        assert self._arr is not None and not self._pend
+        code = self._arr.typecode
+        raw = np.frombuffer(self._arr, dtype=code)
+        total = 0
+        for s in range(0, len(raw), size):
+            part = raw[s : s + size]
+            if self._delta:
+                vals = np.cumsum(part, dtype=np.int64) + total
+                total = int(vals[-1])
+                yield vals, np.zeros(len(vals), dtype=bool)
+            elif code == "d":
+                yield part, np.isnan(part)
+            else:
+                none = part == _MIN[code]
+                if self.kind == "i":
+                    yield np.where(none, 0, part).astype(np.int64), none
+                    continue
+                vals = part.astype(float)
+                if self._scale > 0:
+                    vals /= 10.0**self._scale
+                vals[none] = math.nan
+                yield vals, none
+
     # -- writing ----------------------------------------------------------------------------
 
     def append(self, v: Any) -> None:
@@ -363,12 +418,12 @@ class Column:
 
     def _store_np(self, vals: np.ndarray, none: np.ndarray) -> None:
         """Store values (None where ``none``) in the most compact exact array (column empty)."""
-        present = vals[~none]
+        present = vals[~none] if none.any() else vals
         if self.kind == "i":
             if self._delta and len(vals) and not -(2**62) < vals.min() <= vals.max() < 2**62:
                 self._delta = False  # differences could overflow: plain values
             if self._delta:
-                diffs = np.diff(vals, prepend=0)
+                diffs = _diff(vals, 0)
                 code = _code_for(int(diffs.min(initial=0)), int(diffs.max(initial=0)))
                 if code is not None:
                     self._arr = array(code, diffs.astype(code).tobytes())
@@ -496,7 +551,7 @@ class Column:
             code = arr.typecode
             if self._delta:
                 if min(v.min(), self._last) > -(2**62) and max(v.max(), self._last) < 2**62:
-                    d = np.diff(v, prepend=self._last)
+                    d = _diff(v, self._last)
                     if d.min() > _MIN[code] and d.max() <= _MAX[code]:
                         arr.frombytes(d.astype(code).tobytes())
                         self._last = int(v[-1])
@@ -510,9 +565,12 @@ class Column:
             and (self._arr is not None or self._const is None or self._fits(self._const))
             and v.min() > _MIN["q"]
         ):
-            cur, none = self._current()
-            vals = np.concatenate([cur, v])
-            mask = np.concatenate([none, np.zeros(len(v), dtype=bool)])
+            if len(self):
+                cur, none = self._current()
+                vals = np.concatenate([cur, v])
+                mask = np.concatenate([none, np.zeros(len(v), dtype=bool)])
+            else:  # empty: the values as given (no copy)
+                vals, mask = v, np.zeros(len(v), dtype=bool)
             delta = self._delta
             self._reset()
             self._delta = delta and not mask.any()
@@ -530,8 +588,9 @@ class Column:
         elif self._arr is None:
             out._const, out._n = self._const, len(order)
         elif self._delta:
-            vals = np.cumsum(np.frombuffer(self._arr, dtype=self._arr.typecode), dtype=np.int64)
-            out._store_np(vals[order], np.zeros(len(order), dtype=bool))
+            raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
+            vals = np.cumsum(raw, dtype=np.int64)[order]  # (the running sums let go at once)
+            out._store_np(vals, np.zeros(len(order), dtype=bool))
         else:
             raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
             out._arr = array(self._arr.typecode, raw[order].tobytes())
@@ -544,25 +603,80 @@ class Column:
             self._sync()
         if other._pend:
             other._sync()
+        if not len(self) and self.kind == other.kind and self._delta == other._delta:
+            # Empty: take a copy of the other's storage (the same values, exactly).
+            self._arr = None if other._arr is None else array(other._arr.typecode, other._arr)
+            self._list = None if other._list is None else list(other._list)
+            self._const, self._n = other._const, other._n
+            self._scale, self._last, self._prefix = other._scale, other._last, None
+            return
+        if self._try_join_deltas(other):
+            return
         plain = other._list is None and (
             other._arr is not None or other._const is None or other._fits(other._const)
         )
         if not plain or other.kind != self.kind:
             self.extend(other)
-        elif self.kind == "f":
-            self.extend_floats(other.floats())  # None travels as NaN
+        elif other._arr is None:
+            self.extend_const(other._const, other._n)
         else:
-            vals, none = other._current()
-            if none.any():
-                self.extend(other)
-            else:
-                self.extend_ints(vals)
+            for vals, none in other._pieces(_PIECE):  # a piece at a time: no whole-length copy
+                if self.kind == "f":
+                    self.extend_floats(vals)  # None travels as NaN
+                elif none.any():
+                    self.extend(
+                        None if m else v for v, m in zip(vals.tolist(), none.tolist(), strict=True)
+                    )
+                else:
+                    self.extend_ints(vals)
+
+    def _try_join_deltas(self, other: Column) -> bool:
+        """``concat`` of two delta columns by their differences (no running sums): only the
+        first difference of ``other`` changes; False when that does not fit."""
+        mine, theirs = self._arr, other._arr
+        if not (self._delta and other._delta and mine is not None and theirs is not None):
+            return False
+        code = mine.typecode
+        if not len(theirs) or _CODES.index(theirs.typecode) > _CODES.index(code):
+            return False
+        raw = np.frombuffer(theirs, dtype=theirs.typecode)
+        first = int(raw[0]) - self._last  # other's first value minus this one's last
+        if not (_MIN[code] < first <= _MAX[code]) or not -(2**62) < other._last < 2**62:
+            return False
+        diffs = raw.astype(code)
+        diffs[0] = first
+        mine.frombytes(diffs.tobytes())
+        self._last = other._last
+        self._prefix = None
+        return True
 
     def replace_all(self, values: list[Any]) -> None:
         """Replace every value."""
         self._reset()
         for v in values:
             self.append(v)
+
+
+def json_text(v: Any) -> str:
+    """One value as JSON, as ``json`` writes it (a float that is not finite raises)."""
+    if v is None:
+        return "null"
+    if type(v) is float:
+        if v != v or v in (math.inf, -math.inf):
+            raise ValueError(f"out of range float value in the JSON output: {v!r}")
+        return float.__repr__(v)
+    if type(v) is int:
+        return int.__repr__(v)
+    return json.dumps(v, allow_nan=False, default=str)
+
+
+def _diff(values: np.ndarray, before: int) -> np.ndarray:
+    """``np.diff(values, prepend=before)`` (int64) without its whole-length concatenation."""
+    out = np.empty(len(values), dtype=np.int64)
+    if len(values):
+        out[0] = int(values[0]) - before
+        np.subtract(values[1:], values[:-1], out=out[1:])
+    return out
 
 
 def _repeat(value: Any, n: int) -> Iterator[Any]:

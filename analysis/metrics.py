@@ -34,7 +34,7 @@ from analysis.formulas import (  # noqa: F401  (STEADY_RULE and gpt_parameters: 
 )
 from analysis.load import LoadedRun
 from analysis.problems import Problem
-from analysis.records import ParsedRun, record_values
+from analysis.records import ParsedRun, blocks_of, record_values
 from analysis.run_record import RunRecord
 from analysis.run_setup import RunSetup
 from analysis.timers import (
@@ -619,7 +619,7 @@ def compute(run: LoadedRun) -> RunMetrics:
 
 def _pipeline_pool(p: ParsedRun, s: RunSetup, na: dict[str, str]) -> dict[str, list[float]]:
     """PipelineEngine timers per iteration, or {} (with the reason) when none can be used."""
-    if not any(b.source == "pipeline" for b in p.timers):
+    if next(blocks_of(p.timers, "pipeline"), None) is None:
         return {}
     if s.steps_per_print is None:
         na["fwd_ms"] = (

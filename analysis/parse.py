@@ -48,14 +48,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, fields
+from itertools import chain
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from analysis._lines import demux_tagged, strip_prefix
+from analysis.columns import Column, json_text
 from analysis.parse_machine import _Core
 from analysis.parse_merge import merge_runs
 from analysis.parse_rules import _KW, _OMPI_PEEK_BYTES, _OMPI_TAG_BYTES, strict
@@ -158,27 +159,34 @@ def _summary_line(run: ParsedRun) -> str:
     )
 
 
-def _json_value(v: Any) -> str:
-    """One number (or None) as JSON, as ``json`` writes it."""
-    if v is None:
-        return "null"
-    if type(v) is float:
-        if v != v or v in (math.inf, -math.inf):
-            raise ValueError(f"out of range float value in the JSON output: {v!r}")
-        return float.__repr__(v)
-    if type(v) is int:
-        return int.__repr__(v)
-    return json.dumps(v, allow_nan=False, default=str)
+def _text_blocks(col: Column, codes: list[Any] | None = None) -> Iterator[list[str]]:
+    """A column's values as JSON texts, a block at a time (``Column.json_texts``); ``codes``:
+    the column holds indexes into these values (a table's string fields)."""
+    if codes is None:
+        yield from col.json_texts()
+        return
+    by_index = {str(i): json_text(v) for i, v in enumerate(codes)} | {"null": "null"}
+    for block in col.json_texts():
+        yield list(map(by_index.__getitem__, block))
+
+
+def _text_rows(blocks: list[Iterator[list[str]]]) -> Iterator[tuple[str, ...]]:
+    """Rows of columns given as text blocks of equal sizes."""
+    return chain.from_iterable(zip(*b, strict=True) for b in zip(*blocks, strict=True))
 
 
 def _json_records(records: Any, encode: Any) -> Iterator[str]:
     """The elements of a record list as JSON texts (column tables row by row, without an
     object per record)."""
     if isinstance(records, RecordTable):
-        names = [json.dumps(f) for f in records._names]
+        names = [json.dumps(f).replace("%", "%%") for f in records._names]
         template = "{" + ", ".join(f"{n}: %s" for n in names) + "}"
-        for row in records.rows():
-            yield template % tuple(map(_json_value, row))
+        cols = [
+            _text_blocks(records.column(n), records._codes[n] if n in records.strs else None)
+            for n in records._names
+        ]
+        for row in _text_rows(cols):
+            yield template % row
     elif isinstance(records, TimerTable):
         templates = []
         for source, names, shape in records.groups:
@@ -191,9 +199,18 @@ def _json_records(records: Any, encode: Any) -> Iterator[str]:
                 f'{{"source": {src}, "values_ms": {{{", ".join(parts)}}}, '
                 '"rank": %s, "iteration": %s, "line": %s}'
             )
-        for g, flat, rank, it, line in records.rows():
-            yield templates[g] % (*map(_json_value, flat), _json_value(rank), _json_value(it),
-                                  _json_value(line))  # fmt: skip
+        readers = [
+            _text_rows([_text_blocks(c) for c in records.group_values(g)])
+            for g in range(len(templates))
+        ]
+        gids = records.group_ids()
+        step = 1 << 16
+        for g, (rank, it, line) in zip(
+            chain.from_iterable(gids[s : s + step].tolist() for s in range(0, len(gids), step)),
+            _text_rows([_text_blocks(records.column(c)) for c in ("rank", "iteration", "line")]),
+            strict=True,
+        ):
+            yield templates[g] % (*next(readers[g]), rank, it, line)
     else:
         for r in records:
             yield encode(block_dict(r) if isinstance(r, TimerBlock) else asdict(r))

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 from analysis.parse_rules import _attribute, _is_pipeline, _num_parameters, _Run, _summary
 from analysis.records import Failure, ParsedRun, PipelineStep
-from analysis.storage import merge_attribution, merge_iterations
+from analysis.storage import DeepSpeedBlocks, merge_attribution, merge_iterations
 
 
 def _finish(run: _Run) -> ParsedRun:
     """Turn the filled state into a ParsedRun: config, attribution, status."""
     config, problems = _summary(run)
     ds_blocks, attr_problems = _attribute(run, _is_pipeline(config, bool(run.steps)))
+    had_ds_blocks = bool(run.ds_blocks)
     timers = run.megatron_blocks
-    timers.extend(ds_blocks)
+    timers.extend(ds_blocks, move=True)
+    del ds_blocks
+    run.ds_blocks = DeepSpeedBlocks()  # they are in ``timers`` now: let the rest go
     timers.sort_by_line()
     out = ParsedRun(
         iterations=run.iterations,
@@ -59,7 +62,7 @@ def _finish(run: _Run) -> ParsedRun:
     if not (
         run.iterations
         or run.steps
-        or run.ds_blocks
+        or had_ds_blocks
         or run.megatron_blocks
         or run.memory
         or run.memory_other

@@ -515,15 +515,21 @@ class TimerTable(_Rows[TimerBlock]):
         self._iteration.append(block.iteration)
         self._line.append(block.line)
 
-    def extend(self, items: Iterable[TimerBlock]) -> None:
-        """Add blocks (another table's are copied column-wise)."""
+    def extend(self, items: Iterable[TimerBlock], move: bool = False) -> None:
+        """Add blocks (another table's are copied column-wise; ``move``: the value columns of
+        its groups new here are taken over, not copied: that table is not used again)."""
         if not isinstance(items, TimerTable):
             for b in items:
                 self.append(b)
             return
         remap = [self.group(g.source, g.names, g.shape) for g in items._groups]
         for g_other, g in zip(items._groups, remap, strict=True):
-            for mine, theirs in zip(self._groups[g].cols, g_other.cols, strict=True):
+            grp = self._groups[g]
+            if move and not any(len(c) for c in grp.cols):
+                grp.cols = g_other.cols
+                g_other.cols = []
+                continue
+            for mine, theirs in zip(grp.cols, g_other.cols, strict=True):
                 mine.concat(theirs)
         gid = items.group_ids()
         self._gid.extend_ints(np.array(remap, dtype=np.int64)[gid] if len(gid) else gid)
@@ -595,14 +601,18 @@ class TimerTable(_Rows[TimerBlock]):
             lines = np.where(np.isnan(lines), 0, lines)  # None sorts as 0, as before
             if (np.diff(lines) >= 0).all():
                 return
-        order = np.argsort(lines, kind="stable")
+        index = np.int32 if n < 2**31 else np.int64  # half the bytes of the whole-length arrays
+        order = np.argsort(lines, kind="stable").astype(index)
+        del lines
         gid = self.group_ids()
-        inverse = np.empty(n, dtype=np.int64)
-        inverse[order] = np.arange(n)
+        inverse = np.empty(n, dtype=index)
+        inverse[order] = np.arange(n, dtype=index)
         for g, grp in enumerate(self._groups):
-            rows = np.flatnonzero(gid == g)
-            within = np.argsort(inverse[rows], kind="stable")
-            grp.cols = [c.take(within) for c in grp.cols]
+            at = inverse[gid == g]  # where the group's blocks go
+            if len(at) > 1 and not (at[1:] > at[:-1]).all():  # else their order stays
+                within = np.argsort(at, kind="stable")
+                grp.cols = [c.take(within) for c in grp.cols]
+        del gid, inverse
         self._gid = self._gid.take(order)
         self._rank = self._rank.take(order)
         self._iteration = self._iteration.take(order)

@@ -115,6 +115,10 @@ def drive_file(core: _Core, kw: Keywords, fh: BinaryIO, bulk: bool = True) -> No
         carry = buf[cut + 1 :]
     if carry:
         core.feed(lineno, carry.decode("utf-8", "replace"))
+    kw.forget()
+    if fast is not None:
+        fast.rare.forget()
+        fast.frequent.forget()
 
 
 class _Bulk(_BulkShapes, _BulkReaders):

@@ -113,6 +113,10 @@ class Keywords:
         self.pipe_anchors = build_anchors(self.pipe_keywords)
         self._cache: list[Any] = [None, -1, None, [], 0]
 
+    def forget(self) -> None:
+        """Drop what ``first`` remembers (and the buffer it holds)."""
+        self._cache = [None, -1, None, [], 0]
+
     def has(self, line: str, pipe_iterations: bool) -> bool:
         """Whether a line holds a keyword."""
         return any(k in line for k in (self.pipe_keywords if pipe_iterations else self.keywords))

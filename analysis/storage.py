@@ -7,7 +7,7 @@ records, by a few bytes each, not with the lines of the log.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -118,6 +118,71 @@ def _runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return k, lengths[run_id]
 
 
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """Int64 values as int32 when they fit (half the bytes), else as they are."""
+    if len(values) and values.min() >= -(2**31) and values.max() < 2**31:
+        return values.astype(np.int32)
+    return values
+
+
+_PIECE = 1 << 18
+"""Blocks attributed at a time (``attribute_blocks``)."""
+
+
+def _pieces(keys: np.ndarray) -> Iterator[tuple[int, int]]:
+    """[a, b) ranges of about ``_PIECE`` elements that cover ``keys`` and do not cut a run of
+    equal keys."""
+    n = len(keys)
+    a = 0
+    while a < n:
+        b = a + _PIECE
+        if b >= n:
+            yield a, n
+            return
+        # Move b forward to the start of the next run.
+        j, key = b, keys[b - 1]
+        b = n
+        while j < n:
+            other = np.flatnonzero(keys[j : j + _PIECE] != key)
+            if len(other):
+                b = j + int(other[0])
+                break
+            j += _PIECE
+        yield a, b
+        a = b
+
+
+def _attribute_piece(
+    ni: np.ndarray, rows: np.ndarray, numbers: np.ndarray, out: np.ndarray, none: np.ndarray
+) -> bool:
+    """Attribute the blocks ``rows`` of one group and one stream (whole runs of equal ``ni``:
+    iteration lines of the stream before each) to the iterations ``numbers`` of the stream;
+    returns whether some count between two iteration lines did not match."""
+    k, m = _runs(ni)
+    has_prev = ni > 0
+    has_next = ni < len(numbers)
+    prev = np.where(has_prev, numbers[np.maximum(ni - 1, 0)], 0)
+    nxt = np.where(has_next, numbers[np.minimum(ni, len(numbers) - 1)], 0)
+    both = has_prev & has_next
+    match = both & (nxt - prev == m)
+    mismatch = bool((both & (nxt - prev != m)).any())
+    out[rows[match]] = (prev + k)[match]
+    none[rows[match]] = False
+    # Before the first iteration line: one block per step since the start (m == N) or since a
+    # resume one log interval earlier; anything else (a one-off set-up timer such as ZeRO-3's
+    # init_optimizer_state) stays unattributed.
+    first = ~has_prev & has_next
+    if first.any():
+        interval = int(numbers[1] - numbers[0]) if len(numbers) > 1 else None
+        ok = first & ((m == nxt) | (m == interval if interval is not None else False))
+        out[rows[ok]] = (nxt - m + k)[ok]
+        none[rows[ok]] = False
+    after = has_prev & ~has_next
+    out[rows[after]] = (prev + k)[after]
+    none[rows[after]] = False
+    return mismatch
+
+
 def attribute_blocks(
     blocks: DeepSpeedBlocks,
     iter_numbers: Mapping[str, Sequence[int]],
@@ -141,23 +206,24 @@ def attribute_blocks(
     problems: list[str] = []
     if not n:
         return table, problems
-    n_iter = blocks.n_iter.ints()
-    n_steps = blocks.n_steps.ints()
-    stream = blocks.stream.ints()
+    n_iter = _narrow(blocks.n_iter.ints())
+    n_steps = blocks.n_steps.ints() if pipeline else None
+    stream = _narrow(blocks.stream.ints())
     numbers_of = {
         blocks.keys[k]: np.asarray(v, dtype=np.int64)
         for k, v in iter_numbers.items()
         if k in blocks.keys
     }
     last = max((int(max(v)) for v in iter_numbers.values() if len(v)), default=None)
-    gid = table.group_ids()
+    gid = _narrow(table.group_ids())
     out = np.zeros(n, dtype=np.int64)
     none = np.ones(n, dtype=bool)
     mismatch = False
     steps_arr = np.array(steps, dtype=np.int64)
+    rows = ni = in_group = np.zeros(0, dtype=np.int64)
     for g, (_source, names, _shape) in enumerate(table.groups):
         in_group = gid == g
-        if pipeline:
+        if n_steps is not None:
             rows = np.flatnonzero(in_group)
             if not len(rows):
                 continue
@@ -171,12 +237,12 @@ def attribute_blocks(
             none[rows[ok]] = False
             continue
         for sid in np.unique(stream[in_group]).tolist():
-            rows = np.flatnonzero(in_group & (stream == sid))
+            rows = _narrow(np.flatnonzero(in_group & (stream == sid)))
             numbers = numbers_of.get(sid, np.zeros(0, dtype=np.int64))
             ni = n_iter[rows]
-            k, m = _runs(ni)
             if not len(numbers):
                 # Another stream prints the iteration lines: one block per iteration 1..N.
+                k, m = _runs(ni)
                 if last is not None and len(rows) == last and bool((m == last).all()):
                     out[rows] = k
                     none[rows] = False
@@ -186,33 +252,16 @@ def attribute_blocks(
                         "iterations printed by another stream; left unattributed"
                     )
                 continue
-            has_prev = ni > 0
-            has_next = ni < len(numbers)
-            prev = np.where(has_prev, numbers[np.maximum(ni - 1, 0)], 0)
-            nxt = np.where(has_next, numbers[np.minimum(ni, len(numbers) - 1)], 0)
-            both = has_prev & has_next
-            match = both & (nxt - prev == m)
-            mismatch |= bool((both & (nxt - prev != m)).any())
-            out[rows[match]] = (prev + k)[match]
-            none[rows[match]] = False
-            # Before the first iteration line: one block per step since the start (m == N) or
-            # since a resume one log interval earlier; anything else (a one-off set-up timer
-            # such as ZeRO-3's init_optimizer_state) stays unattributed.
-            first = ~has_prev & has_next
-            if first.any():
-                interval = int(numbers[1] - numbers[0]) if len(numbers) > 1 else None
-                ok = first & ((m == nxt) | (m == interval if interval is not None else False))
-                out[rows[ok]] = (nxt - m + k)[ok]
-                none[rows[ok]] = False
-            after = has_prev & ~has_next
-            out[rows[after]] = (prev + k)[after]
-            none[rows[after]] = False
+            # A piece at a time (whole runs of equal ``ni``): the arrays of a piece stay small.
+            for a, b in _pieces(ni):
+                mismatch |= _attribute_piece(ni[a:b], rows[a:b], numbers, out, none)
     if mismatch:
         problems.append(
             "some DeepSpeed timer blocks could not be matched to iterations (their count "
             "between two iteration lines differs from the iterations between them); left "
             "unattributed"
         )
+    del n_iter, n_steps, stream, gid, rows, ni, in_group  # before the iterations are stored
     table.set_iterations(out, none)
     if pipeline:
         for g in range(len(table.groups)):

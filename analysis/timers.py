@@ -65,6 +65,9 @@ def deepspeed_step_timers(parsed: ParsedRun, warmup_iters: int) -> dict[str, lis
                 for v in views
             ]  # numbers only, not Megatron-style pairs
             vals = np.concatenate(parts)[order][keep]
+            del parts
+            for v in views:  # a view keeps what it read: let this name's values go
+                v.values.pop(key, None)
             out.setdefault(_ALIASES.get(key, key), array("d")).extend(vals[~np.isnan(vals)])
     return out  # type: ignore[return-value]
 
@@ -75,6 +78,29 @@ def megatron_timers(parsed: ParsedRun, after_iteration: int) -> dict[str, list[f
     Megatron logs them with ``normalizer=args.log_interval`` (upstream ``megatron/training.py``
     ``training_log``), so each value is already per iteration.
     """
+    views = timer_groups(parsed.timers, "megatron")
+    picked: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    first: dict[str, tuple[int, int]] = {}  # name -> (its first block, its place in it)
+    for view in views:
+        keep = np.nan_to_num(view.iteration, nan=0.0) > after_iteration
+        for j, name in enumerate(view.names):
+            rows = view.rows[keep]
+            picked.setdefault(name, []).append((rows, view.values[name][keep]))
+            if len(rows):
+                first[name] = min(first.get(name, (int(rows[0]), j)), (int(rows[0]), j))
+    if not any(np.isnan(v).any() for parts in picked.values() for _r, v in parts):
+        # Column-wise: each name's values in block order (names in order of first appearance).
+        columns: dict[str, list[float]] = {}
+        for name in sorted(first, key=first.__getitem__):
+            rows = np.concatenate([r for r, _v in picked[name]])
+            vals = np.concatenate([v for _r, v in picked[name]])
+            columns[name] = array("d", vals[np.argsort(rows, kind="stable")])  # type: ignore[assignment]
+        return columns
+    return _megatron_timers_by_block(parsed, after_iteration)  # a NaN: Python's max
+
+
+def _megatron_timers_by_block(parsed: ParsedRun, after_iteration: int) -> dict[str, list[float]]:
+    """``megatron_timers`` block by block (a (min, max) pair's largest as Python's ``max``)."""
     out: dict[str, list[float]] = {}
     for block in blocks_of(parsed.timers, "megatron"):
         if (block.iteration or 0) <= after_iteration:

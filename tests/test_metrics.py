@@ -300,3 +300,47 @@ def test_pipeline_timers_without_steps_per_print_are_not_divided(tmp_path):
     assert run.parsed is not None
     pool = timers.pipeline_timers(run.parsed, 10)
     assert pool["fwd"] == [pytest.approx(28.748)] and pool["step"] == [pytest.approx(10.753)]
+
+
+def test_megatron_timers_column_wise_equal_block_by_block(tmp_path):
+    """Read column-wise, Megatron's timer samples are those of a loop over the blocks: the
+    same names in the same order, the same values in block order (real, external and
+    generated logs; blocks with a NaN in a (min, max) pair, names in another order)."""
+    import sys
+    from pathlib import Path
+
+    from analysis import timers
+    from analysis.parse import parse_file
+    from analysis.records import TimerTable
+
+    repo = Path(__file__).resolve().parents[1]
+    lab = repo.parent / "shared" / "lab-logs"
+    sys.path.insert(0, str(repo / "benchmarks"))
+    import loggen
+
+    logs = sorted(lab.glob("*.log")) + sorted((repo / "tests/fixtures/external").glob("*.log"))
+    if lab.is_dir():
+        logs.append(tmp_path / "dense.log")
+        loggen.write_dense(logs[-1], 0.5, lab)
+    runs = [r for p in logs for r in parse_file(p)]
+    nan_blocks = [
+        TimerBlock("megatron", {"forward-compute": (math.nan, 2.0), "optimizer": 1.0}, None, 1, 3),
+        TimerBlock("megatron", {"forward-compute": (1.5, math.nan), "optimizer": 2.0}, None, 2, 7),
+        TimerBlock("megatron", {"optimizer": 3.0, "forward-compute": (1.0, 2.0)}, None, 3, 9),
+    ]
+    runs += [ParsedRun(timers=nan_blocks), ParsedRun(timers=TimerTable(nan_blocks))]
+    # A group whose first block is in the warm-up, then one with the names the other way round.
+    swapped = [
+        TimerBlock("megatron", {"forward-compute": (1.0, 2.0), "optimizer": 1.0}, None, 1, 3),
+        TimerBlock("megatron", {"optimizer": 2.0, "forward-compute": (1.5, 2.5)}, None, 2, 7),
+        TimerBlock("megatron", {"forward-compute": (1.0, 2.0), "optimizer": 3.0}, None, 3, 9),
+    ]
+    runs.append(ParsedRun(timers=TimerTable(swapped)))
+    assert any(len(r.timers) for r in runs)
+    for run in runs:
+        for after in (0, 1, 10, 1000):
+            want = timers._megatron_timers_by_block(run, after)
+            got = timers.megatron_timers(run, after)
+            assert list(got) == list(want)
+            for k in want:
+                assert str(list(got[k])) == str(want[k])

@@ -13,12 +13,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from analysis import parse, scan, scan_bytes
-from analysis.columns import Column
+from analysis.columns import Column, json_text
 from analysis.parse_rules import _KW
 from analysis.scan_bytes import _BULK_KEYWORDS
 
@@ -270,6 +271,16 @@ def test_column_gives_back_what_was_put_in(args):
     assert len(col) == len(want)
     assert all(_same(a, b) for a, b in zip(col, want, strict=True))
     assert all(_same(col[i], want[i]) for i in range(len(want)))
+    # The JSON texts, read a few values at a time, are those of the values one by one.
+    try:
+        one_by_one: list[str] | type[ValueError] = [json_text(v) for v in want]
+    except ValueError:
+        one_by_one = ValueError
+    try:
+        blocks: list[str] | type[ValueError] = [t for b in col.json_texts(size=3) for t in b]
+    except ValueError:
+        blocks = ValueError
+    assert blocks == one_by_one
 
 
 def test_json_stream_equals_the_records(tmp_path):
@@ -278,8 +289,10 @@ def test_json_stream_equals_the_records(tmp_path):
 
     import loggen
 
-    logs = [*_logs(LAB)[:3], tmp_path / "ranks.log", tmp_path / "missing.log"]
-    loggen.write_ranks(logs[-2], 0.2)
+    logs = [*_logs(LAB), tmp_path / "ranks.log", tmp_path / "dense.log", tmp_path / "missing.log"]
+    loggen.write_ranks(logs[-3], 0.2)
+    if LAB.is_dir():
+        loggen.write_dense(logs[-2], 0.5, LAB)
     odd = tmp_path / "odd%name.log"
     odd.write_text("training ...\n[Rank 0] time (ms) | a%b: 1.5 | c: 2\n")
     logs.append(odd)
@@ -287,7 +300,11 @@ def test_json_stream_equals_the_records(tmp_path):
     want = {
         "logs": [{"path": str(p), "runs": [r.to_dict() for r in parse.parse_file(p)]} for p in logs]
     }
-    assert json.loads(text) == want
+
+    def typed(doc: str) -> object:  # 1 and 1.0 told apart, floats by their text
+        return json.loads(doc, parse_int=lambda x: ("int", x), parse_float=lambda x: ("float", x))
+
+    assert typed(text) == typed(json.dumps(want))
 
 
 def test_interleaved_streams_bulk_attributes_per_stream(tmp_path, small_chunks, monkeypatch):
@@ -380,3 +397,145 @@ def _check_keyword_scan(block: bytes, data) -> None:
         assert kw.first(block, pos, end, pipe) == want
         for step in range(pos, end, 7):  # successive calls over one buffer (remembered hits)
             assert kw.first(block, step, end, pipe) == _first_by_anchor(block, anchors, step, end)
+
+
+# -- finishing a run: attribution in pieces, timer tables joined and sorted -------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 4), max_size=60), st.integers(1, 7))
+def test_pieces_cover_the_keys_without_cutting_a_run(keys, piece):
+    from analysis import storage
+
+    arr = np.array(sorted(keys), dtype=np.int64)
+    old = storage._PIECE
+    storage._PIECE = piece
+    try:
+        got = list(storage._pieces(arr))
+    finally:
+        storage._PIECE = old
+    assert [a for a, _b in got] == [0, *[b for _a, b in got[:-1]]][: len(got)]
+    assert (got[-1][1] if got else 0) == len(arr)
+    for a, b in got:
+        assert b > a
+        assert b == len(arr) or arr[b] != arr[b - 1]  # no run is cut
+        assert b - a <= piece or len(set(arr[a + piece - 1 : b].tolist())) == 1
+
+
+def test_attribution_in_pieces_equals_one_piece(tmp_path, monkeypatch):
+    """DeepSpeed blocks attributed a few at a time (runs of blocks between two iteration lines
+    kept whole) give the runs attributed in one piece; so do timer tables joined value by value
+    (not by a copy of the storage into empty columns, nor by joining differences)."""
+    import loggen
+
+    from analysis import columns, storage
+
+    logs = [*_logs(LAB), *_logs(EXTERNAL), tmp_path / "ranks.log"]
+    loggen.write_ranks(logs[-1], 0.3)
+    if LAB.is_dir():
+        logs.append(tmp_path / "dense.log")
+        loggen.write_dense(logs[-1], 0.5, LAB)
+    fast = [[r.to_dict() for r in parse.parse_file(p)] for p in logs]
+
+    monkeypatch.setattr(storage, "_PIECE", 3)
+
+    def concat(self, other):  # value by value: no copy of storage, no join of differences
+        for v in other:
+            self.append(v)
+
+    monkeypatch.setattr(columns.Column, "concat", concat)
+    slow = [[r.to_dict() for r in parse.parse_file(p)] for p in logs]
+    for p, a, b in zip(logs, fast, slow, strict=True):
+        assert a == b, p.name
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 9)), max_size=30))
+def test_timer_table_sorted_by_line_is_a_stable_sort(blocks):
+    """Blocks of two groups, each group's own blocks in or out of line order."""
+    from analysis.records import TimerBlock, TimerTable
+
+    given_blocks = [
+        TimerBlock("deepspeed", {name: float(i)}, None, i, line)
+        for i, (name, line) in enumerate(blocks)
+    ]
+    table = TimerTable(given_blocks)
+    table.sort_by_line()
+    assert list(table) == sorted(given_blocks, key=lambda b: b.line)
+
+
+_ODD_HEADS = [
+    "node1: abc",  # a word glued to "iteration"
+    "node1: a | ",
+    "node1: iteration 7/ 9 ",
+    "node1: [Rank 1] time (ms) ",
+    "node1: [Rank 1] memory (MB) ",
+    "node1: # run outcome ",
+    "node1: \x07 ",
+    "node1: é ",
+    "node1: ",  # (no odd head: the line as printed, for contrast)
+    "\tnode1:  ",
+    "node1: node0: ",
+    "node1: [default0]: x ",
+]
+
+
+@pytest.mark.parametrize("chunks", ["default", "small"])
+def test_iteration_heads_the_line_path_reads_otherwise(tmp_path, monkeypatch, chunks):
+    """Iteration lines whose text before ``iteration`` makes the line path read them otherwise
+    (a glued word, a bar, another keyword, a control or non-ASCII byte, odd prefixes), among
+    thousands of plain ones the bulk path takes: both paths give the same runs."""
+    if chunks == "small":
+        monkeypatch.setattr(scan, "CHUNK_BYTES", 4096)
+        monkeypatch.setattr(scan, "SEG_START", 512)
+        monkeypatch.setattr(scan, "SEG_MIN", 256)
+        monkeypatch.setattr(scan, "SEG_MAX", 2048)
+    n = 2400
+    lines = ["node0: training ...", "node1: training ..."]
+    for i in range(1, n + 1):
+        head = _ODD_HEADS[(i // 20) % len(_ODD_HEADS)] if i % 20 == 10 else "node1:  "
+        lines += [
+            f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
+            f"{head}iteration {i:8d}/{n + 10:8d} | consumed samples: {8 * i:12d} | "
+            f"elapsed time per iteration (ms): 84.7 | lm loss: 5.866232E+00 | loss scale: 1.0 "
+            "| number of skipped iterations:   0 | number of nan iterations:   0 |",
+            "node0: NCCL INFO chatter",
+        ]
+    path = tmp_path / "odd-heads.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    assert len(run["iterations"]) > n // 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["i", "f"]).flatmap(
+        lambda kind: st.tuples(
+            st.just(kind),
+            st.tuples(st.booleans(), st.booleans()),
+            st.lists(_VALUES[kind], max_size=12),
+            st.lists(_VALUES[kind], max_size=12),
+        )
+    )
+)
+@example(("i", (False, True), [1, 2], list(range(1, 13))))
+@example(("i", (True, False), [1, None], [3, None, *range(10)]))
+@example(("f", (False, False), [0.5], [x / 100 for x in range(12)]))
+def test_column_concat_gives_back_both(args):
+    """``Column.concat`` (into an empty column, delta columns by their differences, any other
+    way) holds the values of both, exactly."""
+    from analysis import columns
+
+    kind, delta, first, second = args
+    a, b = Column(kind, delta=delta[0]), Column(kind, delta=delta[1])
+    a.extend(first)
+    b.extend(second)
+    old = columns._PIECE
+    columns._PIECE = 5  # read a few values at a time
+    try:
+        a.concat(b)
+    finally:
+        columns._PIECE = old
+    want = first + second
+    assert len(a) == len(want)
+    assert all(_same(x, y) for x, y in zip(a, want, strict=True))
