@@ -283,18 +283,20 @@ class LabSession:
         print(f"lab {self.lab.name}: measuring the hosts' time per call (links unshaped)",
               flush=True)  # fmt: skip
         doc = json.loads(self.netbench.read_text(encoding="utf-8"))
-        try:
-            with self.lab.unshaped():
+        # Not putting the shaping back raises out of here: no run may go on unshaped links.
+        with self.lab.unshaped():
+            try:
                 host = netbench.run_on_lab(self.lab, out / "host", HOST_TIME_OPTIONS, 600)
-            doc["host_time"] = {
-                "link": "unshaped",
-                "pause_ms": float(HOST_TIME_OPTIONS["pause_ms"]),
-                "results": host.get("results") or [],
-                "elapsed_s": host.get("elapsed_s"),
-            }
-        except Exception as e:  # the bandwidth figures stay useful without it
-            print(f"lab {self.lab.name}: host-time benchmark failed: {e}", file=sys.stderr)
-            doc["host_time"] = {"error": str(e)}
+            except Exception as e:  # the bandwidth figures stay useful without it
+                print(f"lab {self.lab.name}: host-time benchmark failed: {e}", file=sys.stderr)
+                host = {"error": str(e)}
+        doc["host_time"] = {
+            "link": "unshaped",
+            "pause_ms": float(HOST_TIME_OPTIONS["pause_ms"]),
+            "results": host.get("results") or [],
+            "elapsed_s": host.get("elapsed_s"),
+            **({"error": host["error"]} if "error" in host else {}),
+        }
         self.netbench.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
     def hooks(self, spec: RunSpec, run_dir: Path) -> dict[str, Any]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -295,3 +297,48 @@ def test_session_measures_host_time_on_unshaped_links_and_shapes_them_again(
     assert row["op"] == "all_reduce" and row["bytes"] == 64 << 10 and row["pause_ms"] == 20.0
     # Without the link's 5.2 ms for 64 KiB at 100 Mbit/s: the fastest call beats it.
     assert 0 < row["time_ms_min"] < 64 * 1024 * 8 / 100e3
+
+
+class _FakeUnshapeLab:
+    """A lab that only records being unshaped, for the session's error paths."""
+
+    name = "fake"
+
+    def __init__(self, restore_fails: bool = False) -> None:
+        self.shaping_commands = ["tc qdisc replace dev eth0 root handle 1: tbf rate 100mbit"]
+        self.events: list[str] = []
+        self.restore_fails = restore_fails
+
+    @contextlib.contextmanager
+    def unshaped(self) -> Iterator[None]:
+        self.events.append("lifted")
+        try:
+            yield
+        finally:
+            self.events.append("restored")
+            if self.restore_fails:
+                raise labmod.LabError("tc: cannot put the shaping back")
+
+
+def test_a_failed_host_time_benchmark_is_recorded_and_the_links_shaped_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launchers import netbench as netbenchmod
+    from launchers import session as sessionmod
+
+    def fail(*_args: object, **_kw: object) -> dict:
+        raise RuntimeError("rank 1 exited with 1")
+
+    monkeypatch.setattr(netbenchmod, "run_on_lab", fail)
+    nb = tmp_path / "netbench.json"
+    nb.write_text(json.dumps({"results": [{"op": "all_reduce", "bytes": 1024}]}))
+    lab = _FakeUnshapeLab()
+    sessionmod.LabSession(lab=lab, ssh=True, netbench=nb).measure_host_time(tmp_path)
+    doc = json.loads(nb.read_text())
+    assert lab.events == ["lifted", "restored"]
+    assert doc["results"] == [{"op": "all_reduce", "bytes": 1024}]
+    assert doc["host_time"]["results"] == [] and "rank 1 exited" in doc["host_time"]["error"]
+    # Links that cannot be shaped again stop the session: no run goes on unshaped links.
+    lab = _FakeUnshapeLab(restore_fails=True)
+    with pytest.raises(labmod.LabError, match="cannot put the shaping back"):
+        sessionmod.LabSession(lab=lab, ssh=True, netbench=nb).measure_host_time(tmp_path)
