@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.formulas import steady_windows
+from launchers.render import write_atomic
 from launchers.spec import RunSpec
 
 NETBENCH_OPTIONS = {
@@ -54,12 +55,10 @@ per operation at 100 Mbit/s; 16 MiB is past the size where the link rate is reac
 
 
 HOST_TIME_OPTIONS = {
-    "ops": "all_reduce,all_gather,reduce_scatter,sendrecv",
+    **NETBENCH_OPTIONS,
     "min_bytes": str(4 << 10),
     "max_bytes": str(4 << 20),
-    "factor": "4",
     "pause_ms": "20",
-    "budget_s": "1.0",
     "min_iters": "5",
     "max_iters": "20",
 }
@@ -297,7 +296,7 @@ class LabSession:
             "elapsed_s": host.get("elapsed_s"),
             **({"error": host["error"]} if "error" in host else {}),
         }
-        self.netbench.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        write_atomic(self.netbench, json.dumps(doc, indent=2) + "\n")
 
     def hooks(self, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
         """Keyword arguments for ``launchers.execute.run`` on this lab."""
