@@ -202,6 +202,34 @@ class Column:
             out /= 10.0**self._scale
         return out
 
+    def floats_at(self, rows: np.ndarray) -> np.ndarray:
+        """``floats()[rows]``, converting only those values (a plain stored array is indexed
+        first: no float64 copy of the whole column)."""
+        if self._pend:
+            self._sync()
+        if self._list is not None or self._arr is None or self._delta:
+            return self.floats()[rows]
+        raw = np.frombuffer(self._arr, dtype=self._arr.typecode)[rows]
+        if self._arr.typecode == "d":
+            return raw
+        out = raw.astype(float)
+        out[raw == _MIN[self._arr.typecode]] = math.nan
+        if self._scale > 0:
+            out /= 10.0**self._scale
+        return out
+
+    def rows_equal(self, value: int) -> np.ndarray:
+        """Positions (int64, ascending) of the values equal to the int ``value``, read from the
+        stored array as it is (no int64 copy of the whole column)."""
+        if self._pend:
+            self._sync()
+        if self.kind != "i" or self._list is not None or self._arr is None or self._delta:
+            return np.flatnonzero(self.ints(fill=value - 1) == value)
+        code = self._arr.typecode
+        if not _MIN[code] < value <= _MAX[code]:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(np.frombuffer(self._arr, dtype=code) == value)
+
     def ints(self, fill: int = 0) -> np.ndarray:
         """The values as int64, None as ``fill`` (int columns only)."""
         if self._pend:

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from analysis._lines import demux_tagged, strip_prefix
+from analysis._malloc import return_freed_memory
 from analysis.columns import Column, json_text
 from analysis.parse_machine import _Core
 from analysis.parse_merge import merge_runs
@@ -255,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("logs", nargs="+", help="log files")
     ap.add_argument("--json", action="store_true", help='print {"logs": [...]} as JSON')
     ns = ap.parse_args(argv)
+    return_freed_memory()
     if ns.json:
         write = sys.stdout.write
         for text in _iter_json(ns.logs):

@@ -10,7 +10,7 @@ whatever unit the log itself printed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Generic, Literal, TypeVar, overload
 
@@ -665,19 +665,24 @@ class TimerTable(_Rows[TimerBlock]):
             grp = self._groups[g]
             yield TimerBlock(grp.source, grp.values(next(readers[g])), ranks[r], its[r], lines[r])  # type: ignore[arg-type]
 
-    def group_views(self, source: str) -> list[TimerGroupView]:
+    def group_views(
+        self, source: str, names: Callable[[tuple[str, ...]], bool] | None = None
+    ) -> list[TimerGroupView]:
         """The blocks of one source as column groups (``timer_groups``); values are read when
         asked for."""
-        gs = [g for g, grp in enumerate(self._groups) if grp.source == source]
+        gs = [
+            g
+            for g, grp in enumerate(self._groups)
+            if grp.source == source and (names is None or names(grp.names))
+        ]
         if not gs:
             return []
-        gid = self.group_ids()
-        its = self._iteration.floats()
         out = []
-        for g in gs:
+        for g in gs:  # (a long run has millions of blocks: no full-length copy of a column)
             grp = self._groups[g]
-            rows = np.flatnonzero(gid == g)
-            out.append(TimerGroupView(grp.names, grp.shape, rows, its[rows], _LazyValues(grp)))
+            rows = self._gid.rows_equal(g)
+            its = self._iteration.floats_at(rows)
+            out.append(TimerGroupView(grp.names, grp.shape, rows, its, _LazyValues(grp)))
         return out
 
     @property
@@ -743,13 +748,18 @@ class TimerGroupView:
     only."""
 
 
-def timer_groups(timers: Sequence[TimerBlock], source: str) -> list[TimerGroupView]:
-    """The blocks of one source as column groups (one per set of names, blocks in order)."""
+def timer_groups(
+    timers: Sequence[TimerBlock],
+    source: str,
+    names: Callable[[tuple[str, ...]], bool] | None = None,
+) -> list[TimerGroupView]:
+    """The blocks of one source as column groups (one per set of names, blocks in order);
+    ``names``: only the groups whose names it accepts."""
     if isinstance(timers, TimerTable):
-        return timers.group_views(source)
+        return timers.group_views(source, names)
     by: dict[tuple[Any, ...], list[tuple[int, TimerBlock]]] = {}
     for i, b in enumerate(timers):
-        if b.source == source:
+        if b.source == source and (names is None or names(tuple(b.values_ms))):
             by.setdefault((tuple(b.values_ms), _shape(b.values_ms)), []).append((i, b))
     out = []
     for (names, shape), items in by.items():

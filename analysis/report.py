@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis import load, metrics, prediction, repeats, report_predict, speedup
+from analysis._malloc import return_freed_memory
 from analysis.markdown import md_table
 from analysis.metrics import RunMetrics
 from analysis.problems import UNREAD_CODES
@@ -670,6 +671,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.logdir.exists():
         parser.error(f"{args.logdir} does not exist")
+    return_freed_memory()
     default = args.logdir if args.logdir.is_dir() else args.logdir.parent
     out = args.out or default / "report"
     rows = build(args.logdir, out, args.baseline)

@@ -44,31 +44,40 @@ def deepspeed_step_timers(parsed: ParsedRun, warmup_iters: int) -> dict[str, lis
     """
     # Column-wise (a long run has millions of blocks): groups of one key set, blocks in order.
     by_signature: dict[frozenset[str], list[TimerGroupView]] = {}
-    for view in timer_groups(parsed.timers, "deepspeed"):
-        keys = frozenset(view.names)
-        if not all(k.endswith("_microstep") for k in keys):
-            by_signature.setdefault(keys, []).append(view)
+    for view in timer_groups(
+        parsed.timers, "deepspeed", lambda names: not all(k.endswith("_microstep") for k in names)
+    ):
+        by_signature.setdefault(frozenset(view.names), []).append(view)
     out: dict[str, array[float]] = {}
     for views in by_signature.values():
-        order = np.argsort(np.concatenate([v.rows for v in views]), kind="stable")
-        its = np.concatenate([v.iteration for v in views])[order]
+        if len(views) == 1:  # one group: its blocks are in file order already
+            order = None
+            its = views[0].iteration
+        else:
+            order = np.argsort(np.concatenate([v.rows for v in views]), kind="stable")
+            its = np.concatenate([v.iteration for v in views])[order]
         attributed = not np.isnan(its).any()
         # Attributed to an iteration (or to the iteration line closing its window); else one
-        # block per iteration, in file order.
-        kept = order[its > warmup_iters] if attributed else order[warmup_iters:]
-        keep = np.zeros(len(order), dtype=bool)
-        keep[kept] = True
-        keep = keep[order]  # in file order
+        # block per iteration, in file order.  ``keep``: in file order.
+        if attributed:
+            keep = its > warmup_iters
+        else:
+            keep = np.zeros(len(its), dtype=bool)
+            keep[warmup_iters:] = True
+        del its
         for key in views[0].names:
             parts = [
                 v.values[key] if v.shape[v.names.index(key)] == 0 else np.full(len(v.rows), np.nan)
                 for v in views
             ]  # numbers only, not Megatron-style pairs
-            vals = np.concatenate(parts)[order][keep]
+            vals = parts[0] if order is None else np.concatenate(parts)[order]
             del parts
             for v in views:  # a view keeps what it read: let this name's values go
                 v.values.pop(key, None)
-            out.setdefault(_ALIASES.get(key, key), array("d")).extend(vals[~np.isnan(vals)])
+            vals = vals[keep & ~np.isnan(vals)]
+            # Straight from the numpy buffer (no list of floats in between).
+            out.setdefault(_ALIASES.get(key, key), array("d")).frombytes(memoryview(vals).cast("B"))
+            del vals
     return out  # type: ignore[return-value]
 
 

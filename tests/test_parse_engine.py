@@ -539,3 +539,33 @@ def test_column_concat_gives_back_both(args):
     want = first + second
     assert len(a) == len(want)
     assert all(_same(x, y) for x, y in zip(a, want, strict=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["i", "f"]).flatmap(
+        lambda kind: st.tuples(
+            st.just(kind),
+            st.booleans(),
+            st.lists(_VALUES[kind], max_size=40),
+            st.lists(st.integers(0, 39), max_size=20),
+            st.integers(-130, 130),
+        )
+    )
+)
+@example(("i", False, [1, 2, None, 2, 300], [4, 1, 3], 2))
+@example(("f", False, [0.25, None, 1.5, 0.25], [3, 0, 1], 0))
+def test_column_reads_of_some_rows_equal_the_whole_column_read(args):
+    """``floats_at(rows)`` is ``floats()[rows]`` and ``rows_equal(v)`` the positions of ``v``
+    in ``ints()``, whatever the storage (narrow, scaled, delta, const, objects)."""
+    import numpy as np
+
+    kind, delta, values, rows, probe = args
+    col = Column(kind, delta=delta)
+    col.extend(values)
+    idx = np.array([r for r in rows if r < len(values)], dtype=np.int64)
+    if kind == "f" or all(v is None or isinstance(v, int) for v in values):
+        np.testing.assert_array_equal(col.floats_at(idx), col.floats()[idx])
+    if kind == "i" and all(v is None or (isinstance(v, int) and abs(v) < 2**63) for v in values):
+        want = [i for i, v in enumerate(values) if v == probe and not isinstance(v, float)]
+        assert col.rows_equal(probe).tolist() == want
