@@ -380,6 +380,13 @@ def _pattern(raw: bytes, spans: list[tuple[int, int]], offset: int) -> bytes:
     return b"".join(out)
 
 
+_CLOSES_FOR_CERTAIN = frozenset(range(0x21, 0x7F)) - frozenset(b"0123456789.eE+-):")
+"""Last bytes of a line that no line of a timer block ends with: ``_TIMER_LINE_RE`` and
+``_TIMER_RANK_RE`` end in a number (a digit or one of ``.eE+-``) or ``)``, and
+``_TIMER_NAME_RE`` in ``:``, each then only whitespace (a line whose last byte is whitespace
+or not ASCII is looked at in full)."""
+
+
 class _BlockPattern:
     """A Megatron timer block as printed in one piece: the header line and each timer line
     of its stream, with the numbers as groups.  ``read`` checks the line after it too."""
@@ -457,8 +464,11 @@ class _BlockPattern:
                 s, le, cs = nxt
                 if le - s > MAX_LINE_CHARS:
                     return _LONG
-            # (Whether the line closes the block does not depend on the values read.)
-            if bulk._body_step(block, s, le, cs, self.kind, name, {}) is not None:
+            # (Whether the line closes the block does not depend on the values read.)  A line
+            # that ends in a printable byte no timer line ends with closes it for certain.
+            if (le == s or block[le - 1] not in _CLOSES_FOR_CERTAIN) and bulk._body_step(
+                block, s, le, cs, self.kind, name, {}
+            ) is not None:
                 return None  # the block goes on: read it line by line
             return s, values, mine, self.key, flat
         return _OPEN

@@ -343,6 +343,51 @@ def test_interleaved_streams_bulk_attributes_per_stream(tmp_path, small_chunks, 
     assert megatron == list(range(1, n + 1))
 
 
+@pytest.mark.parametrize(
+    ("header", "line", "extra"),
+    [
+        ("max time across ranks (ms):", "forward-compute ......: {v}", "optimizer ......: 7{v}"),
+        ("max time across ranks (ms):", "forward-compute ......: {v}", "optimizer ......: 1e+0{i}"),
+        ("max time across ranks (ms):", "forward-compute ......: {v}", "optimizer ......: -{v}"),
+        (
+            "(min, max) time across ranks (ms):",
+            "forward-compute ....: ({v}, 41.5)",
+            "optimizer ....: ({v}, 9.{i})",
+        ),
+        ("times across ranks (ms):", "  forward-compute:", "  optimizer:"),
+    ],
+)
+def test_a_learned_timer_block_that_goes_on_is_read_whole(tmp_path, small_chunks, header, line,
+                                                          extra):  # fmt: skip
+    """A block printed in one piece is learned as a pattern; when the same block goes on with
+    one more line of its stream (whatever byte that line ends with), the bulk path reads the
+    block whole, as the line path does."""
+    n = 2000  # past the set-up lines every line of which is read (``_LATE_CONFIG_LINES``)
+    lines = ["node1: training ..."]
+    for i in range(1, n + 1):
+        lines.append(
+            f"node1:  iteration {i:8d}/{n + 10:8d} | consumed samples: {8 * i:12d} | "
+            "elapsed time per iteration (ms): 84.7 | lm loss: 5.866232E+00 |"
+        )
+        pad = "" if header.startswith("times") else "    "
+        lines += [f"node1: {header}", f"node1: {pad}{line.format(v=f'40.{i % 9}', i=i % 9)}"]
+        if header.startswith("times"):
+            lines.append(f"node1:     rank  0: 4{i % 9}.5")
+        if i % 3 == 0:
+            lines.append("node0: NCCL INFO chatter")
+            lines.append(f"node1: {pad}{extra.format(v=f'5.{i % 7}', i=i % 9)}")
+            if header.startswith("times"):
+                lines.append(f"node1:     rank  0: 3{i % 9}.25")
+        lines.append("node1: NCCL INFO Connected all rings")
+    path = tmp_path / "blocks.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    blocks = [t for t in run["timers"] if t["source"] == "megatron"]
+    assert len(blocks) == n
+    names = [sorted(t["values_ms"]) for t in blocks]
+    assert names[2] == ["forward-compute", "optimizer"] and names[0] == ["forward-compute"]
+
+
 # -- the keyword scan -------------------------------------------------------------------------
 
 
