@@ -393,12 +393,13 @@ class _Bulk(_BulkShapes, _BulkReaders):
         last_before = run.last_iter
         if new_its:
             cols: dict[str, Any] = {}
-            dicts = [x[4] for x in new_its]
-            names = dicts[0].keys()
-            if all(d.keys() == names for d in dicts):  # one shape: transpose in one step
-                rows = (d.values() for d in dicts)
+            # Each line's fields as (names, values) in the order read.
+            names = new_its[0][4][0]
+            if all(x[4][0] == names for x in new_its):  # one shape: transpose in one step
+                rows = (x[4][1] for x in new_its)
                 by_field = dict(zip(names, map(list, zip(*rows, strict=True)), strict=True))
             else:
+                dicts = [dict(zip(*x[4], strict=True)) for x in new_its]
                 fields = {f for d in dicts for f in d}
                 by_field = {f: [d.get(f) for d in dicts] for f in fields}
             for f, vals in by_field.items():

@@ -150,7 +150,7 @@ class _BulkReaders:
 
     def _iteration_lines(
         self, block: bytes, pos: int, T: int
-    ) -> list[tuple[int, int, int, int, dict[str, Any], str]]:
+    ) -> list[tuple[int, int, int, int, tuple[tuple[str, ...], tuple[Any, ...]], str]]:
         """Megatron iteration lines of [pos, T) the bulk path knows: (start, end, number,
         total, field values, stream)."""
         matches = list(_IT_RE.finditer(block, pos, T))
@@ -215,7 +215,11 @@ class _BulkReaders:
                 conv = v.astype(np.int64).tolist() if kd == "int" else v.tolist()
                 for i, value in zip(idx, conv, strict=True):
                     got[i][f] = value
-        out += [(x[0], x[1], x[2], x[3], got[i], x[6]) for i, x in enumerate(found) if keep[i]]
+        out += [
+            (x[0], x[1], x[2], x[3], (tuple(got[i]), tuple(got[i].values())), x[6])
+            for i, x in enumerate(found)
+            if keep[i]
+        ]
         if taken and found:
             out.sort(key=lambda x: x[0])
         return out

@@ -218,11 +218,13 @@ class _BulkShapes:
 
     def _iteration_patterns(
         self, block: bytes, pos: int, T: int, starts: list[int]
-    ) -> tuple[list[tuple[int, int, int, int, dict[str, Any], str]], set[int]]:
+    ) -> tuple[
+        list[tuple[int, int, int, int, tuple[tuple[str, ...], tuple[Any, ...]], str]], set[int]
+    ]:
         """Iteration lines of the learned patterns, matched at ``starts`` (where ``_IT_RE``
         matches in [pos, T), where every match of a pattern starts), as ``_iteration_lines``
         gives them; their starts.  A pattern is tried only there: no scan of the segment."""
-        out: list[tuple[int, int, int, int, dict[str, Any], str]] = []
+        out: list[tuple[int, int, int, int, tuple[tuple[str, ...], tuple[Any, ...]], str]] = []
         taken: set[int] = set()
         if not self.it_tmpls or not starts:
             return out, taken
@@ -271,7 +273,7 @@ class _BulkShapes:
             sel = np.flatnonzero(ok)
             numbers = np.array(list(map(int, groups[1])), dtype=np.int64)[sel].tolist()
             totals = np.array(list(map(int, groups[3])), dtype=np.int64)[sel].tolist()
-            names = [f for f, _k, _v in cols]
+            names = tuple(f for f, _k, _v in cols)
             values = [
                 v[sel].astype(np.int64).tolist() if kind == "int" else v[sel].tolist()
                 for _f, kind, v in cols
@@ -280,7 +282,7 @@ class _BulkShapes:
             keys = list(map(self._head_key, map(heads.__getitem__, sel.tolist())))
             rows = zip(*values, strict=True) if values else ((),) * len(a_l)
             for a, b, num, tot, row, key in zip(a_l, b_l, numbers, totals, rows, keys, strict=True):
-                out.append((a, b, num, tot, dict(zip(names, row, strict=True)), key))
+                out.append((a, b, num, tot, (names, row), key))
             taken.update(a_l)
         out.sort(key=lambda x: x[0])
         return out, taken

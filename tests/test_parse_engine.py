@@ -388,6 +388,28 @@ def test_a_learned_timer_block_that_goes_on_is_read_whole(tmp_path, small_chunks
     assert names[2] == ["forward-compute", "optimizer"] and names[0] == ["forward-compute"]
 
 
+def test_iteration_lines_with_their_fields_in_another_order_keep_each_value(tmp_path):
+    """Two iteration line forms with the same fields in another order, in one bulk step:
+    each value stays with its field."""
+    n = 8000  # most of them past the set-up lines (``_LATE_CONFIG_LINES``)
+    lines = ["node1: training ..."]
+    for i in range(1, n + 1):
+        first = f"consumed samples: {8 * i:12d}"
+        second = f"elapsed time per iteration (ms): {80 + i % 7}.5"
+        pair = (first, second) if i % 2 else (second, first)
+        lines.append(
+            f"node1:  iteration {i:8d}/{n + 10:8d} | {pair[0]} | {pair[1]} | lm loss: 5.8E+00 |"
+        )
+        lines.append("node1: NCCL INFO chatter")
+    path = tmp_path / "orders.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    its = run["iterations"]
+    assert len(its) == n
+    assert [x["consumed_samples"] for x in its] == [8 * i for i in range(1, n + 1)]
+    assert [x["elapsed_ms"] for x in its] == [80 + i % 7 + 0.5 for i in range(1, n + 1)]
+
+
 # -- the keyword scan -------------------------------------------------------------------------
 
 
