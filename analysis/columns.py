@@ -248,6 +248,38 @@ class Column:
         out[raw == _MIN[self._arr.typecode]] = fill
         return out
 
+    def small_ints(self, fill: int = 0) -> np.ndarray:
+        """``ints(fill)``, in the stored array's width when it holds no None (a copy of it),
+        else as int32 when the values fit: no int64 copy of a long column where none is
+        needed."""
+        if self._pend:
+            self._sync()
+        if self.kind != "i":
+            raise TypeError("small_ints() of a float column")
+        n = len(self)
+        if self._list is None and self._arr is None:  # one value repeated (or none at all)
+            c = fill if self._const is None else self._const
+            return np.full(n, c, dtype=np.int32 if -(2**31) <= c < 2**31 else np.int64)
+        if self._list is None and self._arr is not None and n:
+            code = self._arr.typecode
+            raw = np.frombuffer(self._arr, dtype=code)
+            if not self._delta and int(raw.min()) != _MIN[code]:
+                return raw.copy()
+            if self._delta:  # running sums a piece at a time, kept as int32 while they fit
+                out = np.empty(n, dtype=np.int32)
+                total = 0
+                for a in range(0, n, _PIECE):
+                    part = np.cumsum(raw[a : a + _PIECE], dtype=np.int64) + total
+                    if part.min() < -(2**31) or part.max() >= 2**31:
+                        return self.ints(fill)
+                    out[a : a + len(part)] = part
+                    total = int(part[-1])
+                return out
+        values = self.ints(fill)
+        if len(values) and values.min() >= -(2**31) and values.max() < 2**31:
+            return values.astype(np.int32)
+        return values
+
     def json_texts(self, size: int = 4096) -> Iterator[list[str]]:
         """The values as JSON texts (``null``, ``repr`` of the int or float), ``size`` at a
         time, converted column-wise; a float that is not finite raises ``ValueError``."""
@@ -606,6 +638,29 @@ class Column:
             return
         self._widen(v.tolist())
 
+    def extend_ints_masked(self, values: np.ndarray, none: np.ndarray) -> None:
+        """Add ints in bulk, None where ``none`` is true (``kind="i"``): into an empty column
+        in one step (no Python value per element), else a piece at a time."""
+        none = np.asarray(none, dtype=bool)
+        if not none.any():
+            self.extend_ints(values)
+            return
+        if self._pend:
+            self._sync()
+        if not len(self):
+            self._reset()
+            self._delta = False  # (a delta column holds no None)
+            self._store_np(np.asarray(values, dtype=np.int64), none)
+            return
+        for a in range(0, len(values), _PIECE):
+            vals, marks = values[a : a + _PIECE].tolist(), none[a : a + _PIECE].tolist()
+            self.extend(None if m else int(v) for v, m in zip(vals, marks, strict=True))
+
+    def clear(self) -> None:
+        """Drop every value (the storage goes with them); the kind stays."""
+        self._pend = []
+        self._reset()
+
     def take(self, order: np.ndarray) -> Column:
         """A new column with the values at ``order`` (indices), exactly."""
         if self._pend:
@@ -616,8 +671,7 @@ class Column:
         elif self._arr is None:
             out._const, out._n = self._const, len(order)
         elif self._delta:
-            raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
-            vals = np.cumsum(raw, dtype=np.int64)[order]  # (the running sums let go at once)
+            vals = self.small_ints()[order]  # (the running sums let go at once)
             out._store_np(vals, np.zeros(len(order), dtype=bool))
         else:
             raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
@@ -703,7 +757,7 @@ def _diff(values: np.ndarray, before: int) -> np.ndarray:
     out = np.empty(len(values), dtype=np.int64)
     if len(values):
         out[0] = int(values[0]) - before
-        np.subtract(values[1:], values[:-1], out=out[1:])
+        np.subtract(values[1:], values[:-1], out=out[1:], dtype=np.int64)  # (int32 in: no wrap)
     return out
 
 

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from itertools import repeat
 from typing import Any, ClassVar, Generic, Literal, TypeVar, overload
 
 import numpy as np
 
 from analysis.columns import Column
+
+_BLOCKS_AT_A_TIME = 1 << 16
+"""Timer blocks ``TimerTable.blocks_of`` converts to Python values at a time."""
 
 RunStatus = Literal["completed", "failed", "incomplete"]
 """``completed``: training reached its last iteration (or the launcher said every process exited
@@ -486,6 +490,10 @@ class TimerTable(_Rows[TimerBlock]):
         """Group index of every block (int64)."""
         return self._gid.ints()
 
+    def small_group_ids(self) -> np.ndarray:
+        """``group_ids`` in the narrowest width that holds them."""
+        return self._gid.small_ints()
+
     def group_values(self, g: int) -> list[Column]:
         """The value columns of group ``g`` (one per number, pairs give two), in block order."""
         return self._groups[g].cols
@@ -531,11 +539,19 @@ class TimerTable(_Rows[TimerBlock]):
                 continue
             for mine, theirs in zip(grp.cols, g_other.cols, strict=True):
                 mine.concat(theirs)
-        gid = items.group_ids()
-        self._gid.extend_ints(np.array(remap, dtype=np.int64)[gid] if len(gid) else gid)
-        self._rank.concat(items._rank)
-        self._iteration.concat(items._iteration)
-        self._line.concat(items._line)
+        gid = items.small_group_ids()
+        to = np.array(remap, dtype=np.int64)
+        for a in range(0, len(gid), _BLOCKS_AT_A_TIME):  # (no int64 copy of millions of ids)
+            self._gid.extend_ints(to[gid[a : a + _BLOCKS_AT_A_TIME]])
+        del gid
+        for mine, theirs in (
+            (self._rank, items._rank),
+            (self._iteration, items._iteration),
+            (self._line, items._line),
+        ):
+            mine.concat(theirs)
+            if move:
+                theirs.clear()  # one column of both tables at a time
 
     def add_rows(
         self,
@@ -578,11 +594,8 @@ class TimerTable(_Rows[TimerBlock]):
         """Replace the iteration of every block (``none`` marks None when an array)."""
         col = Column("i", delta=True)
         if isinstance(values, np.ndarray):
-            if none is not None and none.any():
-                col.extend(
-                    None if m else int(v)
-                    for v, m in zip(values.tolist(), none.tolist(), strict=True)
-                )
+            if none is not None:
+                col.extend_ints_masked(values, none)
             else:
                 col.extend_ints(values)
         else:
@@ -594,17 +607,13 @@ class TimerTable(_Rows[TimerBlock]):
         n = len(self)
         if n < 2:
             return
-        lines = self._line.floats()
-        if (np.diff(lines) >= 0).all() or np.isnan(lines).any():
-            if not np.isnan(lines).any():
-                return
-            lines = np.where(np.isnan(lines), 0, lines)  # None sorts as 0, as before
-            if (np.diff(lines) >= 0).all():
-                return
+        lines = self._line.small_ints(fill=0)  # None sorts as 0, as before
+        if (lines[1:] >= lines[:-1]).all():
+            return
         index = np.int32 if n < 2**31 else np.int64  # half the bytes of the whole-length arrays
         order = np.argsort(lines, kind="stable").astype(index)
         del lines
-        gid = self.group_ids()
+        gid = self.small_group_ids()
         inverse = np.empty(n, dtype=index)
         inverse[order] = np.arange(n, dtype=index)
         for g, grp in enumerate(self._groups):
@@ -657,13 +666,25 @@ class TimerTable(_Rows[TimerBlock]):
         gs = [g for g, grp in enumerate(self._groups) if grp.source == source]
         if not gs:
             return
-        gid = self.group_ids()
-        rows = np.flatnonzero(np.isin(gid, gs))
+        if len(gs) == 1:
+            rows, gid = self._gid.rows_equal(gs[0]), None
+        else:
+            gid = self.group_ids()
+            rows = np.flatnonzero(np.isin(gid, gs))
         readers = {g: zip(*self._groups[g].cols, strict=True) for g in gs}
         ranks, its, lines = self._rank, self._iteration, self._line
-        for r, g in zip(rows.tolist(), gid[rows].tolist(), strict=True):
-            grp = self._groups[g]
-            yield TimerBlock(grp.source, grp.values(next(readers[g])), ranks[r], its[r], lines[r])  # type: ignore[arg-type]
+        for start in range(0, len(rows), _BLOCKS_AT_A_TIME):  # (a long run: millions of rows)
+            piece = rows[start : start + _BLOCKS_AT_A_TIME]
+            groups = repeat(gs[0]) if gid is None else gid[piece].tolist()
+            for r, g in zip(piece.tolist(), groups, strict=False):  # (groups: maybe repeat)
+                grp = self._groups[g]
+                yield TimerBlock(
+                    grp.source,
+                    grp.values(next(readers[g])),
+                    ranks[r],  # type: ignore[arg-type]
+                    its[r],  # type: ignore[arg-type]
+                    lines[r],  # type: ignore[arg-type]
+                )
 
     def group_views(
         self, source: str, names: Callable[[tuple[str, ...]], bool] | None = None

@@ -129,6 +129,20 @@ _PIECE = 1 << 18
 """Blocks attributed at a time (``attribute_blocks``)."""
 
 
+def _rows(mask: np.ndarray) -> np.ndarray:
+    """``np.flatnonzero(mask)`` as int32 when the positions fit, found ``_PIECE`` at a time
+    (no int64 array of millions of positions in between)."""
+    if len(mask) >= 2**31:
+        return np.flatnonzero(mask)
+    return np.concatenate(
+        [np.zeros(0, dtype=np.int32)]
+        + [
+            np.flatnonzero(mask[a : a + _PIECE]).astype(np.int32) + np.int32(a)
+            for a in range(0, len(mask), _PIECE)
+        ]
+    )
+
+
 def _pieces(keys: np.ndarray) -> Iterator[tuple[int, int]]:
     """[a, b) ranges of about ``_PIECE`` elements that cover ``keys`` and do not cut a run of
     equal keys."""
@@ -206,17 +220,24 @@ def attribute_blocks(
     problems: list[str] = []
     if not n:
         return table, problems
-    n_iter = _narrow(blocks.n_iter.ints())
-    n_steps = blocks.n_steps.ints() if pipeline else None
-    stream = _narrow(blocks.stream.ints())
+    n_iter = blocks.n_iter.small_ints()
+    n_steps = blocks.n_steps.small_ints() if pipeline else None
+    stream = blocks.stream.small_ints()
     numbers_of = {
         blocks.keys[k]: np.asarray(v, dtype=np.int64)
         for k, v in iter_numbers.items()
         if k in blocks.keys
     }
     last = max((int(max(v)) for v in iter_numbers.values() if len(v)), default=None)
-    gid = _narrow(table.group_ids())
-    out = np.zeros(n, dtype=np.int64)
+    gid = table.small_group_ids()
+    # Every iteration written below is a printed number (or a step's), or one of the n blocks
+    # counted on from one: int32 holds them when that sum does (half the bytes).
+    top = n + max(
+        [abs(int(x)) for v in numbers_of.values() if len(v) for x in (v.min(), v.max())]
+        + [abs(int(x)) for x in steps]
+        + [abs(last or 0)]
+    )
+    out = np.zeros(n, dtype=np.int32 if top < 2**31 else np.int64)
     none = np.ones(n, dtype=bool)
     mismatch = False
     steps_arr = np.array(steps, dtype=np.int64)
@@ -224,20 +245,20 @@ def attribute_blocks(
     for g, (_source, names, _shape) in enumerate(table.groups):
         in_group = gid == g
         if n_steps is not None:
-            rows = np.flatnonzero(in_group)
-            if not len(rows):
-                continue
-            ns = n_steps[rows]
-            if names and names[0].startswith("pipe_"):
-                ok = ns > 0
-                out[rows[ok]] = steps_arr[ns[ok] - 1]
-            else:
-                ok = ns < len(steps_arr)
-                out[rows[ok]] = steps_arr[ns[ok]]
-            none[rows[ok]] = False
+            group_rows = _rows(in_group)
+            for a in range(0, len(group_rows), _PIECE):
+                rows = group_rows[a : a + _PIECE]
+                ns = n_steps[rows]
+                if names and names[0].startswith("pipe_"):
+                    ok = ns > 0
+                    out[rows[ok]] = steps_arr[ns[ok] - 1]
+                else:
+                    ok = ns < len(steps_arr)
+                    out[rows[ok]] = steps_arr[ns[ok]]
+                none[rows[ok]] = False
             continue
         for sid in np.unique(stream[in_group]).tolist():
-            rows = _narrow(np.flatnonzero(in_group & (stream == sid)))
+            rows = _rows(in_group & (stream == sid))
             numbers = numbers_of.get(sid, np.zeros(0, dtype=np.int64))
             ni = n_iter[rows]
             if not len(numbers):

@@ -517,9 +517,19 @@ def test_attribution_in_pieces_equals_one_piece(tmp_path, monkeypatch):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 9)), max_size=30))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from("ab"),
+            st.one_of(st.integers(0, 9), st.none(), st.integers(2**31 - 3, 2**31 + 3)),
+        ),
+        max_size=30,
+    )
+)
+@example([("a", 5), ("b", None), ("a", 2)])
 def test_timer_table_sorted_by_line_is_a_stable_sort(blocks):
-    """Blocks of two groups, each group's own blocks in or out of line order."""
+    """Blocks of two groups, each group's own blocks in or out of line order (a block with
+    no line sorts as line 0)."""
     from analysis.records import TimerBlock, TimerTable
 
     given_blocks = [
@@ -528,7 +538,7 @@ def test_timer_table_sorted_by_line_is_a_stable_sort(blocks):
     ]
     table = TimerTable(given_blocks)
     table.sort_by_line()
-    assert list(table) == sorted(given_blocks, key=lambda b: b.line)
+    assert list(table) == sorted(given_blocks, key=lambda b: b.line or 0)
 
 
 _ODD_HEADS = [
@@ -636,3 +646,101 @@ def test_column_reads_of_some_rows_equal_the_whole_column_read(args):
     if kind == "i" and all(v is None or (isinstance(v, int) and abs(v) < 2**63) for v in values):
         want = [i for i, v in enumerate(values) if v == probe and not isinstance(v, float)]
         assert col.rows_equal(probe).tolist() == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.one_of(st.none(), st.integers(-(2**62), 2**62), st.integers(-5, 300)), max_size=30),
+    st.lists(st.one_of(st.none(), st.integers(-5, 300)), max_size=30),
+    st.booleans(),
+)
+@example([None, 1, 2], [3, None], True)
+@example([], [None, None], True)
+def test_column_ints_with_a_none_mask_hold_what_extend_holds(first, second, delta):
+    """``extend_ints_masked`` (into an empty column, or after other values) holds what
+    ``extend`` of the same values holds."""
+    import numpy as np
+
+    from analysis import columns
+
+    a, b = Column("i", delta=delta), Column("i", delta=delta)
+    old = columns._PIECE
+    columns._PIECE = 4  # a few values at a time after the first batch
+    try:
+        for batch in (first, second):
+            vals = np.array([0 if v is None else v for v in batch], dtype=np.int64)
+            a.extend_ints_masked(vals, np.array([v is None for v in batch], dtype=bool))
+            b.extend(batch)
+    finally:
+        columns._PIECE = old
+    assert list(a) == list(b) == first + second
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.none(), st.integers(-300, 300), st.integers(-(2**40), 2**40)), max_size=40
+    ),
+    st.booleans(),
+    st.integers(1, 5),
+)
+@example([5, 6, 7, 2**31 - 1, 2**31 + 9], True, 2)
+@example([None, None], False, 3)
+def test_small_ints_are_the_ints_in_fewer_bytes(values, delta, piece):
+    """``small_ints(fill)`` holds what ``ints(fill)`` holds, whatever the storage, also when
+    running sums are taken a few at a time."""
+
+    from analysis import columns
+
+    col = Column("i", delta=delta)
+    col.extend(values)
+    old = columns._PIECE
+    columns._PIECE = piece
+    try:
+        small = col.small_ints(fill=-7)
+    finally:
+        columns._PIECE = old
+    assert small.tolist() == col.ints(fill=-7).tolist()
+    assert small.dtype.itemsize <= 8
+    if all(v is not None and abs(v) < 2**31 for v in values):
+        assert small.dtype.itemsize <= 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.booleans(), max_size=60), st.integers(1, 7))
+def test_rows_of_a_mask_found_in_pieces(mask, piece):
+    import numpy as np
+
+    from analysis import storage
+
+    old = storage._PIECE
+    storage._PIECE = piece
+    try:
+        rows = storage._rows(np.array(mask, dtype=bool))
+    finally:
+        storage._PIECE = old
+    assert rows.tolist() == [i for i, m in enumerate(mask) if m]
+
+
+def test_blocks_of_one_source_read_in_pieces(monkeypatch):
+    """``TimerTable.blocks_of`` converts a few blocks at a time: the blocks of the source,
+    in order, with their values, for one group and for several."""
+    from analysis import records
+    from analysis.records import TimerBlock, TimerTable
+
+    blocks = [
+        TimerBlock(
+            "deepspeed" if i % 3 else "megatron",
+            {"fwd" if i % 2 else "bwd": float(i)},
+            i % 4 or None,
+            i,
+            10 * i,
+        )
+        for i in range(40)
+    ]
+    table = TimerTable(blocks)
+    monkeypatch.setattr(records, "_BLOCKS_AT_A_TIME", 3)
+    for source in ("deepspeed", "megatron"):
+        assert list(table.blocks_of(source)) == [b for b in blocks if b.source == source]
+    only = TimerTable([b for b in blocks if b.source == "megatron" and "bwd" in b.values_ms])
+    assert list(only.blocks_of("megatron")) == list(only)
