@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -181,6 +181,32 @@ class Column:
             return (None if x == low else float(x) for x in self._arr)
         return (None if x == low else x / f for x in self._arr)
 
+    def pieces(self, size: int) -> Iterator[Callable[[np.ndarray], list[Any]]]:
+        """For each ``size`` values in order, a function that gives the values at some
+        positions of that piece (``at``, ascending), as ``self[i]`` gives them: only those are
+        converted, and a delta column's running sums are taken a piece at a time."""
+        if self._pend:
+            self._sync()
+        n = len(self)
+        if self._list is not None:
+            for a in range(0, n, size):
+                yield lambda at, p=self._list[a : a + size]: [p[j] for j in at.tolist()]
+            return
+        if self._arr is None:
+            for _a in range(0, n, size):
+                yield lambda at, c=self._const: [c] * len(at)
+            return
+        raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
+        total = 0
+        for a in range(0, n, size):
+            part = raw[a : a + size]
+            if self._delta:
+                sums = np.cumsum(part, dtype=np.int64) + total
+                total = int(sums[-1])
+                yield lambda at, v=sums: v[at].tolist()
+            else:
+                yield lambda at, p=part: list(map(self._decode, p[at].tolist()))
+
     def floats(self) -> np.ndarray:
         """The values as float64 (None as NaN); ints exact up to 2**53."""
         if self._pend:
@@ -223,6 +249,8 @@ class Column:
         stored array as it is (no int64 copy of the whole column)."""
         if self._pend:
             self._sync()
+        if self.kind == "i" and self._list is None and self._arr is None:  # one value repeated
+            return np.arange(len(self) if self._const == value else 0, dtype=np.int64)
         if self.kind != "i" or self._list is not None or self._arr is None or self._delta:
             return np.flatnonzero(self.ints(fill=value - 1) == value)
         code = self._arr.typecode
@@ -259,7 +287,8 @@ class Column:
         n = len(self)
         if self._list is None and self._arr is None:  # one value repeated (or none at all)
             c = fill if self._const is None else self._const
-            return np.full(n, c, dtype=np.int32 if -(2**31) <= c < 2**31 else np.int64)
+            code = _code_for(c, c) or "q"
+            return np.full(n, c, dtype=code if _MIN[code] != c else "q")
         if self._list is None and self._arr is not None and n:
             code = self._arr.typecode
             raw = np.frombuffer(self._arr, dtype=code)
@@ -482,11 +511,17 @@ class Column:
         if self.kind == "i":
             if self._delta and len(vals) and not -(2**62) < vals.min() <= vals.max() < 2**62:
                 self._delta = False  # differences could overflow: plain values
-            if self._delta:
-                diffs = _diff(vals, 0)
-                code = _code_for(int(diffs.min(initial=0)), int(diffs.max(initial=0)))
+            if self._delta:  # the differences, a piece at a time (no int64 copy of them all)
+                lo = hi = 0
+                for a in range(0, len(vals), _PIECE):
+                    d = _diff(vals[a : a + _PIECE], int(vals[a - 1]) if a else 0)
+                    lo, hi = min(lo, int(d.min())), max(hi, int(d.max()))
+                code = _code_for(lo, hi)
                 if code is not None:
-                    self._arr = array(code, diffs.astype(code).tobytes())
+                    self._arr = array(code)
+                    for a in range(0, len(vals), _PIECE):
+                        d = _diff(vals[a : a + _PIECE], int(vals[a - 1]) if a else 0)
+                        self._arr.frombytes(d.astype(code).tobytes())
                     self._last = int(vals[-1]) if len(vals) else 0
                     return
                 self._delta = False  # differences too large: plain values

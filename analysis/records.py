@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from itertools import repeat
 from typing import Any, ClassVar, Generic, Literal, TypeVar, overload
 
 import numpy as np
@@ -611,11 +610,9 @@ class TimerTable(_Rows[TimerBlock]):
         if (lines[1:] >= lines[:-1]).all():
             return
         index = np.int32 if n < 2**31 else np.int64  # half the bytes of the whole-length arrays
-        order = np.argsort(lines, kind="stable").astype(index)
+        order, inverse = _merge_order(lines, index)
         del lines
         gid = self.small_group_ids()
-        inverse = np.empty(n, dtype=index)
-        inverse[order] = np.arange(n, dtype=index)
         for g, grp in enumerate(self._groups):
             at = inverse[gid == g]  # where the group's blocks go
             if len(at) > 1 and not (at[1:] > at[:-1]).all():  # else their order stays
@@ -666,25 +663,20 @@ class TimerTable(_Rows[TimerBlock]):
         gs = [g for g, grp in enumerate(self._groups) if grp.source == source]
         if not gs:
             return
-        if len(gs) == 1:
-            rows, gid = self._gid.rows_equal(gs[0]), None
-        else:
-            gid = self.group_ids()
-            rows = np.flatnonzero(np.isin(gid, gs))
+        gid = self.small_group_ids()  # (int8 for a few groups: no int64 copy of millions)
         readers = {g: zip(*self._groups[g].cols, strict=True) for g in gs}
-        ranks, its, lines = self._rank, self._iteration, self._line
-        for start in range(0, len(rows), _BLOCKS_AT_A_TIME):  # (a long run: millions of rows)
-            piece = rows[start : start + _BLOCKS_AT_A_TIME]
-            groups = repeat(gs[0]) if gid is None else gid[piece].tolist()
-            for r, g in zip(piece.tolist(), groups, strict=False):  # (groups: maybe repeat)
+        # Rank, iteration and line of the blocks read a piece at a time, in step with ``gid``.
+        columns = [c.pieces(_BLOCKS_AT_A_TIME) for c in (self._rank, self._iteration, self._line)]
+        for start in range(0, len(gid), _BLOCKS_AT_A_TIME):
+            part = gid[start : start + _BLOCKS_AT_A_TIME]
+            at = [next(c) for c in columns]
+            hit = np.flatnonzero(part == gs[0] if len(gs) == 1 else np.isin(part, gs))
+            if not len(hit):
+                continue
+            ranks, its, lines = (f(hit) for f in at)
+            for g, rank, it, line in zip(part[hit].tolist(), ranks, its, lines, strict=True):
                 grp = self._groups[g]
-                yield TimerBlock(
-                    grp.source,
-                    grp.values(next(readers[g])),
-                    ranks[r],  # type: ignore[arg-type]
-                    its[r],  # type: ignore[arg-type]
-                    lines[r],  # type: ignore[arg-type]
-                )
+                yield TimerBlock(grp.source, grp.values(next(readers[g])), rank, it, line)
 
     def group_views(
         self, source: str, names: Callable[[tuple[str, ...]], bool] | None = None
@@ -712,6 +704,41 @@ class TimerTable(_Rows[TimerBlock]):
         cols = [self._gid, self._rank, self._iteration, self._line]
         cols += [c for g in self._groups for c in g.cols]
         return sum(c.nbytes for c in cols)
+
+
+def _merge_order(keys: np.ndarray, index: type) -> tuple[np.ndarray, np.ndarray]:
+    """The stable sort of ``keys`` as (order, inverse: where each goes), in ``index`` ints.
+    Keys in two sorted runs (the Megatron blocks, then the DeepSpeed ones, each in file order)
+    are merged by binary search a piece at a time; others go through ``np.argsort``, whose
+    stable sort of millions of keys needs several int64 arrays of their length."""
+    n = len(keys)
+    falls = np.flatnonzero(keys[1:] < keys[:-1])
+    if len(falls) != 1:
+        order = np.argsort(keys, kind="stable")
+        order = order.astype(index)
+        inverse = np.empty(n, dtype=index)
+        inverse[order] = np.arange(n, dtype=index)
+        return order, inverse
+    m = int(falls[0]) + 1
+    first, second = keys[:m], keys[m:]
+    inverse = np.empty(n, dtype=index)
+    # A key of the first run goes after the second run's smaller keys, one of the second
+    # after the first run's keys up to its own (ties keep the file order).
+    for a in range(0, m, _BLOCKS_AT_A_TIME):
+        part = first[a : a + _BLOCKS_AT_A_TIME]
+        inverse[a : a + len(part)] = np.searchsorted(second, part, "left") + np.arange(
+            a, a + len(part)
+        )
+    for b in range(0, n - m, _BLOCKS_AT_A_TIME):
+        part = second[b : b + _BLOCKS_AT_A_TIME]
+        inverse[m + b : m + b + len(part)] = np.searchsorted(first, part, "right") + np.arange(
+            b, b + len(part)
+        )
+    order = np.empty(n, dtype=index)
+    for a in range(0, n, _BLOCKS_AT_A_TIME):
+        at = inverse[a : a + _BLOCKS_AT_A_TIME]
+        order[at] = np.arange(a, a + len(at), dtype=index)
+    return order, inverse
 
 
 # -- column views for consumers (tables and plain lists alike) -------------------------------

@@ -134,13 +134,13 @@ def _rows(mask: np.ndarray) -> np.ndarray:
     (no int64 array of millions of positions in between)."""
     if len(mask) >= 2**31:
         return np.flatnonzero(mask)
-    return np.concatenate(
-        [np.zeros(0, dtype=np.int32)]
-        + [
-            np.flatnonzero(mask[a : a + _PIECE]).astype(np.int32) + np.int32(a)
-            for a in range(0, len(mask), _PIECE)
-        ]
-    )
+    out = np.empty(int(np.count_nonzero(mask)), dtype=np.int32)
+    k = 0
+    for a in range(0, len(mask), _PIECE):
+        part = np.flatnonzero(mask[a : a + _PIECE])
+        out[k : k + len(part)] = part + a
+        k += len(part)
+    return out
 
 
 def _pieces(keys: np.ndarray) -> Iterator[tuple[int, int]]:
@@ -220,7 +220,8 @@ def attribute_blocks(
     problems: list[str] = []
     if not n:
         return table, problems
-    n_iter = blocks.n_iter.small_ints()
+    # (Pipeline blocks go by step, the others by iteration line: only one of the two is read.)
+    n_iter = blocks.n_iter.small_ints() if not pipeline else np.zeros(0, dtype=np.int32)
     n_steps = blocks.n_steps.small_ints() if pipeline else None
     stream = blocks.stream.small_ints()
     numbers_of = {

@@ -262,12 +262,19 @@ def _same(a, b) -> bool:
     )
 )
 def test_column_gives_back_what_was_put_in(args):
+    from analysis import columns
+
     kind, delta, batches = args
     col = Column(kind, delta=delta)
     want = []
-    for batch in batches:
-        col.extend(batch)
-        want.extend(batch)
+    old = columns._PIECE
+    columns._PIECE = 3  # values stored a few at a time
+    try:
+        for batch in batches:
+            col.extend(batch)
+            want.extend(batch)
+    finally:
+        columns._PIECE = old
     assert len(col) == len(want)
     assert all(_same(a, b) for a, b in zip(col, want, strict=True))
     assert all(_same(col[i], want[i]) for i in range(len(want)))
@@ -646,6 +653,17 @@ def test_column_reads_of_some_rows_equal_the_whole_column_read(args):
     if kind == "i" and all(v is None or (isinstance(v, int) and abs(v) < 2**63) for v in values):
         want = [i for i, v in enumerate(values) if v == probe and not isinstance(v, float)]
         assert col.rows_equal(probe).tolist() == want
+    # ``pieces``: the values at some positions of each piece, as ``col[i]`` gives them.
+    size = 1 + probe % 7
+    wanted = set(rows)
+    got = []
+    for a, read in zip(range(0, len(values), size), col.pieces(size), strict=True):
+        at = np.array([j for j in range(size) if a + j in wanted and a + j < len(values)])
+        got += read(at.astype(np.int64))
+    assert all(
+        _same(x, col[i]) for x, i in zip(got, sorted(wanted & set(range(len(values)))), strict=True)
+    )
+    assert len(got) == len(wanted & set(range(len(values))))
 
 
 @settings(max_examples=300, deadline=None)
@@ -744,3 +762,30 @@ def test_blocks_of_one_source_read_in_pieces(monkeypatch):
         assert list(table.blocks_of(source)) == [b for b in blocks if b.source == source]
     only = TimerTable([b for b in blocks if b.source == "megatron" and "bwd" in b.values_ms])
     assert list(only.blocks_of("megatron")) == list(only)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 12), max_size=25),
+    st.lists(st.integers(0, 12), max_size=25),
+    st.booleans(),
+    st.integers(1, 4),
+)
+@example([1, 5, 5, 9], [0, 5, 9, 9], True, 2)
+def test_sort_order_of_two_sorted_runs_is_the_stable_argsort(first, second, sort_runs, piece):
+    """``_merge_order`` (two sorted runs merged a few at a time, or anything else) gives the
+    order of a stable ``np.argsort`` and its inverse."""
+    import numpy as np
+
+    from analysis import records
+
+    keys = np.array((sorted(first) + sorted(second)) if sort_runs else first + second)
+    old = records._BLOCKS_AT_A_TIME
+    records._BLOCKS_AT_A_TIME = piece
+    try:
+        order, inverse = records._merge_order(keys, np.int32)
+    finally:
+        records._BLOCKS_AT_A_TIME = old
+    want = np.argsort(keys, kind="stable")
+    assert order.tolist() == want.tolist()
+    assert inverse[order].tolist() == list(range(len(keys)))
