@@ -687,6 +687,24 @@ class Column:
             self._delta = False  # (a delta column holds no None)
             self._store_np(np.asarray(values, dtype=np.int64), none)
             return
+        if self._list is None and (
+            self._arr is not None or self._const is None or self._fits(self._const)
+        ):
+            v = np.asarray(values, dtype=np.int64)
+            arr = self._arr
+            if arr is not None and not self._delta:  # appended as they are when they fit
+                code = arr.typecode
+                present = v[~none]
+                if not len(present) or (present.min() > _MIN[code] and present.max() <= _MAX[code]):
+                    arr.frombytes(np.where(none, _MIN[code], v).astype(code).tobytes())
+                    return
+            cur, cur_none = self._current()  # else stored anew, plain (a None: no deltas)
+            vals, mask = np.concatenate([cur, v]), np.concatenate([cur_none, none])
+            del cur, cur_none
+            self._reset()
+            self._delta = False
+            self._store_np(vals, mask)
+            return
         for a in range(0, len(values), _PIECE):
             vals, marks = values[a : a + _PIECE].tolist(), none[a : a + _PIECE].tolist()
             self.extend(None if m else int(v) for v, m in zip(vals, marks, strict=True))
@@ -740,12 +758,8 @@ class Column:
             for vals, none in other._pieces(_PIECE):  # a piece at a time: no whole-length copy
                 if self.kind == "f":
                     self.extend_floats(vals)  # None travels as NaN
-                elif none.any():
-                    self.extend(
-                        None if m else v for v, m in zip(vals.tolist(), none.tolist(), strict=True)
-                    )
                 else:
-                    self.extend_ints(vals)
+                    self.extend_ints_masked(vals, none)
 
     def _try_join_deltas(self, other: Column) -> bool:
         """``concat`` of two delta columns by their differences (no running sums): only the
