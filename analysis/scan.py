@@ -9,10 +9,11 @@ Two paths, one result:
   byte of each keyword), and the lines of a stream whose Megatron timer block is open.
 - the bulk path (``_Bulk``), during training while no block is open: over a segment of the
   chunk, regular expressions find the frequent lines (DeepSpeed ``[Rank N] time (ms) | k: v``
-  lines, Megatron iteration lines, ``memory (MB) |`` reports, Megatron timer blocks with the
-  lines of their stream), their values are converted column-wise, and they are added to the
-  run's typed columns in one step.  Every other line of the segment is scanned for keywords;
-  the first one that holds one ends the segment there and goes to the line path, as does
+  lines, Megatron iteration lines, ``memory (MB) |`` reports, DeepSpeed's ``MemAllocated=``
+  lines, Megatron timer blocks with the lines of their stream), their values are converted
+  column-wise, and they are added to the run's typed columns in one step.  Every other line
+  of the segment is scanned for keywords; the first one that holds one ends the segment there
+  and goes to the line path, as does
   anything the bulk path does not recognise in its exact form (a glued, wrapped, non-ASCII or
   otherwise unusual line, a counter going back, the final iteration).  The form of each new
   kind of line ("shape": the line with its digits removed) is checked once against the line
@@ -35,6 +36,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from analysis.parse_machine import _Core
 
 from analysis.scan_bytes import (
+    _ALLOC_AFTER,
+    _ALLOC_KEYWORD,
     _BULK_KEYWORDS,
     _MEM_FIELDS,
     _MISSING,
@@ -128,9 +131,10 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.core = core
         self.kw = kw
         self.ranks: dict[bytes, int] = {}
-        self.rare = Keywords(tuple(k for k in kw.keywords if k not in _BULK_KEYWORDS))
-        # What is left to look for once ``advance`` cut the segment before the first rare one.
-        self.frequent = Keywords(tuple(k for k in kw.keywords if k in _BULK_KEYWORDS))
+        # DeepSpeed's ``MemAllocated=`` lines are read in bulk once the line path has read a
+        # few (a log that prints them every few steps): before, no bulk step looks for them.
+        self.alloc = False
+        self._keywords()
         self.seg = SEG_START
         self.line_budget = 0  # bytes the line path reads before the bulk path tries again
         self.sparse = 0  # bulk steps in a row that found few records
@@ -156,6 +160,12 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.body_res: dict[bytes, re.Pattern[bytes]] = {}
         # A timer block's header line as printed -> patterns of whole blocks seen after it.
         self.block_tmpls: dict[bytes, list[_BlockPattern]] = {}
+
+    def _keywords(self) -> None:
+        bulk = _BULK_KEYWORDS + ((_ALLOC_KEYWORD,) if self.alloc else ())
+        self.rare = Keywords(tuple(k for k in self.kw.keywords if k not in bulk))
+        # What is left to look for once ``advance`` cut the segment before the first rare one.
+        self.frequent = Keywords(tuple(k for k in self.kw.keywords if k in bulk))
 
     # -- checks against the line path -------------------------------------------------------
 
@@ -250,6 +260,9 @@ class _Bulk(_BulkShapes, _BulkReaders):
         """Take the lines from ``pos`` (a line start) in bulk up to the first one the line
         path must read.  Returns (position, line number there, whether the line there must be
         read by the line path)."""
+        if not self.alloc and len(self.core.run.memory_other) >= _ALLOC_AFTER:
+            self.alloc = True
+            self._keywords()
         seg_end = min(end, pos + self.seg)
         if seg_end < end:
             nl = block.find(b"\n", seg_end - 1, end)
@@ -262,10 +275,10 @@ class _Bulk(_BulkShapes, _BulkReaders):
             p = block.find(bad, pos, hard)
             if p >= 0:
                 hard = block.rfind(b"\n", pos, p) + 1 or pos
-        # A keyword no line read in bulk holds (an error, a launcher exit, DeepSpeed's memory
-        # line): the line path reads that line, so the bulk step ends there (``hard``).  It is
-        # looked for as far as the step looks (through the line at its limit), not to ``hard``
-        # at once: a step mostly takes far less than 4 x ``seg``.
+        # A keyword no line read in bulk holds (an error, a launcher exit, DeepSpeed's
+        # see_memory_usage line): the line path reads that line, so the bulk step ends there
+        # (``hard``).  It is looked for as far as the step looks (through the line at its
+        # limit), not to ``hard`` at once: a step mostly takes far less than 4 x ``seg``.
         rare = self.rare
         pipe = self.core.run.pipe_iterations
         scanned = pos  # [pos, scanned) holds none (else ``cut``)
@@ -318,6 +331,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         T = limit
         ds = self._ds_lines(block, pos, T)
         mem = self._mem_lines(block, pos, T)
+        alloc = self._memalloc_lines(block, pos, T) if self.alloc else []
         its = self._iteration_lines(block, pos, T)
         self.open_at_limit = False
         T, blocks, headers, bodies = self._timer_blocks(block, pos, T)
@@ -327,11 +341,13 @@ class _Bulk(_BulkShapes, _BulkReaders):
             taken = {s for s, _e in bodies}
             ds.keep &= ~np.isin(ds.ls, np.fromiter(taken, dtype=np.int64, count=len(taken)))
             mem = [x for x in mem if x[0] not in taken]
+            alloc = [x for x in alloc if x[0] not in taken]
             its = [x for x in its if x[0] not in taken]
 
         # The first line the line path must read: one holding a keyword among the others.
         k = ds.keep
         others = [(x[0], x[1]) for x in mem] + [(x[0], x[1]) for x in its] + headers + bodies
+        others += [(x[0], x[1]) for x in alloc]
         span_s = np.concatenate([ds.ls[k], np.array([x[0] for x in others], dtype=np.int64)])
         span_e = np.concatenate([ds.le[k], np.array([x[1] for x in others], dtype=np.int64)])
         R = self._first_keyword(block, pos, T, span_s, span_e)
@@ -367,9 +383,10 @@ class _Bulk(_BulkShapes, _BulkReaders):
         new_its = [x for x in new_its if x[0] < T]
         blocks = [b for b in blocks if b[0] < T]
         mem = [x for x in mem if x[0] < T]
+        alloc = [x for x in alloc if x[0] < T]
         ds.keep &= ds.ls < T
 
-        self.taken = len(new_its) + int(ds.keep.sum()) + len(mem) + len(blocks)
+        self.taken = len(new_its) + int(ds.keep.sum()) + len(mem) + len(blocks) + len(alloc)
         nl = (
             np.flatnonzero(np.frombuffer(block, dtype=np.uint8, count=T - pos, offset=pos) == 10)
             + pos
@@ -455,6 +472,17 @@ class _Bulk(_BulkShapes, _BulkReaders):
                         len(run.steps),
                         stream[rows],
                     )
+        if alloc:  # DeepSpeed's `MemAllocated=` lines, as ``_Core._dispatch`` reads them
+            from analysis.records import Memory
+
+            for (_s, _e, rank, a, m), line in zip(
+                alloc, lines_at([x[0] for x in alloc]).tolist(), strict=True
+            ):
+                run.memory_other.append(
+                    Memory(
+                        rank=rank, allocated_mb=a, max_allocated_mb=m, kind="deepspeed", line=line
+                    )
+                )
         if mem:
             cols_m: dict[str, Any] = {"kind": "megatron", "line": lines_at([x[0] for x in mem])}
             for f, i in (("rank", 2), ("after_iteration", 3)):

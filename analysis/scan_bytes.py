@@ -362,6 +362,24 @@ class _IterPattern:
 
 _BULK_KEYWORDS = ("|", "(ms)", "(s)", "iteration")
 """The keywords lines read in bulk can hold."""
+_ALLOC_KEYWORD, _ALLOC_AFTER = "MemAlloc", 4
+"""The keyword of DeepSpeed's ``MemAllocated=`` lines, read in bulk too (``_Bulk.alloc``) once
+the run holds this many DeepSpeed memory lines."""
+_ALLOC_LIT = b"MemAllocated="
+_ALLOC_NOT = (
+    b"# run outcome",
+    b"iteration",
+    b"steps:",
+    b"time (ms)",
+    b"across ranks (ms)",
+    b"memory (MB)",
+)
+"""Texts that send a line to an earlier branch of ``_Core._dispatch`` than the one of
+``MemAllocated=``: such a line is left to the line path."""
+_MEMALLOC_RE = re.compile(rb"MemAllocated=([\d.]+)\s*GB.*?MaxMemAllocated=([\d.]+)\s*GB")
+_RANK_RE = re.compile(rb"\[Rank (\d+)\]")
+"""``analysis.parse_rules``' patterns of the same names, on bytes (the same on printable
+ASCII, which is all the bulk path takes)."""
 _OPEN = object()
 """A timer block that does not close in the bytes looked at."""
 _LONG = object()

@@ -5,6 +5,7 @@ of ``analysis.scan._Bulk``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from itertools import repeat
 from operator import itemgetter, methodcaller
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,8 @@ if TYPE_CHECKING:  # pragma: no cover
     pass
 
 from analysis.scan_bytes import (
+    _ALLOC_LIT,
+    _ALLOC_NOT,
     _DIGITS,
     _DS_RE,
     _HEAD_LIT,
@@ -26,8 +29,10 @@ from analysis.scan_bytes import (
     _MEM_FIELDS,
     _MEM_HEAD_RE,
     _MEM_LIT,
+    _MEMALLOC_RE,
     _MISSING,
     _OPEN,
+    _RANK_RE,
     _WORD,
     _ds_values,
     _ds_values_fast,
@@ -112,13 +117,12 @@ class _BulkReaders:
                 out.groups.append((nm, idx, vals))
         return out
 
-    def _mem_lines(
-        self, block: bytes, pos: int, T: int
-    ) -> list[tuple[int, int, int | None, int | None, dict[str, float]]]:
-        """Megatron ``memory (MB) |`` reports of [pos, T) the bulk path knows: (start, end,
-        rank, after iteration, values)."""
-        out = []
-        for ms, e in _finds(block, _MEM_LIT, pos, T, to_eol=True):
+    def _plain_lines(
+        self, block: bytes, lit: bytes, pos: int, T: int
+    ) -> Iterator[tuple[int, int, bytes]]:
+        """The lines of [pos, T) holding ``lit`` whose content (after the launcher prefixes)
+        is printable ASCII and not over-long: (start, end after the newline, content)."""
+        for ms, e in _finds(block, lit, pos, T, to_eol=True):
             ls = block.rfind(b"\n", pos, ms) + 1 or pos
             if e - ls > MAX_LINE_CHARS:
                 continue
@@ -126,8 +130,16 @@ class _BulkReaders:
             if c < 0:
                 continue
             text = block[c : e - 1].rstrip(b"\r\n")
-            if not _printable(text):
-                continue
+            if _printable(text):
+                yield ls, e, text
+
+    def _mem_lines(
+        self, block: bytes, pos: int, T: int
+    ) -> list[tuple[int, int, int | None, int | None, dict[str, float]]]:
+        """Megatron ``memory (MB) |`` reports of [pos, T) the bulk path knows: (start, end,
+        rank, after iteration, values)."""
+        out = []
+        for ls, e, text in self._plain_lines(block, _MEM_LIT, pos, T):
             shape = text.translate(None, _DIGITS)
             names = self.mem_shapes.get(shape, _MISSING)
             if names is _MISSING:
@@ -146,6 +158,27 @@ class _BulkReaders:
             rank = int(hm.group(1)) if hm.group(1) else None
             after = int(hm.group(2)) if hm.group(2) else None
             out.append((ls, e, rank, after, got))  # type: ignore[arg-type]
+        return out
+
+    def _memalloc_lines(
+        self, block: bytes, pos: int, T: int
+    ) -> list[tuple[int, int, int | None, float, float]]:
+        """DeepSpeed's ``MemAllocated=...GB MaxMemAllocated=...GB`` lines of [pos, T) that
+        ``_Core._dispatch`` reads as that and nothing else: (start, end, rank, allocated MiB,
+        max allocated MiB)."""
+        out = []
+        for ls, e, text in self._plain_lines(block, _ALLOC_LIT, pos, T):
+            if any(w in text for w in _ALLOC_NOT):
+                continue  # a line an earlier branch of ``_dispatch`` reads: the line path's
+            m = _MEMALLOC_RE.search(text)
+            if m is None:
+                continue
+            try:
+                allocated, top = float(m.group(1)) * 1024.0, float(m.group(2)) * 1024.0
+            except ValueError:
+                continue
+            rank = _RANK_RE.search(text)
+            out.append((ls, e, int(rank.group(1)) if rank else None, allocated, top))
         return out
 
     def _iteration_lines(

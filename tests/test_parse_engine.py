@@ -789,3 +789,54 @@ def test_sort_order_of_two_sorted_runs_is_the_stable_argsort(first, second, sort
     want = np.argsort(keys, kind="stable")
     assert order.tolist() == want.tolist()
     assert inverse[order].tolist() == list(range(len(keys)))
+
+
+_ALLOC_LINES = [
+    "node0: [Rank 0] MemAllocated={a}GB MaxMemAllocated={b}GB CA=34.6GB MaxCA=36.0GB",
+    "node0: MemAllocated={a} GB MaxMemAllocated={b} GB",  # no rank
+    "node0: [Rank 0] MemAllocated=abc MaxMemAllocated=",  # no values: read on
+    "node0: [Rank 0] MemAllocated={a}GB MaxMemAllocated={b}GB iteration",
+    "node0: [Rank 3] MemAllocated={a}GB MaxMemAllocated={b}GB time (ms)",
+    "node0: [Rank 0] MemAllocated={a}GB MaxMemAllocated={b}GB memory (MB)",
+    "node0: [Rank 0] MemAllocated={a}GB é MaxMemAllocated={b}GB",
+]
+
+
+@pytest.mark.parametrize("chunks", ["default", "small"])
+def test_deepspeed_memory_lines_read_in_bulk_as_the_line_path_reads_them(
+    tmp_path, monkeypatch, chunks
+):
+    """DeepSpeed's ``MemAllocated=`` lines every few steps: once a few were read, the bulk
+    path reads them, each form as the line path does (a line another branch reads, or one
+    whose values do not match, is left to the line path)."""
+    if chunks == "small":
+        monkeypatch.setattr(scan, "CHUNK_BYTES", 4096)
+        monkeypatch.setattr(scan, "SEG_START", 512)
+        monkeypatch.setattr(scan, "SEG_MIN", 256)
+        monkeypatch.setattr(scan, "SEG_MAX", 2048)
+    n = 12000  # most of them past the set-up lines (``_LATE_CONFIG_LINES``)
+    lines = ["node0: training ...", "node1: training ..."]
+    for i in range(1, n + 1):
+        lines += [
+            f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
+            f"node1:  iteration {i:8d}/{n + 10:8d} | consumed samples: {8 * i:12d} | "
+            f"elapsed time per iteration (ms): 84.7 | lm loss: 5.866232E+00 |",
+        ]
+        if i % 3 == 0:
+            form = _ALLOC_LINES[(i // 3) % len(_ALLOC_LINES)]
+            lines.append(form.format(a=f"{i % 50}.{i % 7}", b=f"{i % 60}.5"))
+    path = tmp_path / "alloc.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    got = [m for m in run["memory_other"] if m["kind"] == "deepspeed"]
+    assert len(got) > n // 3 * 3 // len(_ALLOC_LINES)
+    if chunks == "small":
+        return  # (segments of a few lines: how many the bulk path takes is not the point)
+    fed = []
+    real = parse._Core.feed
+    monkeypatch.setattr(
+        parse._Core, "feed", lambda self, k, raw, **kw: (fed.append(raw), real(self, k, raw, **kw))
+    )
+    parse.parse_file(path)
+    first = _ALLOC_LINES[0].split("{")[0]
+    assert sum(first in x and "CA=" in x for x in fed) < n // 3 // len(_ALLOC_LINES) / 2
