@@ -220,8 +220,14 @@ class Column:
         raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
         if self._delta:
             return np.cumsum(raw, dtype=np.int64).astype(float)
+        return self._floats_of(raw.copy() if self._arr.typecode == "d" else raw)
+
+    def _floats_of(self, raw: np.ndarray) -> np.ndarray:
+        """Stored values (of a plain array: doubles, or ints with ``_MIN`` for None, scaled)
+        as float64."""
+        assert self._arr is not None
         if self._arr.typecode == "d":
-            return raw.copy()
+            return raw
         out = raw.astype(float)
         out[raw == _MIN[self._arr.typecode]] = math.nan
         if self._scale > 0:
@@ -235,14 +241,7 @@ class Column:
             self._sync()
         if self._list is not None or self._arr is None or self._delta:
             return self.floats()[rows]
-        raw = np.frombuffer(self._arr, dtype=self._arr.typecode)[rows]
-        if self._arr.typecode == "d":
-            return raw
-        out = raw.astype(float)
-        out[raw == _MIN[self._arr.typecode]] = math.nan
-        if self._scale > 0:
-            out /= 10.0**self._scale
-        return out
+        return self._floats_of(np.frombuffer(self._arr, dtype=self._arr.typecode)[rows])
 
     def rows_equal(self, value: int) -> np.ndarray:
         """Positions (int64, ascending) of the values equal to the int ``value``, read from the
@@ -287,8 +286,7 @@ class Column:
         n = len(self)
         if self._list is None and self._arr is None:  # one value repeated (or none at all)
             c = fill if self._const is None else self._const
-            code = _code_for(c, c) or "q"
-            return np.full(n, c, dtype=code if _MIN[code] != c else "q")
+            return np.full(n, c, dtype=_code_for(c, c) or "q")
         if self._list is None and self._arr is not None and n:
             code = self._arr.typecode
             raw = np.frombuffer(self._arr, dtype=code)

@@ -118,13 +118,6 @@ def _runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return k, lengths[run_id]
 
 
-def _narrow(values: np.ndarray) -> np.ndarray:
-    """Int64 values as int32 when they fit (half the bytes), else as they are."""
-    if len(values) and values.min() >= -(2**31) and values.max() < 2**31:
-        return values.astype(np.int32)
-    return values
-
-
 _PIECE = 1 << 18
 """Blocks attributed at a time (``attribute_blocks``)."""
 
