@@ -10,6 +10,7 @@ enough that records straddle their boundaries.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -650,6 +651,8 @@ def test_column_reads_of_some_rows_equal_the_whole_column_read(args):
     idx = np.array([r for r in rows if r < len(values)], dtype=np.int64)
     if kind == "f" or all(v is None or isinstance(v, int) for v in values):
         np.testing.assert_array_equal(col.floats_at(idx), col.floats()[idx])
+        want = np.array([math.nan if v is None else float(v) for v in values], dtype=float)
+        np.testing.assert_array_equal(col.floats(), want)
     if kind == "i" and all(v is None or (isinstance(v, int) and abs(v) < 2**63) for v in values):
         want = [i for i, v in enumerate(values) if v == probe and not isinstance(v, float)]
         assert col.rows_equal(probe).tolist() == want
