@@ -140,6 +140,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.sparse = 0  # bulk steps in a row that found few records
         self.taken = 0  # records the last bulk step took
         self.open_at_limit = False  # the last look ended in an open timer block
+        self.open_block = -1  # where that block starts, when the step ended there
         # Launcher prefixes as printed -> stream key, or None when not only prefixes.  The
         # contents they are checked with ("[Rank", a timer header) are never read as one.
         self.prefixes: dict[bytes, str | None] = {}
@@ -319,7 +320,9 @@ class _Bulk(_BulkShapes, _BulkReaders):
         if pos >= T:
             self.seg = max(SEG_MIN, self.seg // 2)
             return pos, lineno, True
-        self.seg = min(SEG_MAX, self.seg * 2) if seg_end <= T else max(SEG_MIN, self.seg // 2)
+        # (A step that ended before a timer block open at its limit read all it looked at.)
+        whole = seg_end <= T or self.open_block == T
+        self.seg = min(SEG_MAX, self.seg * 2) if whole else max(SEG_MIN, self.seg // 2)
         return T, self.lineno_at, seg_end > T
 
     def _segment(
@@ -328,15 +331,18 @@ class _Bulk(_BulkShapes, _BulkReaders):
         """Read [pos, limit) in bulk up to the first line for the line path; add what was read
         to the run; return where it stopped (``self.lineno_at``: the line number there)."""
         run = self.core.run
-        T = limit
+        # Timer blocks first: the step ends before one that does not close by the limit (or,
+        # when that is its first line and it may, looks at more bytes); the other readers then
+        # read only up to there.
+        self.open_at_limit = False
+        T, blocks, headers, bodies = self._timer_blocks(block, pos, limit)
+        if self.open_at_limit and can_grow and pos >= T:
+            return None  # look at more bytes (nothing was added)
+        self.open_block = T if self.open_at_limit else -1
         ds = self._ds_lines(block, pos, T)
         mem = self._mem_lines(block, pos, T)
         alloc = self._memalloc_lines(block, pos, T) if self.alloc else []
         its = self._iteration_lines(block, pos, T)
-        self.open_at_limit = False
-        T, blocks, headers, bodies = self._timer_blocks(block, pos, T)
-        if self.open_at_limit and can_grow:
-            return None  # look at more bytes (nothing was added)
         if bodies:  # lines a timer block took are not read as anything else
             taken = {s for s, _e in bodies}
             ds.keep &= ~np.isin(ds.ls, np.fromiter(taken, dtype=np.int64, count=len(taken)))

@@ -105,6 +105,30 @@ def test_bulk_path_reads_most_lines_in_bulk(tmp_path, monkeypatch):
     assert len(fed) < written.lines / 20, f"{len(fed)} of {written.lines} lines fed one by one"
 
 
+def test_bulk_steps_read_each_byte_once(tmp_path, monkeypatch):
+    """A bulk step whose limit falls inside a timer block ends before that block (the next
+    step starts there) instead of reading its bytes again over a longer look."""
+    import loggen
+
+    if not LAB.is_dir():
+        pytest.skip(f"the dense generator replays {LAB} (not present)")
+    path = tmp_path / "dense.log"
+    loggen.write_dense(path, 3, LAB)
+    monkeypatch.setattr(scan, "SEG_MAX", 1 << 16)  # many steps, many limits inside a block
+    looked = []
+    real = scan._Bulk._segment
+
+    def segment(self, block, pos, limit, *a, **k):
+        looked.append(limit - pos)
+        return real(self, block, pos, limit, *a, **k)
+
+    monkeypatch.setattr(scan._Bulk, "_segment", segment)
+    parse.parse_file(path)
+    size = path.stat().st_size
+    assert len(looked) > 40
+    assert sum(looked) < 1.02 * size, f"{sum(looked)} bytes looked at for {size}"
+
+
 # -- generated mixtures -------------------------------------------------------------------
 
 _PREFIXES = ["", "node0: ", "node1: ", "[default0]:", "[rank1]: ", " 3: ", "node1: [default0]:"]
