@@ -387,6 +387,18 @@ def test_interleaved_streams_bulk_attributes_per_stream(tmp_path, small_chunks, 
             "optimizer ....: ({v}, 9.{i})",
         ),
         ("times across ranks (ms):", "  forward-compute:", "  optimizer:"),
+        # Whitespace that only the line path's text pattern matches (``\s``): an ASCII one
+        # and a non-ASCII one between the two numbers.
+        (
+            "(min, max) time across ranks (ms):",
+            "forward-compute ....: ({v}, 41.5)",
+            "optimizer ....: ({v},\x1c9.{i})",
+        ),
+        (
+            "(min, max) time across ranks (ms):",
+            "forward-compute ....: ({v}, 41.5)",
+            "optimizer ....: ({v},\u00a09.{i})",
+        ),
     ],
 )
 def test_a_learned_timer_block_that_goes_on_is_read_whole(tmp_path, small_chunks, header, line,
