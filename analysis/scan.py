@@ -407,12 +407,9 @@ class _Bulk(_BulkShapes, _BulkReaders):
         # numbers of those of the segment (timer blocks are placed among their own stream's).
         before = {k: len(v) for k, v in run.iter_numbers.items()}
         last_of = {k: int(v[-1]) for k, v in run.iter_numbers.items() if len(v)}
-        it_ids: dict[str, int] = {}
-        it_sid = np.fromiter(
-            (it_ids.setdefault(x[5], len(it_ids)) for x in new_its),
-            dtype=np.int64,
-            count=len(new_its),
-        )
+        it_keys = [x[5] for x in new_its]
+        it_ids = {k: i for i, k in enumerate(dict.fromkeys(it_keys))}
+        it_sid = np.fromiter(map(it_ids.__getitem__, it_keys), dtype=np.int64, count=len(it_keys))
         last_before = run.last_iter
         if new_its:
             cols: dict[str, Any] = {}
@@ -428,6 +425,8 @@ class _Bulk(_BulkShapes, _BulkReaders):
             for f, vals in by_field.items():
                 if f in run.iterations.ints:
                     cols[f] = np.array(vals, dtype=np.int64) if None not in vals else vals
+                elif None not in vals:
+                    cols[f] = np.array(vals, dtype=float)
                 else:
                     cols[f] = np.array([np.nan if v is None else v for v in vals], dtype=float)
             cols["iteration"] = it_num
@@ -449,11 +448,9 @@ class _Bulk(_BulkShapes, _BulkReaders):
         if ds.keep.any():
             n_iter = np.zeros(len(ds.ls), dtype=np.int64)
             stream = np.zeros(len(ds.ls), dtype=np.int64)
-            ds_ids: dict[str | None, int] = {}
+            ds_ids = {k: i for i, k in enumerate(dict.fromkeys(ds.keys))}
             ds_sid = np.fromiter(
-                (ds_ids.setdefault(k, len(ds_ids)) for k in ds.keys),
-                dtype=np.int64,
-                count=len(ds.keys),
+                map(ds_ids.__getitem__, ds.keys), dtype=np.int64, count=len(ds.keys)
             )
             for key, sid in ds_ids.items():
                 if key is None:
