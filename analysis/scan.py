@@ -71,12 +71,16 @@ def drive_block(
     end = len(block) if end < 0 else end
     pos = 0
     while pos < end:
+        stepped = False
         if bulk is not None and not core.active and not core.timer_keys and bulk.line_budget <= 0:
-            pos, lineno, _rare = bulk.advance(block, pos, end, lineno)
+            pos, lineno, cut = bulk.advance(block, pos, end, lineno)
             if pos >= end:
                 break
+            if not cut:  # it read all it looked at: the next step starts here
+                continue
+            stepped = True
         start = pos
-        pos, lineno = line_step(core, kw, block, pos, end, lineno)
+        pos, lineno = line_step(core, kw, block, pos, end, lineno, look_here=stepped)
         if bulk is None:
             continue
         # Keyword lines of a sparse stretch: feed them here until the budget is spent.

@@ -162,11 +162,19 @@ def _line_end(block: bytes, s: int, end: int) -> int:
 
 
 def line_step(
-    core: _Core, kw: Keywords, block: bytes, pos: int, end: int, lineno: int
+    core: _Core,
+    kw: Keywords,
+    block: bytes,
+    pos: int,
+    end: int,
+    lineno: int,
+    look_here: bool = False,
 ) -> tuple[int, int]:
     """Feed the next line of ``block[pos:end]`` that can matter (``_Core.active``, keywords,
     streams with an open timer block); skip the lines before it.  Returns (pos, lineno) after
-    the fed line, or (end, lineno at end) when none is left."""
+    the fed line, or (end, lineno at end) when none is left.  ``look_here``: the line at
+    ``pos`` most likely holds a keyword (a bulk step ended there): look for one in it first,
+    before the keywords are looked for through the rest of the chunk."""
     if core.active:
         e = _line_end(block, pos, end)
         core.feed(lineno, block[pos:e].decode("utf-8", "replace"))
@@ -179,7 +187,11 @@ def line_step(
         elif core.stream_key(line) in core.timer_keys:
             core.feed(lineno, line, dispatch=False)
         return e + 1, lineno + 1
-    hit = kw.first(block, pos, end, core.run.pipe_iterations)
+    hit = -1
+    if look_here:
+        hit = kw.first(block, pos, _line_end(block, pos, end), core.run.pipe_iterations, True)
+    if hit < 0:
+        hit = kw.first(block, pos, end, core.run.pipe_iterations)
     if hit < 0:
         return end, lineno + block.count(b"\n", pos, end)
     s = block.rfind(b"\n", pos, hit) + 1 or pos

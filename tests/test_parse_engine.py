@@ -129,6 +129,36 @@ def test_bulk_steps_read_each_byte_once(tmp_path, monkeypatch):
     assert sum(looked) < 1.02 * size, f"{sum(looked)} bytes looked at for {size}"
 
 
+def test_the_line_path_does_not_scan_the_chunk_again_after_each_bulk_step(tmp_path, monkeypatch):
+    """After a bulk step the line path reads the line where it ended (one holding a keyword,
+    found in that line) or none (the step read all it looked at), not the keywords' next
+    places through the rest of the chunk."""
+    import loggen
+
+    if not LAB.is_dir():
+        pytest.skip(f"the dense generator replays {LAB} (not present)")
+    path = tmp_path / "dense.log"
+    loggen.write_dense(path, 3, LAB)
+    monkeypatch.setattr(scan, "SEG_MAX", 1 << 16)  # many bulk steps
+    steps, scans = [], []
+    real_advance, real_first = scan._Bulk.advance, scan_bytes.Keywords.first
+
+    def advance(self, *a, **k):
+        steps.append(1)
+        return real_advance(self, *a, **k)
+
+    def first(self, block, pos, end, pipe, once=False):
+        if self is _KW and not once:
+            scans.append(end - pos)
+        return real_first(self, block, pos, end, pipe, once)
+
+    monkeypatch.setattr(scan._Bulk, "advance", advance)
+    monkeypatch.setattr(scan_bytes.Keywords, "first", first)
+    parse.parse_file(path)
+    assert len(steps) > 40
+    assert len(scans) <= 2, f"{len(scans)} scans of {sum(scans)} bytes in {len(steps)} steps"
+
+
 # -- generated mixtures -------------------------------------------------------------------
 
 _PREFIXES = ["", "node0: ", "node1: ", "[default0]:", "[rank1]: ", " 3: ", "node1: [default0]:"]
