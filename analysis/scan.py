@@ -37,8 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 from analysis.scan_bytes import (
     _ALLOC_AFTER,
-    _ALLOC_KEYWORD,
-    _BULK_KEYWORDS,
     _MEM_FIELDS,
     _MISSING,
     _PREFIXES_RE,
@@ -124,8 +122,7 @@ def drive_file(core: _Core, kw: Keywords, fh: BinaryIO, bulk: bool = True) -> No
         core.feed(lineno, carry.decode("utf-8", "replace"))
     kw.forget()
     if fast is not None:
-        fast.rare.forget()
-        fast.frequent.forget()
+        fast.keywords.forget()
 
 
 class _Bulk(_BulkShapes, _BulkReaders):
@@ -138,7 +135,8 @@ class _Bulk(_BulkShapes, _BulkReaders):
         # DeepSpeed's ``MemAllocated=`` lines are read in bulk once the line path has read a
         # few (a log that prints them every few steps): before, no bulk step looks for them.
         self.alloc = False
-        self._keywords()
+        # Every keyword, looked for in the lines a step does not take (``_first_keyword``).
+        self.keywords = Keywords(kw.keywords)
         self.seg = SEG_START
         self.line_budget = 0  # bytes the line path reads before the bulk path tries again
         self.sparse = 0  # bulk steps in a row that found few records
@@ -165,12 +163,6 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.body_res: dict[bytes, re.Pattern[bytes]] = {}
         # A timer block's header line as printed -> patterns of whole blocks seen after it.
         self.block_tmpls: dict[bytes, list[_BlockPattern]] = {}
-
-    def _keywords(self) -> None:
-        bulk = _BULK_KEYWORDS + ((_ALLOC_KEYWORD,) if self.alloc else ())
-        self.rare = Keywords(tuple(k for k in self.kw.keywords if k not in bulk))
-        # What is left to look for once ``advance`` cut the segment before the first rare one.
-        self.frequent = Keywords(tuple(k for k in self.kw.keywords if k in bulk))
 
     # -- checks against the line path -------------------------------------------------------
 
@@ -267,7 +259,6 @@ class _Bulk(_BulkShapes, _BulkReaders):
         read by the line path)."""
         if not self.alloc and len(self.core.run.memory_other) >= _ALLOC_AFTER:
             self.alloc = True
-            self._keywords()
         seg_end = min(end, pos + self.seg)
         if seg_end < end:
             nl = block.find(b"\n", seg_end - 1, end)
@@ -280,28 +271,13 @@ class _Bulk(_BulkShapes, _BulkReaders):
             p = block.find(bad, pos, hard)
             if p >= 0:
                 hard = block.rfind(b"\n", pos, p) + 1 or pos
-        # A keyword no line read in bulk holds (an error, a launcher exit, DeepSpeed's
-        # see_memory_usage line): the line path reads that line, so the bulk step ends there
-        # (``hard``).  It is looked for as far as the step looks (through the line at its
-        # limit), not to ``hard`` at once: a step mostly takes far less than 4 x ``seg``.
-        rare = self.rare
-        pipe = self.core.run.pipe_iterations
-        scanned = pos  # [pos, scanned) holds none (else ``cut``)
-        cut = False
-
-        def look(limit: int) -> int:
-            """``limit``, before ``hard`` once that is known to lie before it."""
-            nonlocal hard, scanned, cut
-            if not cut and scanned < hard:
-                nl = block.find(b"\n", limit, hard) if limit < hard else -1
-                upto = hard if nl < 0 else nl + 1
-                p = rare.first(block, scanned, upto, pipe)
-                if p >= 0:
-                    hard, cut = block.rfind(b"\n", pos, p) + 1 or pos, True
-                scanned = upto
-            return min(limit, hard)
-
-        limit = look(min(seg_end, hard))
+        # A line holding another keyword (an error, a launcher exit, DeepSpeed's
+        # see_memory_usage line) ends the step when it is not one the step takes:
+        # ``_first_keyword`` finds the first such line among the others.  (In one it takes,
+        # such a keyword changes nothing: ``_Core._dispatch`` reads each kind of line taken in
+        # bulk before it looks for failures and launcher exits, and the lines of an open
+        # timer block before it dispatches them.)
+        limit = min(seg_end, hard)
         self.taken = 0
         T: int | None = pos
         while limit > pos:
@@ -311,7 +287,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
             # A timer block open at the limit: look at twice as much.
             grown = min(hard, pos + 2 * (limit - pos))
             nl = block.find(b"\n", grown - 1, hard)
-            limit = look(hard if nl < 0 else nl + 1)
+            limit = hard if nl < 0 else nl + 1
             seg_end = max(seg_end, limit)
         assert T is not None
         if T - pos >= SEG_START and self.taken * 1e6 < SPARSE_RECORDS * (T - pos):
@@ -628,8 +604,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self, block: bytes, pos: int, T: int, span_s: np.ndarray, span_e: np.ndarray
     ) -> int | None:
         """Start of the first line in [pos, T) outside the lines taken (starts, ends) that
-        holds a keyword: one of ``_BULK_KEYWORDS`` (``advance`` ended the segment before
-        the first line holding any other)."""
+        holds a keyword (``advance``)."""
         order = np.argsort(span_s, kind="stable")
         s, e = span_s[order], span_e[order]
         inside = s < T
@@ -642,7 +617,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         if not starts_l:
             return None
         gaps = b"".join(map(block.__getitem__, map(slice, starts_l, ends_l)))
-        hit = self.frequent.first(gaps, 0, len(gaps), self.core.run.pipe_iterations, once=True)
+        hit = self.keywords.first(gaps, 0, len(gaps), self.core.run.pipe_iterations, once=True)
         if hit < 0:
             return None
         offsets = np.cumsum(np.concatenate([[0], ends[gap] - starts[gap]]))

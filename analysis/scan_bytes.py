@@ -373,11 +373,9 @@ class _IterPattern:
     """Bytes of a match outside its groups."""
 
 
-_BULK_KEYWORDS = ("|", "(ms)", "(s)", "iteration")
-"""The keywords lines read in bulk can hold."""
-_ALLOC_KEYWORD, _ALLOC_AFTER = "MemAlloc", 4
-"""The keyword of DeepSpeed's ``MemAllocated=`` lines, read in bulk too (``_Bulk.alloc``) once
-the run holds this many DeepSpeed memory lines."""
+_ALLOC_AFTER = 4
+"""DeepSpeed's ``MemAllocated=`` lines are read in bulk too (``_Bulk.alloc``) once the run
+holds this many DeepSpeed memory lines."""
 _ALLOC_LIT = b"MemAllocated="
 _ALLOC_NOT = (
     b"# run outcome",
