@@ -37,7 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 from analysis.scan_bytes import (
     _ALLOC_AFTER,
-    _MEM_FIELDS,
     _MISSING,
     _PREFIXES_RE,
     _WORD,
@@ -325,17 +324,22 @@ class _Bulk(_BulkShapes, _BulkReaders):
         its = self._iteration_lines(block, pos, T)
         if bodies:  # lines a timer block took are not read as anything else
             taken = {s for s, _e in bodies}
-            ds.keep &= ~np.isin(ds.ls, np.fromiter(taken, dtype=np.int64, count=len(taken)))
-            mem = [x for x in mem if x[0] not in taken]
+            taken_at = np.fromiter(taken, dtype=np.int64, count=len(taken))
+            ds.keep &= ~np.isin(ds.ls, taken_at)
+            mem = mem.select(~np.isin(mem.ls, taken_at))
             alloc = [x for x in alloc if x[0] not in taken]
             its = [x for x in its if x[0] not in taken]
 
         # The first line the line path must read: one holding a keyword among the others.
         k = ds.keep
-        others = [(x[0], x[1]) for x in mem] + [(x[0], x[1]) for x in its] + headers + bodies
+        others = [(x[0], x[1]) for x in its] + headers + bodies
         others += [(x[0], x[1]) for x in alloc]
-        span_s = np.concatenate([ds.ls[k], np.array([x[0] for x in others], dtype=np.int64)])
-        span_e = np.concatenate([ds.le[k], np.array([x[1] for x in others], dtype=np.int64)])
+        span_s = np.concatenate(
+            [ds.ls[k], mem.ls, np.array([x[0] for x in others], dtype=np.int64)]
+        )
+        span_e = np.concatenate(
+            [ds.le[k], mem.le, np.array([x[1] for x in others], dtype=np.int64)]
+        )
         R = self._first_keyword(block, pos, T, span_s, span_e)
         if R is not None:
             T = min(T, R)
@@ -368,7 +372,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
             return pos
         new_its = [x for x in new_its if x[0] < T]
         blocks = [b for b in blocks if b[0] < T]
-        mem = [x for x in mem if x[0] < T]
+        mem = mem.select(mem.ls < T)
         alloc = [x for x in alloc if x[0] < T]
         ds.keep &= ds.ls < T
 
@@ -466,13 +470,11 @@ class _Bulk(_BulkShapes, _BulkReaders):
                         rank=rank, allocated_mb=a, max_allocated_mb=m, kind="deepspeed", line=line
                     )
                 )
-        if mem:
-            cols_m: dict[str, Any] = {"kind": "megatron", "line": lines_at([x[0] for x in mem])}
-            for f, i in (("rank", 2), ("after_iteration", 3)):
-                values = [x[i] for x in mem]
+        if len(mem):
+            cols_m: dict[str, Any] = {"kind": "megatron", "line": lines_at(mem.ls)}
+            for f, values in (("rank", mem.rank), ("after_iteration", mem.after)):
                 cols_m[f] = np.array(values, dtype=np.int64) if None not in values else values
-            for f in _MEM_FIELDS.values():
-                cols_m[f] = np.array([x[4].get(f, np.nan) for x in mem], dtype=float)
+            cols_m.update(mem.values)
             run.memory.add_columns(len(mem), cols_m)
         if blocks:
             # The line path keeps a state per stream, created on its first block: the order

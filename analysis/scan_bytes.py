@@ -8,6 +8,7 @@ import math
 import re
 import warnings
 from dataclasses import dataclass
+from itertools import compress
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -205,6 +206,13 @@ def line_step(
 
 _DS_RE = re.compile(rb"\[Rank (\d+)\] time \(ms\) \|([^\n]*)\n")
 _MEM_LIT = b"memory (MB) |"
+_MEM_BULK_RE = re.compile(rb"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \|([^\n]*)\n")
+"""A memory report of one rank after some iterations (Megatron's ``report_memory`` on every
+rank), as ``_Bulk._mem_bulk`` reads a segment of them."""
+_MEM_BULK_HEAD = b"[Rank ] (after  iterations) memory (MB) |"
+"""Its text up to the values, without digits: how its shape starts (``_Bulk.mem_shapes``)."""
+_MEM_BULK_MIN = 64
+"""Reports in a segment below which the line-by-line reader reads them."""
 """A memory report (its text up to the end of the line: ``_finds(..., to_eol=True)``)."""
 _MEM_HEAD_RE = re.compile(rb"(?:\[Rank (\d+)\] )?(?:\(after (\d+) iterations\) )?\Z")
 _IT_RE = re.compile(rb"iteration +(\d+)/ *(\d+) *\|")
@@ -342,6 +350,51 @@ def _ds_values_fast(bodies: list[bytes], k: int) -> np.ndarray | None:
     if len(vals) != k * len(bodies) or not np.isfinite(vals).all():
         return None
     return vals.reshape(len(bodies), k)
+
+
+class _MemLines:
+    """Megatron memory reports of a segment, column-wise: starts, ends, rank and iteration
+    after which each was printed (None where not printed), values (NaN where not printed)."""
+
+    def __init__(
+        self,
+        ls: np.ndarray,
+        le: np.ndarray,
+        rank: list[int | None],
+        after: list[int | None],
+        values: dict[str, np.ndarray],
+    ) -> None:
+        self.ls, self.le, self.rank, self.after, self.values = ls, le, rank, after, values
+
+    @classmethod
+    def of(cls, rows: list[tuple[int, int, int | None, int | None, dict[str, float]]]) -> Any:
+        """From (start, end, rank, after, values) a report each."""
+        return cls(
+            np.array([x[0] for x in rows], dtype=np.int64),
+            np.array([x[1] for x in rows], dtype=np.int64),
+            [x[2] for x in rows],
+            [x[3] for x in rows],
+            {
+                f: np.array([x[4].get(f, np.nan) for x in rows], dtype=float)
+                for f in _MEM_FIELDS.values()
+            },
+        )
+
+    def __len__(self) -> int:
+        return len(self.ls)
+
+    def select(self, mask: np.ndarray) -> _MemLines:
+        """The reports where ``mask`` holds."""
+        if mask.all():
+            return self
+        keep = mask.tolist()
+        return _MemLines(
+            self.ls[mask],
+            self.le[mask],
+            list(compress(self.rank, keep)),
+            list(compress(self.after, keep)),
+            {f: v[mask] for f, v in self.values.items()},
+        )
 
 
 class _DSLines:

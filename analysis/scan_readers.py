@@ -26,12 +26,16 @@ from analysis.scan_bytes import (
     _HEADS,
     _IT_RE,
     _LONG,
+    _MEM_BULK_HEAD,
+    _MEM_BULK_MIN,
+    _MEM_BULK_RE,
     _MEM_FIELDS,
     _MEM_HEAD_RE,
     _MEM_LIT,
     _MEMALLOC_RE,
     _MISSING,
     _OPEN,
+    _PRINTABLE,
     _RANK_RE,
     _WORD,
     _ds_values,
@@ -40,6 +44,7 @@ from analysis.scan_bytes import (
     _finds,
     _finite,
     _line_end,
+    _MemLines,
     _other_glue,
     _pairs,
     _pattern,
@@ -133,12 +138,12 @@ class _BulkReaders:
             if _printable(text):
                 yield ls, e, text
 
-    def _mem_lines(
-        self, block: bytes, pos: int, T: int
-    ) -> list[tuple[int, int, int | None, int | None, dict[str, float]]]:
-        """Megatron ``memory (MB) |`` reports of [pos, T) the bulk path knows: (start, end,
-        rank, after iteration, values)."""
-        out = []
+    def _mem_lines(self, block: bytes, pos: int, T: int) -> _MemLines:
+        """Megatron ``memory (MB) |`` reports of [pos, T) the bulk path knows."""
+        bulk = self._mem_bulk(block, pos, T)
+        if bulk is not None:
+            return bulk
+        out: list[tuple[int, int, int | None, int | None, dict[str, float]]] = []
         for ls, e, text in self._plain_lines(block, _MEM_LIT, pos, T):
             shape = text.translate(None, _DIGITS)
             names = self.mem_shapes.get(shape, _MISSING)
@@ -157,8 +162,65 @@ class _BulkReaders:
             got = {_MEM_FIELDS[n]: v for n, v in zip(pairs[0], vals, strict=True)}
             rank = int(hm.group(1)) if hm.group(1) else None
             after = int(hm.group(2)) if hm.group(2) else None
-            out.append((ls, e, rank, after, got))  # type: ignore[arg-type]
-        return out
+            out.append((ls, e, rank, after, got))
+        return _MemLines.of(out)
+
+    def _mem_bulk(self, block: bytes, pos: int, T: int) -> _MemLines | None:
+        """``_mem_lines`` when every report of [pos, T) is one rank's after some iterations,
+        of a known shape, printable and with values that convert (as 64 ranks print them every
+        few iterations), read as ``_ds_lines`` reads DeepSpeed's lines: a split and a few
+        passes, no step per line.  None when one is not: then they are read one by one."""
+        n = block.count(_MEM_LIT, pos, T)
+        if n < _MEM_BULK_MIN:
+            return None
+        parts = _MEM_BULK_RE.split(memoryview(block)[pos:T])
+        if len(parts) != 4 * n + 1:
+            return None
+        gaps, ranks, afters, bodies = parts[0::4], parts[1::4], parts[2::4], parts[3::4]
+        joined = b"\n".join(bodies)
+        if joined.translate(None, _PRINTABLE + b"\n"):
+            return None  # (a carriage return, or a byte the line-by-line reader looks at)
+        raws = list(map(itemgetter(2), map(methodcaller("rpartition", b"\n"), gaps[:-1])))
+        keys = list(map(self.prefixes.get, raws, repeat(_MISSING)))
+        if _MISSING in keys:
+            keys = [
+                self._key(r, b"[Rank") if k is _MISSING else k
+                for r, k in zip(raws, keys, strict=True)
+            ]
+        if None in keys:
+            return None
+        gl = np.fromiter(map(len, gaps), dtype=np.int64, count=n + 1)
+        ml = len(_MEM_BULK_HEAD) + 1 + np.fromiter(map(len, ranks), dtype=np.int64, count=n)
+        ml += np.fromiter(map(len, afters), dtype=np.int64, count=n)
+        ml += np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+        start = pos + np.cumsum(gl[:n]) + np.concatenate([[0], np.cumsum(ml[:-1])])
+        ls = start - np.fromiter(map(len, raws), dtype=np.int64, count=n)
+        le = start + ml
+        if (le - ls > MAX_LINE_CHARS).any():
+            return None
+        shapes = joined.translate(None, _DIGITS).split(b"\n")
+        ids = {sh: i for i, sh in enumerate(dict.fromkeys(shapes))}
+        gid = np.fromiter(map(ids.__getitem__, shapes), dtype=np.int64, count=n)
+        values = {f: np.full(n, np.nan) for f in _MEM_FIELDS.values()}
+        for sh, g in ids.items():
+            idx = np.flatnonzero(gid == g)
+            names = self.mem_shapes.get(_MEM_BULK_HEAD + sh, _MISSING)
+            if names is _MISSING:
+                i = int(idx[0])
+                text = b"[Rank %s] (after %s iterations) memory (MB) |%s" % (
+                    ranks[i],
+                    afters[i],
+                    bodies[i],
+                )
+                names = self._mem_shape(_MEM_BULK_HEAD + sh, text)
+            if names is None:
+                return None
+            vals = _ds_values(list(map(bodies.__getitem__, idx.tolist())), len(names))
+            if vals is None:
+                return None
+            for j, nm in enumerate(names):
+                values[_MEM_FIELDS[nm.encode()]][idx] = vals[:, j]
+        return _MemLines(ls, le, list(map(int, ranks)), list(map(int, afters)), values)
 
     def _memalloc_lines(
         self, block: bytes, pos: int, T: int

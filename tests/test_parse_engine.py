@@ -973,3 +973,62 @@ def test_lines_holding_other_keywords_read_as_the_line_path_reads_them(tmp_path,
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (run,) = _three_ways(path)
     assert len(run["iterations"]) == n
+
+
+_MEM_FORMS = {
+    "plain": "",
+    "no iteration count": " {r:2d}: [Rank {r}] memory (MB) | allocated: 1.5 | max allocated: 2.5",
+    "a value that is not a number": " {r:2d}: [Rank {r}] (after {i} iterations) memory (MB) | "
+    "allocated: nan | max allocated: 2.5 | reserved: 3.0 | max reserved: 4.0",
+    "an exponent": " {r:2d}: [Rank {r}] (after {i} iterations) memory (MB) | "
+    "allocated: 2e3 | max allocated: 2.5 | reserved: 3.0 | max reserved: 4.0",
+    "fields in another order": " {r:2d}: [Rank {r}] (after {i} iterations) memory (MB) | "
+    "reserved: 3.0 | allocated: 1{r}.5 | max reserved: 4.0 | max allocated: 2.5",
+    "another field": " {r:2d}: [Rank {r}] (after {i} iterations) memory (MB) | "
+    "allocated: 1.5 | cached: 2.5",
+    "non-ASCII": " {r:2d}: [Rank {r}] (after {i} iterations) memory (MB) | "
+    "allocated: 1.5 | max allocated: 2.5 | réserved: 3.0",
+}
+
+
+@pytest.mark.parametrize("form", sorted(_MEM_FORMS))
+def test_memory_reports_of_many_ranks_read_in_bulk_as_the_line_path_reads_them(
+    tmp_path, monkeypatch, form
+):
+    """Megatron's memory report of each of 64 ranks every few iterations: read in bulk, and
+    with one report of another form among them, as the line path reads them."""
+    n, ranks = 600, 64
+    lines = [f"{r:2d}: training ..." for r in range(ranks)]
+    for i in range(1, n + 1):
+        lines.append(
+            f" 0:  iteration {i:8d}/{n + 10:8d} | consumed samples: {8 * i:12d} | "
+            "elapsed time per iteration (ms): 84.7 | lm loss: 5.866232E+00 |"
+        )
+        if i % 2 == 0:
+            for r in range(ranks):
+                lines.append(
+                    f"{r:2d}: [Rank {r}] (after {i} iterations) memory (MB) | allocated: "
+                    f"{r}{i % 7}.{i % 10} | max allocated: {r + i}.5 | reserved: 3{r}.0 | "
+                    f"max reserved: {i}.25"
+                )
+            if i % 50 == 0 and _MEM_FORMS[form]:
+                lines.append(_MEM_FORMS[form].format(r=i % ranks, i=i))
+    path = tmp_path / "memory.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    assert len(run["memory"]) >= n // 2 * ranks
+    first = run["memory"][ranks]  # rank 0 after iteration 4
+    assert (first["rank"], first["after_iteration"], first["allocated_mb"]) == (0, 4, 4.4)
+    if form != "plain":
+        return
+    in_bulk = []
+    real = scan._Bulk._mem_bulk
+
+    def mem_bulk(self, *a):
+        got = real(self, *a)
+        in_bulk.append(len(got) if got is not None else 0)
+        return got
+
+    monkeypatch.setattr(scan._Bulk, "_mem_bulk", mem_bulk)
+    parse.parse_file(path)
+    assert sum(in_bulk) > 0.6 * len(run["memory"])
