@@ -333,6 +333,15 @@ size: 4, pipeline-model-parallel size: 2
  0: training ..."""
 
 
+def memory_report(rank: int, it: int, mb: tuple[str, str, str, str]) -> str:
+    """Megatron's memory report of one rank after ``it`` iterations, ``srun --label`` prefix:
+    allocated, max allocated, reserved and max reserved MiB as printed."""
+    return (
+        f"{rank:2d}: [Rank {rank}] (after {it} iterations) memory (MB) | allocated: {mb[0]} | "
+        f"max allocated: {mb[1]} | reserved: {mb[2]} | max reserved: {mb[3]}"
+    )
+
+
 def _ranks_iteration(
     it: int, iters: int, ranks: int, rng: random.Random
 ) -> tuple[list[str], int, int]:
@@ -368,11 +377,8 @@ def _ranks_iteration(
             lines.append(f"{ranks - 1:2d}:      rank {r:2d}: {u(2900, 3300):.2f}")
     if it % 10 == 0:
         for r in range(ranks):
-            lines.append(
-                f"{r:2d}: [Rank {r}] (after {it} iterations) memory (MB) | allocated: "
-                f"{u(20000, 22000):.1f} | max allocated: {u(30000, 32000):.1f} | reserved: "
-                f"{u(34000, 36000):.1f} | max reserved: {u(36000, 38000):.1f}"
-            )
+            mb = (u(20000, 22000), u(30000, 32000), u(34000, 36000), u(36000, 38000))
+            lines.append(memory_report(r, it, tuple(f"{x:.1f}" for x in mb)))  # type: ignore[arg-type]
         memory += ranks
         lines.append(
             f" 0: [2026-11-22 03:00:00,000] [INFO] [logging.py:128:log_dist] [Rank 0] step="

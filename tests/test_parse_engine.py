@@ -997,6 +997,8 @@ def test_memory_reports_of_many_ranks_read_in_bulk_as_the_line_path_reads_them(
 ):
     """Megatron's memory report of each of 64 ranks every few iterations: read in bulk, and
     with one report of another form among them, as the line path reads them."""
+    import loggen
+
     n, ranks = 600, 64
     lines = [f"{r:2d}: training ..." for r in range(ranks)]
     for i in range(1, n + 1):
@@ -1006,11 +1008,8 @@ def test_memory_reports_of_many_ranks_read_in_bulk_as_the_line_path_reads_them(
         )
         if i % 2 == 0:
             for r in range(ranks):
-                lines.append(
-                    f"{r:2d}: [Rank {r}] (after {i} iterations) memory (MB) | allocated: "
-                    f"{r}{i % 7}.{i % 10} | max allocated: {r + i}.5 | reserved: 3{r}.0 | "
-                    f"max reserved: {i}.25"
-                )
+                mb = (f"{r}{i % 7}.{i % 10}", f"{r + i}.5", f"3{r}.0", f"{i}.25")
+                lines.append(loggen.memory_report(r, i, mb))
             if i % 50 == 0 and _MEM_FORMS[form]:
                 lines.append(_MEM_FORMS[form].format(r=i % ranks, i=i))
     path = tmp_path / "memory.log"
