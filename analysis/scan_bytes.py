@@ -542,15 +542,12 @@ class _BlockPattern:
                 return _OPEN
             if le - q > MAX_LINE_CHARS:
                 return _LONG
-            k2, cs = bulk._line_key(block, q, le)
-            s = q
-            if k2 != self.key:
-                nxt = bulk._next_of_stream(block, self.key, le + 1, T)
-                if nxt is None:
-                    return _OPEN
-                s, le, cs = nxt
-                if le - s > MAX_LINE_CHARS:
-                    return _LONG
+            nxt = bulk._next_of_stream(block, self.key, q, T)  # (q > 0: after the header)
+            if nxt is None:
+                return _OPEN
+            s, le, cs = nxt
+            if le - s > MAX_LINE_CHARS:
+                return _LONG
             # (Whether the line closes the block does not depend on the values read.)  A line
             # that ends in a printable byte no timer line ends with closes it for certain, as
             # does, in a block of another kind than "times", one whose text after its last
