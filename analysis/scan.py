@@ -149,6 +149,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.ds_shapes: dict[bytes, tuple[str, ...] | None] = {}
         self.ds_fast: set[bytes] = set()  # shapes whose values _ds_values_fast reads
         self.mem_shapes: dict[bytes, tuple[str, ...] | None] = {}
+        self.mem_many = False  # the last step read many memory reports: try them in bulk
         # -> [(piece, Iteration field, "int" | "float", factor)], or None.
         self.it_shapes: dict[bytes, list[tuple[int, str, str, float]] | None] = {}
         self.it_tmpls: list[_IterPattern] = []

@@ -139,10 +139,12 @@ class _BulkReaders:
                 yield ls, e, text
 
     def _mem_lines(self, block: bytes, pos: int, T: int) -> _MemLines:
-        """Megatron ``memory (MB) |`` reports of [pos, T) the bulk path knows."""
-        bulk = self._mem_bulk(block, pos, T)
-        if bulk is not None:
-            return bulk
+        """Megatron ``memory (MB) |`` reports of [pos, T) the bulk path knows: in bulk
+        (``_mem_bulk``) after a step that took many, else one by one."""
+        if self.mem_many:
+            bulk = self._mem_bulk(block, pos, T)
+            if bulk is not None:
+                return bulk
         out: list[tuple[int, int, int | None, int | None, dict[str, float]]] = []
         for ls, e, text in self._plain_lines(block, _MEM_LIT, pos, T):
             shape = text.translate(None, _DIGITS)
@@ -163,6 +165,7 @@ class _BulkReaders:
             rank = int(hm.group(1)) if hm.group(1) else None
             after = int(hm.group(2)) if hm.group(2) else None
             out.append((ls, e, rank, after, got))
+        self.mem_many = len(out) >= _MEM_BULK_MIN
         return _MemLines.of(out)
 
     def _mem_bulk(self, block: bytes, pos: int, T: int) -> _MemLines | None:
