@@ -1031,3 +1031,26 @@ def test_memory_reports_of_many_ranks_read_in_bulk_as_the_line_path_reads_them(
     monkeypatch.setattr(scan._Bulk, "_mem_bulk", mem_bulk)
     parse.parse_file(path)
     assert sum(in_bulk) > 0.6 * len(run["memory"])
+
+
+def test_deepspeed_lines_of_one_shape_each_keep_their_own_values(tmp_path):
+    """Lines of one shape (the line without its digits) whose numbers would even out over a
+    group: one with a digit in a name, one with a value without any.  Neither is read in bulk
+    with another line's numbers."""
+    n = 3000  # past the set-up lines every line of which is read (``_LATE_CONFIG_LINES``)
+    lines = ["node0: training ...", "node1: training ..."]
+    for i in range(1, n + 1):
+        lines += [
+            f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7} | bwd: {i % 5}",
+            f"node1:  iteration {i:8d}/{n + 10:8d} | consumed samples: {8 * i:12d} | "
+            "elapsed time per iteration (ms): 84.7 | lm loss: 5.866232E+00 |",
+        ]
+        if i % 100 == 0:
+            lines += [
+                "node0: [Rank 0] time (ms) | fwd1: 2 | bwd: 3",
+                "node0: [Rank 0] time (ms) | fwd: 5 | bwd: ",
+            ]
+    path = tmp_path / "shapes.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    assert len([t for t in run["timers"] if t["source"] == "deepspeed"]) >= n
