@@ -910,6 +910,14 @@ def test_deepspeed_memory_lines_read_in_bulk_as_the_line_path_reads_them(
     assert sum(first in x and "CA=" in x for x in fed) < n // 3 // len(_ALLOC_LINES) / 2
 
 
+def _iteration_line(i: int, total: int, prefix: str = "node1: ") -> str:
+    """A Megatron iteration line of a long two-node run."""
+    return (
+        f"{prefix} iteration {i:8d}/{total:8d} | consumed samples: {8 * i:12d} | "
+        "elapsed time per iteration (ms): 84.7 | lm loss: 5.866232E+00 |"
+    )
+
+
 # Lines holding a keyword the lines read in bulk do not need (an error, a kill, a launcher
 # exit): among the lines a bulk step takes (where it changes nothing: ``_Core._dispatch``
 # reads them by their kind first), and on their own, where the line path must read them.
@@ -957,8 +965,7 @@ def test_lines_holding_other_keywords_read_as_the_line_path_reads_them(tmp_path,
     for i in range(1, n + 1):
         lines += [
             f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
-            f"node1:  iteration {i:8d}/{n + 10:8d} | consumed samples: {8 * i:12d} | "
-            "elapsed time per iteration (ms): 84.7 | lm loss: 5.866232E+00 |",
+            _iteration_line(i, n + 10),
             "node1: (min, max) time across ranks (ms):",
             f"node1:     forward-compute ....: (4{i % 9}.5, 41.5)",
             f"node1: [Rank 0] MemAllocated={i % 50}.5GB MaxMemAllocated=2.5GB",
@@ -1042,8 +1049,7 @@ def test_deepspeed_lines_of_one_shape_each_keep_their_own_values(tmp_path):
     for i in range(1, n + 1):
         lines += [
             f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7} | bwd: {i % 5}",
-            f"node1:  iteration {i:8d}/{n + 10:8d} | consumed samples: {8 * i:12d} | "
-            "elapsed time per iteration (ms): 84.7 | lm loss: 5.866232E+00 |",
+            _iteration_line(i, n + 10),
         ]
         if i % 100 == 0:
             lines += [
