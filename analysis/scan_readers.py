@@ -52,6 +52,14 @@ from analysis.scan_bytes import (
 )
 
 
+def _digit_in_a_key(rest: bytes) -> bool:
+    """Whether a key of the ``| key: value |`` pieces of an iteration line holds a digit (the
+    shape of a line has none: a line of a learned shape may hold one where the line it was
+    learned from did not, and the line path reads that key as another)."""
+    keys = b"".join(p.partition(b":")[0] for p in rest.split(b"|"))
+    return len(keys.translate(None, _DIGITS)) != len(keys)
+
+
 class _BulkReaders:
     """Block readers of the bulk path (module doc)."""
 
@@ -161,6 +169,8 @@ class _BulkReaders:
             vals = [_finite(t) for t in pairs[1]]
             if None in vals:
                 continue
+            if tuple(n.decode() for n in pairs[0]) != names:
+                continue  # a report of the shape whose names differ by a digit
             got = {_MEM_FIELDS[n]: v for n, v in zip(pairs[0], vals, strict=True)}
             rank = int(hm.group(1)) if hm.group(1) else None
             after = int(hm.group(2)) if hm.group(2) else None
@@ -289,8 +299,8 @@ class _BulkReaders:
             fields = self.it_shapes.get(shape, _MISSING)
             if fields is _MISSING:
                 fields = self._it_shape(shape, text, rest)
-            if fields is None:
-                continue
+            if fields is None or _digit_in_a_key(rest):
+                continue  # (a line of the shape whose keys differ from the learned ones by a digit)
             found.append((ls, e + 1, int(m.group(1)), int(m.group(2)), rest, fields, key))  # type: ignore[arg-type]
         by_shape: dict[int, list[int]] = {}
         for i, x in enumerate(found):

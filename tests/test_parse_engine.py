@@ -1060,3 +1060,32 @@ def test_deepspeed_lines_of_one_shape_each_keep_their_own_values(tmp_path):
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (run,) = _three_ways(path)
     assert len([t for t in run["timers"] if t["source"] == "deepspeed"]) >= n
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        "node0: [Rank 0] (after {i} iterations) memory (MB) | allocated2: 1.5 | max allocated: 2.5",
+        "node1:  iteration {i:8d}/{t:8d} | consumed sample2s: {s:12d} | "
+        "elapsed time per iteration (ms): 84.7 | lm loss: 5.866232E+00 |",
+    ],
+    ids=["memory report", "iteration line"],
+)
+def test_a_line_of_a_learned_shape_with_a_digit_in_a_name(tmp_path, odd):
+    """A line of a shape read before (the line without its digits) but with a digit in a
+    name, which the line path reads as another name: read as the line path reads it (a
+    memory report's name once made the bulk path fail with a KeyError)."""
+    n = 3000  # past the set-up lines every line of which is read (``_LATE_CONFIG_LINES``)
+    lines = ["node0: training ...", "node1: training ..."]
+    for i in range(1, n + 1):
+        lines += [
+            _iteration_line(i, n + 10),
+            f"node0: [Rank 0] (after {i} iterations) memory (MB) | allocated: {i % 50}.5 | "
+            "max allocated: 2.5",
+        ]
+        if i % 500 == 0:  # in place of the line of its kind
+            lines[-1 if "memory" in odd else -2] = odd.format(i=i, t=n + 10, s=8 * i)
+    path = tmp_path / "names.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    assert len(run["iterations"]) == n
