@@ -377,7 +377,7 @@ class _MemLines:
         self.ls, self.le, self.rank, self.after, self.values = ls, le, rank, after, values
 
     @classmethod
-    def of(cls, rows: list[tuple[int, int, int | None, int | None, dict[str, float]]]) -> Any:
+    def of(cls, rows: list[tuple[int, int, int | None, int | None, dict[str, float]]]) -> _MemLines:
         """From (start, end, rank, after, values) a report each."""
         return cls(
             np.array([x[0] for x in rows], dtype=np.int64),
