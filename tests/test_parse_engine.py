@@ -168,7 +168,13 @@ _BAD_NUM = st.sampled_from(["nan", "inf", "1,000.5", "", "0x10", "-0.0", "1e400"
 def _ds(draw) -> str:
     names = draw(
         st.sampled_from(
-            [("fwd", "bwd", "step"), ("fwd_microstep", "bwd_microstep"), ("forward", "backward")]
+            [
+                ("fwd", "bwd", "step"),
+                ("fwd_microstep", "bwd_microstep"),
+                ("forward", "backward"),
+                ("fwd2", "bwd"),  # a digit in a name: the shape of ("fwd", "bwd")
+                ("fwd", "bwd"),
+            ]
         )
     )
     vals = [draw(_NUM) for _ in names]
