@@ -63,6 +63,29 @@ def _digit_in_a_key(rest: bytes) -> bool:
 class _BulkReaders:
     """Block readers of the bulk path (module doc)."""
 
+    def _split_lines(
+        self, parts: list[bytes], k: int, fixed: int, pos: int
+    ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+        """Starts, ends and stream keys of the lines a ``re.split`` at ``pos`` found: each
+        match is ``[Rank``, its ``k`` groups and ``fixed`` bytes more, after the launcher
+        prefixes of its line (the key None when the text before it is not only those)."""
+        n = (len(parts) - 1) // (k + 1)
+        gaps = parts[0 :: k + 1]
+        raws = list(map(itemgetter(2), map(methodcaller("rpartition", b"\n"), gaps[:-1])))
+        ml = np.full(n, fixed, dtype=np.int64)
+        for g in range(1, k + 1):
+            ml += np.fromiter(map(len, parts[g :: k + 1]), dtype=np.int64, count=n)
+        gl = np.fromiter(map(len, gaps), dtype=np.int64, count=n + 1)
+        start = pos + np.cumsum(gl[:n]) + np.concatenate([[0], np.cumsum(ml[:-1])])
+        ls = start - np.fromiter(map(len, raws), dtype=np.int64, count=n)
+        keys = list(map(self.prefixes.get, raws, repeat(_MISSING)))
+        if _MISSING in keys:
+            keys = [
+                self._key(r, b"[Rank") if key is _MISSING else key
+                for r, key in zip(raws, keys, strict=True)
+            ]
+        return ls, start + ml, keys
+
     def _ds_lines(self, block: bytes, pos: int, T: int) -> _DSLines:
         """DeepSpeed ``[Rank N] time (ms) |`` lines of [pos, T) whose form the bulk path
         knows, converted (``re.split`` and maps: no Python step per line but a few)."""
@@ -71,21 +94,9 @@ class _BulkReaders:
         out = _DSLines(n)
         if not n:
             return out
-        gaps, ranks, bodies = parts[0::3], parts[1::3], parts[2::3]
-        raws = list(map(itemgetter(2), map(methodcaller("rpartition", b"\n"), gaps[:-1])))
-        gl = np.fromiter(map(len, gaps), dtype=np.int64, count=n + 1)
-        ml = 20 + np.fromiter(map(len, ranks), dtype=np.int64, count=n)
-        ml += np.fromiter(map(len, bodies), dtype=np.int64, count=n)
-        start = pos + np.cumsum(gl[:n]) + np.concatenate([[0], np.cumsum(ml[:-1])])
-        out.ls = start - np.fromiter(map(len, raws), dtype=np.int64, count=n)
-        out.le = start + ml
-        keys = list(map(self.prefixes.get, raws, repeat(_MISSING)))
-        if _MISSING in keys:
-            keys = [
-                self._key(r, b"[Rank") if k is _MISSING else k
-                for r, k in zip(raws, keys, strict=True)
-            ]
-        out.keys = keys  # type: ignore[assignment]
+        ranks, bodies = parts[1::3], parts[2::3]
+        out.ls, out.le, keys = self._split_lines(parts, 2, len(b"[Rank ] time (ms) |\n"), pos)
+        out.keys = keys
         out.keep = out.le - out.ls <= MAX_LINE_CHARS
         if None in keys:
             out.keep &= np.array([k is not None for k in keys], dtype=bool)
@@ -189,27 +200,12 @@ class _BulkReaders:
         parts = _MEM_BULK_RE.split(memoryview(block)[pos:T])
         if len(parts) != 4 * n + 1:
             return None
-        gaps, ranks, afters, bodies = parts[0::4], parts[1::4], parts[2::4], parts[3::4]
+        ranks, afters, bodies = parts[1::4], parts[2::4], parts[3::4]
         joined = b"\n".join(bodies)
         if joined.translate(None, _PRINTABLE + b"\n"):
             return None  # (a carriage return, or a byte the line-by-line reader looks at)
-        raws = list(map(itemgetter(2), map(methodcaller("rpartition", b"\n"), gaps[:-1])))
-        keys = list(map(self.prefixes.get, raws, repeat(_MISSING)))
-        if _MISSING in keys:
-            keys = [
-                self._key(r, b"[Rank") if k is _MISSING else k
-                for r, k in zip(raws, keys, strict=True)
-            ]
-        if None in keys:
-            return None
-        gl = np.fromiter(map(len, gaps), dtype=np.int64, count=n + 1)
-        ml = len(_MEM_BULK_HEAD) + 1 + np.fromiter(map(len, ranks), dtype=np.int64, count=n)
-        ml += np.fromiter(map(len, afters), dtype=np.int64, count=n)
-        ml += np.fromiter(map(len, bodies), dtype=np.int64, count=n)
-        start = pos + np.cumsum(gl[:n]) + np.concatenate([[0], np.cumsum(ml[:-1])])
-        ls = start - np.fromiter(map(len, raws), dtype=np.int64, count=n)
-        le = start + ml
-        if (le - ls > MAX_LINE_CHARS).any():
+        ls, le, keys = self._split_lines(parts, 3, len(_MEM_BULK_HEAD) + 1, pos)
+        if None in keys or (le - ls > MAX_LINE_CHARS).any():
             return None
         shapes = joined.translate(None, _DIGITS).split(b"\n")
         ids = {sh: i for i, sh in enumerate(dict.fromkeys(shapes))}
