@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -924,6 +925,22 @@ def _iteration_line(i: int, total: int, prefix: str = "node1: ") -> str:
     )
 
 
+_LONG_RUN = 3000
+"""Iterations of a long two-node run: past the set-up lines every line of which is read
+(``_LATE_CONFIG_LINES``)."""
+
+
+def _long_run(path: Path, lines_of: Callable[[int], list[str]]) -> dict:
+    """The run of a long two-node log whose iteration ``i`` prints ``lines_of(i)``, read both
+    ways (``_three_ways``)."""
+    lines = ["node0: training ...", "node1: training ..."]
+    for i in range(1, _LONG_RUN + 1):
+        lines += lines_of(i)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    return run
+
+
 # Lines holding a keyword the lines read in bulk do not need (an error, a kill, a launcher
 # exit): among the lines a bulk step takes (where it changes nothing: ``_Core._dispatch``
 # reads them by their kind first), and on their own, where the line path must read them.
@@ -966,10 +983,10 @@ _DIRTY_LINES = {
 def test_lines_holding_other_keywords_read_as_the_line_path_reads_them(tmp_path, form):
     """Every few iterations lines holding a keyword that lines read in bulk do not need:
     both paths give the same runs."""
-    n = 3000  # past the set-up lines every line of which is read (``_LATE_CONFIG_LINES``)
-    lines = ["node0: training ...", "node1: training ..."]
-    for i in range(1, n + 1):
-        lines += [
+    n = _LONG_RUN
+
+    def lines_of(i: int) -> list[str]:
+        out = [
             f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
             _iteration_line(i, n + 10),
             "node1: (min, max) time across ranks (ms):",
@@ -981,10 +998,10 @@ def test_lines_holding_other_keywords_read_as_the_line_path_reads_them(tmp_path,
         # read all after it).
         if i % 5 == 0 and i > n // 2:
             v = f"{i % 50}.{i % 7}"
-            lines += [x.format(i=i, t=n + 10, s=8 * i, v=v) for x in _DIRTY_LINES[form]]
-    path = tmp_path / "dirty.log"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (run,) = _three_ways(path)
+            out += [x.format(i=i, t=n + 10, s=8 * i, v=v) for x in _DIRTY_LINES[form]]
+        return out
+
+    run = _long_run(tmp_path / "dirty.log", lines_of)
     assert len(run["iterations"]) == n
 
 
@@ -1050,21 +1067,21 @@ def test_deepspeed_lines_of_one_shape_each_keep_their_own_values(tmp_path):
     """Lines of one shape (the line without its digits) whose numbers would even out over a
     group: one with a digit in a name, one with a value without any.  Neither is read in bulk
     with another line's numbers."""
-    n = 3000  # past the set-up lines every line of which is read (``_LATE_CONFIG_LINES``)
-    lines = ["node0: training ...", "node1: training ..."]
-    for i in range(1, n + 1):
-        lines += [
+    n = _LONG_RUN
+
+    def lines_of(i: int) -> list[str]:
+        out = [
             f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7} | bwd: {i % 5}",
             _iteration_line(i, n + 10),
         ]
         if i % 100 == 0:
-            lines += [
+            out += [
                 "node0: [Rank 0] time (ms) | fwd1: 2 | bwd: 3",
                 "node0: [Rank 0] time (ms) | fwd: 5 | bwd: ",
             ]
-    path = tmp_path / "shapes.log"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (run,) = _three_ways(path)
+        return out
+
+    run = _long_run(tmp_path / "shapes.log", lines_of)
     assert len([t for t in run["timers"] if t["source"] == "deepspeed"]) >= n
 
 
@@ -1081,17 +1098,17 @@ def test_a_line_of_a_learned_shape_with_a_digit_in_a_name(tmp_path, odd):
     """A line of a shape read before (the line without its digits) but with a digit in a
     name, which the line path reads as another name: read as the line path reads it (a
     memory report's name once made the bulk path fail with a KeyError)."""
-    n = 3000  # past the set-up lines every line of which is read (``_LATE_CONFIG_LINES``)
-    lines = ["node0: training ...", "node1: training ..."]
-    for i in range(1, n + 1):
-        lines += [
+    n = _LONG_RUN
+
+    def lines_of(i: int) -> list[str]:
+        out = [
             _iteration_line(i, n + 10),
             f"node0: [Rank 0] (after {i} iterations) memory (MB) | allocated: {i % 50}.5 | "
             "max allocated: 2.5",
         ]
         if i % 500 == 0:  # in place of the line of its kind
-            lines[-1 if "memory" in odd else -2] = odd.format(i=i, t=n + 10, s=8 * i)
-    path = tmp_path / "names.log"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (run,) = _three_ways(path)
+            out[-1 if "memory" in odd else -2] = odd.format(i=i, t=n + 10, s=8 * i)
+        return out
+
+    run = _long_run(tmp_path / "names.log", lines_of)
     assert len(run["iterations"]) == n
