@@ -146,8 +146,10 @@ class _Bulk(_BulkShapes, _BulkReaders):
         # contents they are checked with ("[Rank", a timer header) are never read as one.
         self.prefixes: dict[bytes, str | None] = {}
         # Shapes (a line with its digits removed) -> names, or None: not taken in bulk.
-        self.ds_shapes: dict[bytes, tuple[str, ...] | None] = {}
-        self.ds_fast: set[bytes] = set()  # shapes whose values _ds_values_fast reads
+        # A DeepSpeed line's shape -> 2 x its group + whether its values are plain decimals
+        # (``_values_fast``); a group: the names its lines are read with, or None.
+        self.ds_codes: dict[bytes, int] = {}
+        self.ds_names: list[tuple[str, ...] | None] = []
         self.mem_shapes: dict[bytes, tuple[str, ...] | None] = {}
         self.mem_many = False  # the last step read many memory reports: try them in bulk
         # -> [(piece, Iteration field, "int" | "float", factor)], or None.
@@ -319,8 +321,13 @@ class _Bulk(_BulkShapes, _BulkReaders):
         if self.open_at_limit and can_grow and pos >= T:
             return None  # look at more bytes (nothing was added)
         self.open_block = T if self.open_at_limit else -1
-        ds = self._ds_lines(block, pos, T)
-        mem = self._mem_lines(block, pos, T)
+        # Where the newlines of [pos, T) are (the readers' line starts, the line numbers).
+        nl = (
+            np.flatnonzero(np.frombuffer(block, dtype=np.uint8, count=T - pos, offset=pos) == 10)
+            + pos
+        )
+        ds = self._ds_lines(block, pos, T, nl)
+        mem = self._mem_lines(block, pos, T, nl)
         alloc = self._memalloc_lines(block, pos, T) if self.alloc else []
         its = self._iteration_lines(block, pos, T)
         if bodies:  # lines a timer block took are not read as anything else
@@ -378,10 +385,6 @@ class _Bulk(_BulkShapes, _BulkReaders):
         ds.keep &= ds.ls < T
 
         self.taken = len(new_its) + int(ds.keep.sum()) + len(mem) + len(blocks) + len(alloc)
-        nl = (
-            np.flatnonzero(np.frombuffer(block, dtype=np.uint8, count=T - pos, offset=pos) == 10)
-            + pos
-        )
 
         def lines_at(starts: Any) -> np.ndarray:
             return lineno + np.searchsorted(nl, np.asarray(starts, dtype=np.int64))

@@ -331,36 +331,86 @@ def _ds_values(bodies: list[bytes], k: int) -> np.ndarray | None:
     return vals.reshape(len(bodies), k)
 
 
-# A DeepSpeed ``name: value`` piece whose value is a plain decimal with spaces around it:
-# deleting the names, colons and bars leaves the values, space separated, for np.fromstring
-# (which reads them exactly as float() does); a digit in a name would be a value too many.
-_FAST_PIECE_RE = re.compile(rb" [A-Za-z_]+: +-?[0-9]+(?:\.[0-9]+)? *\Z")
+# A piece of a DeepSpeed line's shape (its text without digits) whose value is a plain
+# decimal with spaces around it: deleting the names, colons and bars leaves the values, space
+# separated, for np.fromstring (which reads them exactly as float() does).  A digit in a name
+# would be a number too many, a value without a digit one too few: ``_ds_values_fast``
+# counts them.
+_FAST_PIECE_RE = re.compile(rb" [A-Za-z_]+: +-?\.? *\Z")
 _NOT_VALUES = bytes(c for c in range(256) if chr(c).isalpha() and c < 128) + b"_:|"
 
 
 def _ds_values_fast(bodies: list[bytes], k: int) -> np.ndarray | None:
     """``_ds_values`` for shapes of plain decimals (``_FAST_PIECE_RE``), in a few C passes."""
-    text = b"\n".join(bodies).translate(None, _NOT_VALUES)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        try:
-            vals = np.fromstring(text, dtype=float, sep=" ")
-        except (ValueError, DeprecationWarning):
-            return None
-    if len(vals) != k * len(bodies) or not np.isfinite(vals).all():
-        return None
-    # k numbers in each line: lines of one shape may differ in where their digits are (a
-    # digit in a name, a value without one), and their counts even out over the group.
+    vals = _values_fast(b"\n".join(bodies), np.full(len(bodies), k, dtype=np.int64))
+    return None if vals is None else vals.reshape(len(bodies), k)
+
+
+def _values_fast(joined: bytes, counts: np.ndarray) -> np.ndarray | None:
+    """The values of DeepSpeed line bodies of shapes of plain decimals, joined by newlines,
+    ``counts[i]`` of them in line i, in the order printed; None when one does not convert or a
+    line does not hold its count."""
+    text = joined.translate(None, _NOT_VALUES)
     # The bytes left are printable ASCII, tabs, a CR and the newlines between lines.
     a = np.frombuffer(text, dtype=np.uint8)
     blank = a <= 0x20
     first = ~blank
     first[1:] &= blank[:-1]
-    # (All the numbers were read: each line holds k when line i starts at number i x k.)
-    at = np.searchsorted(np.flatnonzero(first), np.flatnonzero(a == 0x0A))
-    if (at != k * np.arange(1, len(bodies))).any():
+    starts = np.flatnonzero(first)
+    ends_at = np.cumsum(counts)
+    if len(starts) != ends_at[-1]:
         return None
-    return vals.reshape(len(bodies), k)
+    # Each line holds its count: lines of one shape may differ in where their digits are (a
+    # digit in a name, a value without one), and their counts even out over the lines.
+    # (Line i holds its count when the numbers before its newline are those of lines 0..i.)
+    if (np.searchsorted(starts, np.flatnonzero(a == 0x0A)) != ends_at[:-1]).any():
+        return None
+    vals = _fixed_point(text, a, blank, starts)
+    if vals is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                vals = np.fromstring(text, dtype=float, sep=" ")
+            except (ValueError, DeprecationWarning):
+                return None
+        if len(vals) != len(starts) or not np.isfinite(vals).all():
+            return None
+    return vals
+
+
+_POWERS = 10.0 ** np.arange(16)
+"""Powers of ten that a double holds exactly."""
+
+
+def _fixed_point(
+    text: bytes, a: np.ndarray, blank: np.ndarray, starts: np.ndarray
+) -> np.ndarray | None:
+    """The numbers of ``text`` (``a``: its bytes; ``blank``: where they are whitespace;
+    ``starts``: where each number starts) when each is digits with one dot among them, at
+    most 15 digits: read as integers without the dot, each divided by the power of ten of
+    its decimals, which gives the double nearest the decimal, as ``float()`` does (both
+    numbers are exact, and IEEE division rounds correctly); None otherwise.  The integers
+    are read about four times faster than the decimals."""
+    if text.translate(None, b"0123456789. \t\r\n"):
+        return None  # a sign, a vertical tab: read as decimals
+    dots = np.flatnonzero(a == 0x2E)
+    if len(dots) != len(starts):
+        return None
+    last = ~blank
+    last[:-1] &= blank[1:]
+    ends = np.flatnonzero(last)  # the last byte of each number
+    # One dot in each number: the i-th dot inside the i-th number.
+    if (dots < starts).any() or (dots > ends).any() or (ends - starts > 15).any():
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            ints = np.fromstring(text.translate(None, b"."), dtype=np.int64, sep=" ")
+        except (ValueError, DeprecationWarning):
+            return None
+    if len(ints) != len(starts):
+        return None  # a number that was only a dot
+    return ints / _POWERS[ends - dots]
 
 
 class _MemLines:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from itertools import repeat
-from operator import itemgetter, methodcaller
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,6 +48,7 @@ from analysis.scan_bytes import (
     _pairs,
     _pattern,
     _printable,
+    _values_fast,
 )
 
 
@@ -64,20 +64,35 @@ class _BulkReaders:
     """Block readers of the bulk path (module doc)."""
 
     def _split_lines(
-        self, parts: list[bytes], k: int, fixed: int, pos: int
+        self, parts: list[bytes], k: int, fixed: int, block: bytes, pos: int, nl: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
         """Starts, ends and stream keys of the lines a ``re.split`` at ``pos`` found: each
         match is ``[Rank``, its ``k`` groups and ``fixed`` bytes more, after the launcher
-        prefixes of its line (the key None when the text before it is not only those)."""
+        prefixes of its line (the key None when the text before it is not only those).
+        ``nl``: where the newlines from ``pos`` on are."""
         n = (len(parts) - 1) // (k + 1)
-        gaps = parts[0 :: k + 1]
-        raws = list(map(itemgetter(2), map(methodcaller("rpartition", b"\n"), gaps[:-1])))
         ml = np.full(n, fixed, dtype=np.int64)
         for g in range(1, k + 1):
             ml += np.fromiter(map(len, parts[g :: k + 1]), dtype=np.int64, count=n)
-        gl = np.fromiter(map(len, gaps), dtype=np.int64, count=n + 1)
+        gl = np.fromiter(map(len, parts[0 :: k + 1]), dtype=np.int64, count=n + 1)
         start = pos + np.cumsum(gl[:n]) + np.concatenate([[0], np.cumsum(ml[:-1])])
-        ls = start - np.fromiter(map(len, raws), dtype=np.int64, count=n)
+        before = np.searchsorted(nl, start) - 1  # the newline before each match, or -1
+        ls = np.where(before >= 0, nl[before] + 1, pos)
+        # Most often the text before every match is the same (one launcher prefix): one key.
+        raw = block[int(ls[0]) : int(start[0])]
+        w = len(raw)
+        if (start - ls == w).all() and (
+            w == 0
+            or (
+                np.frombuffer(block, dtype=np.uint8)[ls[:, None] + np.arange(w)]
+                == np.frombuffer(raw, dtype=np.uint8)
+            ).all()
+        ):
+            key = self.prefixes.get(raw, _MISSING)
+            if key is _MISSING:
+                key = self._key(raw, b"[Rank")
+            return ls, start + ml, [key] * n  # type: ignore[list-item]
+        raws = list(map(block.__getitem__, map(slice, ls.tolist(), start.tolist())))
         keys = list(map(self.prefixes.get, raws, repeat(_MISSING)))
         if _MISSING in keys:
             keys = [
@@ -86,7 +101,7 @@ class _BulkReaders:
             ]
         return ls, start + ml, keys
 
-    def _ds_lines(self, block: bytes, pos: int, T: int) -> _DSLines:
+    def _ds_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _DSLines:
         """DeepSpeed ``[Rank N] time (ms) |`` lines of [pos, T) whose form the bulk path
         knows, converted (``re.split`` and maps: no Python step per line but a few)."""
         parts = _DS_RE.split(memoryview(block)[pos:T])
@@ -95,44 +110,53 @@ class _BulkReaders:
         if not n:
             return out
         ranks, bodies = parts[1::3], parts[2::3]
-        out.ls, out.le, keys = self._split_lines(parts, 2, len(b"[Rank ] time (ms) |\n"), pos)
+        out.ls, out.le, keys = self._split_lines(
+            parts, 2, len(b"[Rank ] time (ms) |\n"), block, pos, nl
+        )
         out.keys = keys
         out.keep = out.le - out.ls <= MAX_LINE_CHARS
         if None in keys:
             out.keep &= np.array([k is not None for k in keys], dtype=bool)
         # One translate of all bodies (a newline ends each: no body holds one).
-        shapes = b"\n".join(bodies).translate(None, _DIGITS).split(b"\n")
-        names = list(map(self.ds_shapes.get, shapes, repeat(_MISSING)))
-        if _MISSING in names:
-            for i, nm in enumerate(names):
-                if nm is _MISSING:
-                    nm = self.ds_shapes.get(shapes[i], _MISSING)
-                    names[i] = (
-                        self._ds_shape(shapes[i], bodies[i], int(ranks[i]))
-                        if nm is _MISSING
-                        else nm
-                    )
-        ids = {nm: i for i, nm in enumerate(dict.fromkeys(names))}
-        gid = np.fromiter(map(ids.__getitem__, names), dtype=np.int64, count=len(names))
-        # Groups with a line of a shape whose values _ds_values_fast does not read.
-        ds_fast, ds_shapes = self.ds_fast, self.ds_shapes
-        slow = {ids[ds_shapes[sh]] for sh in set(shapes) if sh not in ds_fast}
+        joined = b"\n".join(bodies)
+        shapes = joined.translate(None, _DIGITS).split(b"\n")
+        # Each shape's code: 2 x its group (the names it is read with) + whether its values
+        # are plain decimals (``_values_fast``); -1 for a shape not seen before.
+        code_of = self.ds_codes
+        codes = np.fromiter(map(code_of.get, shapes, repeat(-1)), dtype=np.int64, count=n)
+        if (codes < 0).any():
+            for i in np.flatnonzero(codes < 0).tolist():
+                if shapes[i] not in code_of:
+                    self._ds_shape(shapes[i], bodies[i], int(ranks[i]))
+            codes = np.fromiter(map(code_of.__getitem__, shapes), dtype=np.int64, count=n)
+        gid = codes >> 1
         rank_of = self.ranks
         if len(rank_of) > 4096:
             rank_of.clear()
         for r in set(ranks).difference(rank_of):
             rank_of[r] = int(r)
         out.rank = np.array(list(map(rank_of.__getitem__, ranks)), dtype=np.int64)
-        for nm, g in ids.items():
+        names_of = self.ds_names
+        flat = None
+        if (codes & 1).all():  # all plain decimals: every line's values in one read
+            counts = np.array([len(nm or ()) for nm in names_of], dtype=np.int64)[gid]
+            flat = _values_fast(joined, counts) if counts.all() else None
+            first = np.cumsum(counts) - counts
+        for g in np.unique(gid).tolist():
+            nm = names_of[g]
             idx = np.flatnonzero(gid == g)
             if nm is None:
                 out.keep[idx] = False
                 continue
+            k = len(nm)
+            if flat is not None:
+                out.groups.append((nm, idx, flat[first[idx][:, None] + np.arange(k)]))
+                continue
             mine = list(map(bodies.__getitem__, idx.tolist()))
-            fast = g not in slow
-            vals = _ds_values_fast(mine, len(nm)) if fast else _ds_values(mine, len(nm))
+            fast = bool((codes[idx] & 1).all())
+            vals = _ds_values_fast(mine, k) if fast else _ds_values(mine, k)
             if vals is None:  # a value does not convert: look line by line
-                rows = [_ds_values([bodies[i]], len(nm)) for i in idx.tolist()]
+                rows = [_ds_values([bodies[i]], k) for i in idx.tolist()]
                 good = np.array([r is not None for r in rows], dtype=bool)
                 out.keep[idx[~good]] = False
                 idx = idx[good]
@@ -157,11 +181,11 @@ class _BulkReaders:
             if _printable(text):
                 yield ls, e, text
 
-    def _mem_lines(self, block: bytes, pos: int, T: int) -> _MemLines:
+    def _mem_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _MemLines:
         """Megatron ``memory (MB) |`` reports of [pos, T) the bulk path knows: in bulk
         (``_mem_bulk``) after a step that took many, else one by one."""
         if self.mem_many:
-            bulk = self._mem_bulk(block, pos, T)
+            bulk = self._mem_bulk(block, pos, T, nl)
             if bulk is not None:
                 return bulk
         out: list[tuple[int, int, int | None, int | None, dict[str, float]]] = []
@@ -189,7 +213,7 @@ class _BulkReaders:
         self.mem_many = len(out) >= _MEM_BULK_MIN
         return _MemLines.of(out)
 
-    def _mem_bulk(self, block: bytes, pos: int, T: int) -> _MemLines | None:
+    def _mem_bulk(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _MemLines | None:
         """``_mem_lines`` when every report of [pos, T) is one rank's after some iterations,
         of a known shape, printable and with values that convert (as 64 ranks print them every
         few iterations), read as ``_ds_lines`` reads DeepSpeed's lines: a split and a few
@@ -204,7 +228,7 @@ class _BulkReaders:
         joined = b"\n".join(bodies)
         if joined.translate(None, _PRINTABLE + b"\n"):
             return None  # (a carriage return, or a byte the line-by-line reader looks at)
-        ls, le, keys = self._split_lines(parts, 3, len(_MEM_BULK_HEAD) + 1, pos)
+        ls, le, keys = self._split_lines(parts, 3, len(_MEM_BULK_HEAD) + 1, block, pos, nl)
         if None in keys or (le - ls > MAX_LINE_CHARS).any():
             return None
         shapes = joined.translate(None, _DIGITS).split(b"\n")

@@ -38,11 +38,13 @@ if TYPE_CHECKING:  # pragma: no cover
 class _BulkShapes:
     """Shape learning of the bulk path (module doc)."""
 
-    def _ds_shape(self, shape: bytes, body: bytes, rank: int) -> tuple[str, ...] | None:
-        """Names of a new DeepSpeed line shape, when the line path reads it the same way."""
+    def _ds_shape(self, shape: bytes, body: bytes, rank: int) -> None:
+        """Learn a new DeepSpeed line shape (``ds_codes``): the names it is read with, when
+        the line path reads it the same way."""
         result = None
+        fast = False
         pairs = _pairs(body)
-        if pairs is not None and len(self.ds_shapes) < 4096:
+        if pairs is not None and len(self.ds_codes) < 4096:
             names, tokens = pairs
             vals = [_finite(t) for t in tokens]
             if (
@@ -59,10 +61,10 @@ class _BulkShapes:
                     b = blocks[0]
                     if b.values_ms == want and b.rank == rank and b.line == 1:
                         result = tuple(want)
-                        if all(_FAST_PIECE_RE.match(p) for p in body.split(b"|")):
-                            self.ds_fast.add(shape)
-        self.ds_shapes[shape] = result
-        return result
+                        fast = all(_FAST_PIECE_RE.match(p) for p in shape.split(b"|"))
+        if result not in self.ds_names:
+            self.ds_names.append(result)
+        self.ds_codes[shape] = 2 * self.ds_names.index(result) + fast
 
     def _mem_shape(self, shape: bytes, text: bytes) -> tuple[str, ...] | None:
         """Names of a new memory report shape, when the line path reads it the same way."""

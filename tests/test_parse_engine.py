@@ -1085,6 +1085,53 @@ def test_deepspeed_lines_of_one_shape_each_keep_their_own_values(tmp_path):
     assert len([t for t in run["timers"] if t["source"] == "deepspeed"]) >= n
 
 
+_WIDTHS = [
+    "{i}.{d}",
+    "{i}.{k:03d}",
+    "{k}.",
+    ".{k}",
+    "{i}.{k:03d}{d}{d}1",
+    "{k}123456789.{d}01",
+    "1234567890{d}.{k}",
+]
+
+
+@pytest.mark.parametrize(
+    "forms", [_WIDTHS, [*_WIDTHS, "1234567890123456{d}.5"]], ids=["widths", "more digits"]
+)
+def test_deepspeed_values_of_every_width_read_as_float_reads_them(tmp_path, monkeypatch, forms):
+    """DeepSpeed values of one shape (digits and one dot) with any number of decimals, none
+    before the dot, none after it, up to 15 digits (read as integers, each divided by its
+    power of ten) and more (which a double does not hold: read as decimals): each read in
+    bulk as ``float()`` reads it, whichever line the shape was learned from."""
+    n = _LONG_RUN
+
+    def value(i: int, j: int) -> str:
+        return forms[(i + j) % len(forms)].format(i=i, k=i % 997, d=i % 10)
+
+    def lines_of(i: int) -> list[str]:
+        line = f"node0: [Rank 0] time (ms) | fwd: {value(i, 0)} | bwd: {value(i, 3)}"
+        return [line, _iteration_line(i, n + 10)]
+
+    read: list[int] = []
+    fixed_point = scan_bytes._fixed_point
+
+    def counted(*args):
+        got = fixed_point(*args)
+        read.append(0 if got is None else len(got))
+        return got
+
+    monkeypatch.setattr(scan_bytes, "_fixed_point", counted)
+    run = _long_run(tmp_path / "widths.log", lines_of)
+    ds = [t for t in run["timers"] if t["source"] == "deepspeed"]
+    assert len(ds) >= n
+    assert [t["values_ms"]["fwd"] for t in ds[:n]] == [float(value(i, 0)) for i in range(1, n + 1)]
+    if len(forms) == len(_WIDTHS):  # (the lines after the set-up's are read in bulk)
+        assert sum(read) >= n // 4
+    else:
+        assert read and not any(read)
+
+
 @pytest.mark.parametrize(
     "odd",
     [
