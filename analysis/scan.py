@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from array import array
+from itertools import compress
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
@@ -122,6 +123,22 @@ def drive_file(core: _Core, kw: Keywords, fh: BinaryIO, bulk: bool = True) -> No
     kw.forget()
     if fast is not None:
         fast.keywords.forget()
+
+
+class _Spans:
+    """Spans of bytes that do not overlap (the lines timer blocks took: a line each, or the
+    lines of a block printed in one piece), as (start, end) pairs in any order."""
+
+    def __init__(self, spans: list[tuple[int, int]]) -> None:
+        a = np.array(spans, dtype=np.int64).reshape(-1, 2)
+        order = np.argsort(a[:, 0], kind="stable")
+        self.starts, self.ends = a[order, 0], a[order, 1]
+
+    def holds(self, at: Any) -> np.ndarray:
+        """Whether each position of ``at`` falls in a span."""
+        at = np.asarray(at, dtype=np.int64)
+        i = np.searchsorted(self.starts, at, side="right") - 1
+        return (i >= 0) & (at < self.ends[np.maximum(i, 0)])
 
 
 class _Bulk(_BulkShapes, _BulkReaders):
@@ -331,12 +348,13 @@ class _Bulk(_BulkShapes, _BulkReaders):
         alloc = self._memalloc_lines(block, pos, T) if self.alloc else []
         its = self._iteration_lines(block, pos, T)
         if bodies:  # lines a timer block took are not read as anything else
-            taken = {s for s, _e in bodies}
-            taken_at = np.fromiter(taken, dtype=np.int64, count=len(taken))
-            ds.keep &= ~np.isin(ds.ls, taken_at)
-            mem = mem.select(~np.isin(mem.ls, taken_at))
-            alloc = [x for x in alloc if x[0] not in taken]
-            its = [x for x in its if x[0] not in taken]
+            taken = _Spans(bodies)
+            ds.keep &= ~taken.holds(ds.ls)
+            mem = mem.select(~taken.holds(mem.ls))
+            if alloc:
+                alloc = list(compress(alloc, (~taken.holds([x[0] for x in alloc])).tolist()))
+            if its:
+                its = list(compress(its, (~taken.holds([x[0] for x in its])).tolist()))
 
         # The first line the line path must read: one holding a keyword among the others.
         k = ds.keep

@@ -558,9 +558,9 @@ class _BlockPattern:
             self.flat = (names, tuple(2 if how == "pair" else 0 for how, _n in named))  # type: ignore[misc]
 
     def read(self, bulk: _Bulk, block: bytes, ls: int, T: int) -> Any:
-        """(close, values, body lines, stream, flat) of the block at ``ls``, ``_OPEN``,
-        ``_LONG``, or None when it is not this block printed in one piece.  ``flat``: (names,
-        shape, values) when the block's values are those (then ``values`` is None)."""
+        """(close, values, [span of its body lines], stream, flat) of the block at ``ls``,
+        ``_OPEN``, ``_LONG``, or None when it is not this block printed in one piece.  ``flat``:
+        (names, shape, values) when the block's values are those (then ``values`` is None)."""
         m = self.rx.match(block, ls, T)
         if m is None:
             return None
@@ -589,13 +589,11 @@ class _BlockPattern:
                     lo, hi = values.get(name, (v, v))
                     values[name] = (min(lo, v), max(hi, v))
                     j += 1
-        # The lines of the block, then the line that closes it.
-        mine = []
-        q = block.find(b"\n", ls) + 1
-        while q < m.end():
-            nl = block.find(b"\n", q)
-            mine.append((q, nl + 1))
-            q = nl + 1
+        # The lines of the block (one span: they follow one another), then the line that
+        # closes it.
+        q = m.end()
+        first = block.find(b"\n", ls) + 1
+        mine = [(first, q)] if q > first else []
         name = self.name
         while q < T:
             le = _line_end(block, q, T)

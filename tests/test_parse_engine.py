@@ -1085,6 +1085,30 @@ def test_deepspeed_lines_of_one_shape_each_keep_their_own_values(tmp_path):
     assert len([t for t in run["timers"] if t["source"] == "deepspeed"]) >= n
 
 
+def test_a_line_of_a_timer_block_printed_in_one_piece_is_read_as_nothing_else(tmp_path):
+    """Every line of a timer block read by its learned pattern (printed in one piece) belongs
+    to the block, not only its first: a later one whose name reads as DeepSpeed's
+    ``MemAllocated=`` line (read in bulk once a few were printed) is not taken as one."""
+    n = _LONG_RUN
+
+    def lines_of(i: int) -> list[str]:
+        out = [
+            f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 2.25",
+            _iteration_line(i, n + 10),
+            "node1: (min, max) time across ranks (ms):",
+            f"node1:     forward-compute ................................: (40.{i % 9}, 41.5)",
+            f"node1:     MemAllocated=1.5GB MaxMemAllocated=2.5GB ....: (1.0, 2.{i % 7})",
+            "node1:     optimizer ......................................: (3.0, 3.5)",
+            "node1: data loader ready",  # (closes the block right after it: in one piece)
+        ]
+        if i % 100 == 1:
+            out.append(f"node0: step {i} MemAllocated=0.{i % 9}GB MaxMemAllocated=0.9GB")
+        return out
+
+    run = _long_run(tmp_path / "inside.log", lines_of)
+    assert len(run["memory_other"]) == n // 100
+
+
 _WIDTHS = [
     "{i}.{d}",
     "{i}.{k:03d}",
