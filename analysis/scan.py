@@ -422,14 +422,16 @@ class _Bulk(_BulkShapes, _BulkReaders):
             # Each line's fields as (names, values) in the order read.
             names = new_its[0][4][0]
             if all(x[4][0] == names for x in new_its):  # one shape: transpose in one step
-                rows = (x[4][1] for x in new_its)
-                by_field = dict(zip(names, map(list, zip(*rows, strict=True)), strict=True))
+                table = np.array([x[4][1] for x in new_its], dtype=float).reshape(-1, len(names))
+                by_field = dict(zip(names, table.T, strict=True))
             else:
                 dicts = [dict(zip(*x[4], strict=True)) for x in new_its]
                 fields = {f for d in dicts for f in d}
                 by_field = {f: [d.get(f) for d in dicts] for f in fields}
             for f, vals in by_field.items():
-                if f in run.iterations.ints:
+                if isinstance(vals, np.ndarray):  # (values of one shape: no None)
+                    cols[f] = vals.astype(np.int64) if f in run.iterations.ints else vals
+                elif f in run.iterations.ints:
                     cols[f] = np.array(vals, dtype=np.int64) if None not in vals else vals
                 elif None not in vals:
                     cols[f] = np.array(vals, dtype=float)

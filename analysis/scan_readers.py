@@ -283,6 +283,8 @@ class _BulkReaders:
         total, field values, stream)."""
         matches = list(_IT_RE.finditer(block, pos, T))
         out, taken = self._iteration_patterns(block, pos, T, [m.start() for m in matches])
+        if len(out) == len(matches):  # every line is one of a learned pattern
+            return out
         found: list[tuple[int, int, int, int, bytes, list[tuple[int, str, str, float]], str]] = []
         for m in matches:
             st = m.start()

@@ -283,8 +283,7 @@ class _BulkShapes:
             a_l, b_l = ls[sel].tolist(), ends[sel].tolist()
             keys = list(map(self._head_key, map(heads.__getitem__, sel.tolist())))
             rows = zip(*values, strict=True) if values else ((),) * len(a_l)
-            for a, b, num, tot, row, key in zip(a_l, b_l, numbers, totals, rows, keys, strict=True):
-                out.append((a, b, num, tot, (names, row), key))
+            out += zip(a_l, b_l, numbers, totals, zip(repeat(names), rows), keys, strict=True)
             taken.update(a_l)
         out.sort(key=lambda x: x[0])
         return out, taken
