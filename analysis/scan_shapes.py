@@ -300,11 +300,12 @@ class _BulkShapes:
         """Keep a pattern of a block read line by line that was printed in one piece."""
         e = mine[0][0] - 1
         head = block[ls : e + 1]
-        known = self.block_tmpls.setdefault(head, [])
+        known = self.block_tmpls.get(head, [])
         if len(known) >= 8 or any(p == b"\x00" or how == "skip" for p, how, _n in recipe):
             return
         if not _printable(head.rstrip(b"\n")):
-            return
+            return  # (not one line: the block is looked up by its header line alone)
+        self.block_tmpls[head] = known
         pattern = re.escape(head) + b"".join(p + b"\n" for p, _h, _n in recipe)
         known.append(
             _BlockPattern(
