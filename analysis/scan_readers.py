@@ -60,34 +60,57 @@ def _digit_in_a_key(rest: bytes) -> bool:
     return len(keys.translate(None, _DIGITS)) != len(keys)
 
 
+def _lengths(items: list[bytes]) -> np.ndarray:
+    """The length of each item (one count when they are all the same, as a rank is)."""
+    if items and items.count(items[0]) == len(items):
+        return np.full(len(items), len(items[0]), dtype=np.int64)
+    return np.fromiter(map(len, items), dtype=np.int64, count=len(items))
+
+
+def _all_start_with(block: bytes, at: np.ndarray, raw: bytes) -> bool:
+    """Whether ``raw`` is in ``block`` at every position of ``at`` (each followed by at
+    least 8 - len(raw) bytes: the bytes are compared 8 at a time when raw fits)."""
+    w = len(raw)
+    if w == 0:
+        return True
+    if w <= 8:
+        words = np.ndarray((len(block) - 7,), dtype="<u8", buffer=block, strides=(1,))
+        mask = np.uint64((1 << (8 * w)) - 1)
+        want = np.uint64(int.from_bytes(raw, "little"))
+        return bool(((words[at] & mask) == want).all())
+    got = np.frombuffer(block, dtype=np.uint8)[at[:, None] + np.arange(w)]
+    return bool((got == np.frombuffer(raw, dtype=np.uint8)).all())
+
+
 class _BulkReaders:
     """Block readers of the bulk path (module doc)."""
 
     def _split_lines(
-        self, parts: list[bytes], k: int, fixed: int, block: bytes, pos: int, nl: np.ndarray
+        self,
+        parts: list[bytes],
+        k: int,
+        fixed: int,
+        block: bytes,
+        pos: int,
+        nl: np.ndarray,
+        last: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
         """Starts, ends and stream keys of the lines a ``re.split`` at ``pos`` found: each
         match is ``[Rank``, its ``k`` groups and ``fixed`` bytes more, after the launcher
         prefixes of its line (the key None when the text before it is not only those).
-        ``nl``: where the newlines from ``pos`` on are."""
+        ``nl``: where the newlines from ``pos`` on are; ``last``: the lengths of the last
+        group, when known."""
         n = (len(parts) - 1) // (k + 1)
         ml = np.full(n, fixed, dtype=np.int64)
         for g in range(1, k + 1):
-            ml += np.fromiter(map(len, parts[g :: k + 1]), dtype=np.int64, count=n)
+            ml += last if g == k and last is not None else _lengths(parts[g :: k + 1])
         gl = np.fromiter(map(len, parts[0 :: k + 1]), dtype=np.int64, count=n + 1)
         start = pos + np.cumsum(gl[:n]) + np.concatenate([[0], np.cumsum(ml[:-1])])
         before = np.searchsorted(nl, start) - 1  # the newline before each match, or -1
         ls = np.where(before >= 0, nl[before] + 1, pos)
         # Most often the text before every match is the same (one launcher prefix): one key.
         raw = block[int(ls[0]) : int(start[0])]
-        w = len(raw)
-        if (start - ls == w).all() and (
-            w == 0
-            or (
-                np.frombuffer(block, dtype=np.uint8)[ls[:, None] + np.arange(w)]
-                == np.frombuffer(raw, dtype=np.uint8)
-            ).all()
-        ):
+        if (start - ls == len(raw)).all() and _all_start_with(block, ls, raw):
             key = self.prefixes.get(raw, _MISSING)
             if key is _MISSING:
                 key = self._key(raw, b"[Rank")
@@ -110,15 +133,18 @@ class _BulkReaders:
         if not n:
             return out
         ranks, bodies = parts[1::3], parts[2::3]
+        # (A newline ends each body: no body holds one.)
+        joined = b"\n".join(bodies)
+        ends = np.flatnonzero(np.frombuffer(joined, dtype=np.uint8) == 10)
+        lens = np.diff(ends, prepend=-1, append=len(joined)) - 1
         out.ls, out.le, keys = self._split_lines(
-            parts, 2, len(b"[Rank ] time (ms) |\n"), block, pos, nl
+            parts, 2, len(b"[Rank ] time (ms) |\n"), block, pos, nl, lens
         )
         out.keys = keys
         out.keep = out.le - out.ls <= MAX_LINE_CHARS
         if None in keys:
             out.keep &= np.array([k is not None for k in keys], dtype=bool)
-        # One translate of all bodies (a newline ends each: no body holds one).
-        joined = b"\n".join(bodies)
+        # One translate of all bodies.
         shapes = joined.translate(None, _DIGITS).split(b"\n")
         # Each shape's code: 2 x its group (the names it is read with) + whether its values
         # are plain decimals (``_values_fast``); -1 for a shape not seen before.
@@ -133,16 +159,19 @@ class _BulkReaders:
         rank_of = self.ranks
         if len(rank_of) > 4096:
             rank_of.clear()
-        for r in set(ranks).difference(rank_of):
-            rank_of[r] = int(r)
-        out.rank = np.array(list(map(rank_of.__getitem__, ranks)), dtype=np.int64)
+        if ranks.count(ranks[0]) == n:  # (one rank prints them)
+            out.rank = np.full(n, int(ranks[0]), dtype=np.int64)
+        else:
+            for r in set(ranks).difference(rank_of):
+                rank_of[r] = int(r)
+            out.rank = np.array(list(map(rank_of.__getitem__, ranks)), dtype=np.int64)
         names_of = self.ds_names
         flat = None
         if (codes & 1).all():  # all plain decimals: every line's values in one read
             counts = np.array([len(nm or ()) for nm in names_of], dtype=np.int64)[gid]
             flat = _values_fast(joined, counts) if counts.all() else None
             first = np.cumsum(counts) - counts
-        for g in np.unique(gid).tolist():
+        for g in np.flatnonzero(np.bincount(gid)).tolist():
             nm = names_of[g]
             idx = np.flatnonzero(gid == g)
             if nm is None:

@@ -375,10 +375,15 @@ def test_json_stream_equals_the_records(tmp_path):
     assert typed(text) == typed(json.dumps(want))
 
 
-def test_interleaved_streams_bulk_attributes_per_stream(tmp_path, small_chunks, monkeypatch):
+@pytest.mark.parametrize(
+    ("a", "b"), [("node0", "node1"), ("gpu-host-a", "gpu-host-b")], ids=["short", "long"]
+)
+def test_interleaved_streams_bulk_attributes_per_stream(tmp_path, small_chunks, monkeypatch, a, b):
     """Two nodes interleaved pdsh-style: node0 (rank 0) prints DeepSpeed's timers, node1 (the
     last rank) the iteration lines and Megatron's timer blocks.  The bulk path places each
-    block among its own stream's iteration lines, as the line path does, and reads in bulk."""
+    block among its own stream's iteration lines, as the line path does, and reads in bulk.
+    (Host names of one length: the prefixes of one bulk step differ in their bytes alone,
+    within 8 bytes or past them.)"""
     n = 3000
     lines = ["node0: training ...", "node1: training ..."]
     for i in range(1, n + 1):
@@ -392,6 +397,7 @@ def test_interleaved_streams_bulk_attributes_per_stream(tmp_path, small_chunks, 
             f"node1:     forward-compute ................................: (40.{i % 9}, 41.5)",
             "node0: NCCL INFO chatter",
         ]
+    lines = [x.replace("node0", a).replace("node1", b) for x in lines]
     path = tmp_path / "two-nodes.log"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (run,) = _three_ways(path)
