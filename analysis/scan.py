@@ -175,6 +175,9 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.it_heads: dict[bytes, bool] = {}  # text before "iteration" -> takeable
         self.head_keys: dict[bytes, str] = {}  # such text -> stream key (``_head_key``)
         self.stream_res: dict[str, re.Pattern[bytes]] = {}
+        # Lines found by a stream's pattern -> (stream key, where the content starts in the
+        # line, or -1), as ``_line_key`` gives them.
+        self.line_keys: dict[bytes, tuple[str, int]] = {}
         # Prefix runs as matched by _PREFIXES_RE -> (key, length that really is prefixes).
         self.prefix_runs: dict[bytes, tuple[str, int]] = {}
         self.timer_res: tuple[re.Pattern[bytes], ...] | None = None
@@ -247,17 +250,25 @@ class _Bulk(_BulkShapes, _BulkReaders):
                     rb"\n(?:\s{0,4}" + label + rb":\s|\[" + label + rb"\]:)"
                 )
             p = q - 1
+            keys = self.line_keys
             while True:
                 m = pat.search(block, p, end)
                 if m is None:
                     return None
                 s = m.start() + 1
-                e = _line_end(block, s, end)
-                if e >= end:
+                e = block.find(b"\n", s, end)
+                if e < 0:
                     return None
-                k, c = self._line_key(block, s, e)
-                if k == key:
-                    return s, e, c
+                # (A stream's lines repeat: the key of each, as _line_key finds it, is kept.)
+                line = block[s:e]
+                got = keys.get(line)
+                if got is None:
+                    k, c = self._line_key(block, s, e)
+                    if len(keys) >= 4096:
+                        keys.clear()
+                    got = keys[line] = (k, c - s if c >= 0 else -1)
+                if got[0] == key:
+                    return s, e, s + got[1] if got[1] >= 0 else -1
                 p = e
         s = q
         while s < end:
