@@ -467,10 +467,14 @@ class _Bulk(_BulkShapes, _BulkReaders):
         if ds.keep.any():
             n_iter = np.zeros(len(ds.ls), dtype=np.int64)
             stream = np.zeros(len(ds.ls), dtype=np.int64)
-            ds_ids = {k: i for i, k in enumerate(dict.fromkeys(ds.keys))}
-            ds_sid = np.fromiter(
-                map(ds_ids.__getitem__, ds.keys), dtype=np.int64, count=len(ds.keys)
-            )
+            if ds.keys.count(ds.keys[0]) == len(ds.keys):  # (one stream prints them)
+                ds_ids = {ds.keys[0]: 0}
+                ds_sid = np.zeros(len(ds.keys), dtype=np.int64)
+            else:
+                ds_ids = {k: i for i, k in enumerate(dict.fromkeys(ds.keys))}
+                ds_sid = np.fromiter(
+                    map(ds_ids.__getitem__, ds.keys), dtype=np.int64, count=len(ds.keys)
+                )
             for key, sid in ds_ids.items():
                 if key is None:
                     continue
@@ -611,6 +615,21 @@ class _Bulk(_BulkShapes, _BulkReaders):
         its_l = [
             i if k else last_before for i, k in zip(it_of.tolist(), known.tolist(), strict=True)
         ]
+        flat0 = blocks[0][4]
+        if (
+            flat0 is not None
+            and flat0[0]
+            and None not in its_l
+            and all(b[4] is not None and b[4][0] is flat0[0] for b in blocks)
+        ):  # blocks of one learned pattern: one group
+            table.add_rows(
+                table.group("megatron", flat0[0], flat0[1]),
+                np.array([b[4][2] for b in blocks], dtype=float),
+                None,
+                np.array(its_l, dtype=np.int64),
+                hlines,
+            )
+            return
         by_group: dict[tuple[Any, ...], list[tuple[list[float], int | None, int]]] = {}
         for (_ls, _close, values, _key, flat), hl, it in zip(
             blocks, hlines.tolist(), its_l, strict=True
