@@ -615,45 +615,55 @@ class _Bulk(_BulkShapes, _BulkReaders):
         its_l = [
             i if k else last_before for i, k in zip(it_of.tolist(), known.tolist(), strict=True)
         ]
-        flat0 = blocks[0][4]
-        if (
-            flat0 is not None
-            and flat0[0]
-            and None not in its_l
-            and all(b[4] is not None and b[4][0] is flat0[0] for b in blocks)
-        ):  # blocks of one learned pattern: one group
-            table.add_rows(
-                table.group("megatron", flat0[0], flat0[1]),
-                np.array([b[4][2] for b in blocks], dtype=float),
-                None,
-                np.array(its_l, dtype=np.int64),
-                hlines,
-            )
-            return
-        by_group: dict[tuple[Any, ...], list[tuple[list[float], int | None, int]]] = {}
-        for (_ls, _close, values, _key, flat), hl, it in zip(
-            blocks, hlines.tolist(), its_l, strict=True
-        ):
+        # Each group (names, shape) -> the blocks in it, in the order read, and the values of
+        # those that no learned pattern read.  Most blocks are of one pattern: found at once.
+        fl = [b[4] for b in blocks]
+        names0 = next((f[0] for f in fl if f is not None and f[0]), None)
+        by_group: dict[tuple[Any, ...], list[int]] = {}
+        nums_of: dict[int, list[float]] = {}
+        if names0 is not None:
+            mask = [f is not None and f[0] is names0 for f in fl]
+            first = mask.index(True)
+            by_group[(names0, fl[first][1])] = list(compress(range(len(fl)), mask))
+            rest = [i for i, m in enumerate(mask) if not m]
+        else:
+            rest = list(range(len(fl)))
+        mixed = set()
+        for i in rest:
+            values, flat = blocks[i][2], fl[i]
             if flat is not None:
-                names, shape, nums = flat
-                if names:
-                    by_group.setdefault((names, shape), []).append((nums, it, hl))
+                if not flat[0]:
+                    continue
+                key, nums = (flat[0], flat[1]), flat[2]
             elif values:
                 nums = [x for v in values.values() for x in (v if isinstance(v, tuple) else (v,))]
-                by_group.setdefault((tuple(values), _shape(values)), []).append((nums, it, hl))
-        for (names, shape), rows_g in by_group.items():
-            if any(r[1] is None for r in rows_g):
-                for nums, it, hl in rows_g:
+                key = (tuple(values), _shape(values))
+            else:
+                continue
+            got = by_group.setdefault(key, [])
+            if got and got[-1] > i:
+                mixed.add(key)
+            got.append(i)
+            nums_of[i] = nums
+        for (names, shape), idx in by_group.items():
+            if (names, shape) in mixed:
+                idx.sort()
+            nums_g = [fl[i][2] if i not in nums_of else nums_of[i] for i in idx]  # type: ignore[index]
+            its_g = [its_l[i] for i in idx]
+            if None in its_g:
+                for nums, it, i in zip(nums_g, its_g, idx, strict=True):
                     table.append(
-                        TimerBlock("megatron", _group_values(names, shape, nums), None, it, hl)
+                        TimerBlock(
+                            "megatron", _group_values(names, shape, nums), None, it, int(hlines[i])
+                        )
                     )
                 continue
             table.add_rows(
                 table.group("megatron", names, shape),
-                np.array([r[0] for r in rows_g], dtype=float),
+                np.array(nums_g, dtype=float),
                 None,
-                np.array([r[1] for r in rows_g], dtype=np.int64),
-                np.array([r[2] for r in rows_g], dtype=np.int64),
+                np.array(its_g, dtype=np.int64),
+                hlines[np.array(idx, dtype=np.int64)],
             )
 
     def _first_keyword(
