@@ -97,10 +97,20 @@ def drive_file(core: _Core, kw: Keywords, fh: BinaryIO, bulk: bool = True) -> No
     lineno = 1
     carry = b""
     skipping = False  # inside the tail of an over-long line
+    seekable = fh.seekable()
     while True:
         data = fh.read(CHUNK_BYTES)
         if not data:
             break
+        if seekable and not carry and not skipping and len(data) == CHUNK_BYTES:
+            # The whole lines of the chunk, then read again from the first byte of the
+            # line it cut (no copy of the chunk to join that line's two pieces).
+            cut = data.rfind(b"\n")
+            if cut >= 0:
+                lineno = drive_block(core, kw, fast, data, lineno, cut + 1)
+                if cut + 1 < len(data):
+                    fh.seek(cut + 1 - len(data), 1)
+                continue
         if skipping:
             nl = data.find(b"\n")
             if nl < 0:
