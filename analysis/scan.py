@@ -52,6 +52,7 @@ from analysis.scan_bytes import (
     _group_values,
     _IterPattern,
     _line_end,
+    _MemLines,
     _printable,
     line_step,
 )
@@ -135,6 +136,10 @@ def drive_file(core: _Core, kw: Keywords, fh: BinaryIO, bulk: bool = True) -> No
         fast.keywords.forget()
 
 
+_MEM_IDLE = 2
+"""Steps in a row without a Megatron memory report after which they are not looked for."""
+
+
 class _Spans:
     """Spans of bytes that do not overlap (the lines timer blocks took: a line each, or the
     lines of a block printed in one piece), as (start, end) pairs in any order."""
@@ -179,6 +184,8 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.ds_names: list[tuple[str, ...] | None] = []
         self.mem_shapes: dict[bytes, tuple[str, ...] | None] = {}
         self.mem_many = False  # the last step read many memory reports: try them in bulk
+        self.mem_idle = 0  # steps in a row that found no memory report
+        self.mem_read = 0  # memory reports of the run when the last step ended
         # -> [(piece, Iteration field, "int" | "float", factor)], or None.
         self.it_shapes: dict[bytes, list[tuple[int, str, str, float]] | None] = {}
         self.it_tmpls: list[_IterPattern] = []
@@ -365,7 +372,14 @@ class _Bulk(_BulkShapes, _BulkReaders):
             + pos
         )
         ds = self._ds_lines(block, pos, T, nl)
-        mem = self._mem_lines(block, pos, T, nl)
+        # Megatron prints its memory report once in most runs: after steps that found none
+        # the report is not looked for, until the line path reads one (a step holding one
+        # ends there, at its keyword).
+        if self.mem_idle < _MEM_IDLE or len(run.memory) != self.mem_read:
+            mem = self._mem_lines(block, pos, T, nl)
+            self.mem_idle = 0 if len(mem) else self.mem_idle + 1
+        else:
+            mem = _MemLines.of([])
         alloc = self._memalloc_lines(block, pos, T) if self.alloc else []
         its = self._iteration_lines(block, pos, T)
         if bodies:  # lines a timer block took are not read as anything else
@@ -540,6 +554,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
                 last_of,
                 last_before,
             )
+        self.mem_read = len(run.memory)
         self.lineno_at = lineno + int(np.searchsorted(nl, T))
         return T
 

@@ -1069,6 +1069,41 @@ def test_memory_reports_of_many_ranks_read_in_bulk_as_the_line_path_reads_them(
     assert sum(in_bulk) > 0.6 * len(run["memory"])
 
 
+def test_memory_reports_that_start_late_are_read_in_bulk(tmp_path, monkeypatch):
+    """Bulk steps stop looking for memory reports after some found none (most runs print one),
+    and look again once the line path has read one: reports of 64 ranks every other
+    iteration that start after megabytes of other lines are read in bulk as well."""
+    import loggen
+
+    n, ranks, late = 4300, 64, 4000
+    lines = [f"{r:2d}: training ..." for r in range(ranks)]
+    for i in range(1, n + 1):
+        lines.append(
+            f" 0:  iteration {i:8d}/{n + 10:8d} | consumed samples: {8 * i:12d} | "
+            "elapsed time per iteration (ms): 84.7 | lm loss: 5.866232E+00 |"
+        )
+        lines += [f"{r:2d}: [Rank {r}] time (ms) | fwd: {10 + i % 7}.5 | bwd: 2.25" for r in (0, 1)]
+        lines += [f"{r:2d}: NCCL INFO Channel 00/0 : 0[0] -> 1[0] via NET/Socket/0" for r in (0, 1)]
+        if i > late and i % 2 == 0:
+            for r in range(ranks):
+                lines.append(loggen.memory_report(r, i, (f"{r}.5", f"{i}.5", "3.0", "4.25")))
+    path = tmp_path / "late.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    assert len(run["memory"]) == (n - late) // 2 * ranks
+    in_bulk = []
+    real = scan._Bulk._mem_bulk
+
+    def mem_bulk(self, *a):
+        got = real(self, *a)
+        in_bulk.append(len(got) if got is not None else 0)
+        return got
+
+    monkeypatch.setattr(scan._Bulk, "_mem_bulk", mem_bulk)
+    parse.parse_file(path)
+    assert sum(in_bulk) > 0.6 * len(run["memory"])
+
+
 def test_deepspeed_lines_of_one_shape_each_keep_their_own_values(tmp_path):
     """Lines of one shape (the line without its digits) whose numbers would even out over a
     group: one with a digit in a name, one with a value without any.  Neither is read in bulk
