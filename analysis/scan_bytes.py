@@ -413,6 +413,21 @@ def _fixed_point(
     return ints / _POWERS[ends - dots]
 
 
+def _all_start_with(block: bytes, at: np.ndarray, raw: bytes) -> bool:
+    """Whether ``raw`` is in ``block`` at every position of ``at`` (each followed by at
+    least 8 - len(raw) bytes: the bytes are compared 8 at a time when raw fits)."""
+    w = len(raw)
+    if w == 0:
+        return True
+    if w <= 8:
+        words = np.ndarray((len(block) - 7,), dtype="<u8", buffer=block, strides=(1,))
+        mask = np.uint64((1 << (8 * w)) - 1)
+        want = np.uint64(int.from_bytes(raw, "little"))
+        return bool(((words[at] & mask) == want).all())
+    got = np.frombuffer(block, dtype=np.uint8)[at[:, None] + np.arange(w)]
+    return bool((got == np.frombuffer(raw, dtype=np.uint8)).all())
+
+
 class _MemLines:
     """Megatron memory reports of a segment, column-wise: starts, ends, rank and iteration
     after which each was printed (None where not printed), values (NaN where not printed)."""

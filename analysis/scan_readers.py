@@ -37,6 +37,7 @@ from analysis.scan_bytes import (
     _PRINTABLE,
     _RANK_RE,
     _WORD,
+    _all_start_with,
     _ds_values,
     _ds_values_fast,
     _DSLines,
@@ -65,21 +66,6 @@ def _lengths(items: list[bytes]) -> np.ndarray:
     if items and items.count(items[0]) == len(items):
         return np.full(len(items), len(items[0]), dtype=np.int64)
     return np.fromiter(map(len, items), dtype=np.int64, count=len(items))
-
-
-def _all_start_with(block: bytes, at: np.ndarray, raw: bytes) -> bool:
-    """Whether ``raw`` is in ``block`` at every position of ``at`` (each followed by at
-    least 8 - len(raw) bytes: the bytes are compared 8 at a time when raw fits)."""
-    w = len(raw)
-    if w == 0:
-        return True
-    if w <= 8:
-        words = np.ndarray((len(block) - 7,), dtype="<u8", buffer=block, strides=(1,))
-        mask = np.uint64((1 << (8 * w)) - 1)
-        want = np.uint64(int.from_bytes(raw, "little"))
-        return bool(((words[at] & mask) == want).all())
-    got = np.frombuffer(block, dtype=np.uint8)[at[:, None] + np.arange(w)]
-    return bool((got == np.frombuffer(raw, dtype=np.uint8)).all())
 
 
 class _BulkReaders:

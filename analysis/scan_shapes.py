@@ -24,6 +24,7 @@ from analysis.scan_bytes import (
     _MEM_HEAD_RE,
     _NAME_RE,
     _VALUE,
+    _all_start_with,
     _BlockPattern,
     _finite,
     _IterPattern,
@@ -252,8 +253,14 @@ class _BulkShapes:
             ls = np.array([line_of[i] for i, _m in found], dtype=np.int64)
             ends = np.array([m.end() for _i, m in found], dtype=np.int64)
             st = [starts[i] for i, _m in found]
-            heads = list(map(block.__getitem__, map(slice, ls.tolist(), st)))
-            ok = np.array(list(map(self._it_head, heads, (ls == pos).tolist())), dtype=bool)
+            # Most often every line's text before ``iteration`` is the same: looked at once.
+            head = block[int(ls[0]) : st[0]]
+            if (np.array(st) - ls == len(head)).all() and _all_start_with(block, ls, head):
+                heads = None
+                ok = np.full(n, self._it_head(head, False), dtype=bool)
+            else:
+                heads = list(map(block.__getitem__, map(slice, ls.tolist(), st)))
+                ok = np.array(list(map(self._it_head, heads, (ls == pos).tolist())), dtype=bool)
             ok &= ends - ls <= MAX_LINE_CHARS
             if not ok.any():
                 continue
@@ -281,7 +288,10 @@ class _BulkShapes:
                 for _f, kind, v in cols
             ]
             a_l, b_l = ls[sel].tolist(), ends[sel].tolist()
-            keys = list(map(self._head_key, map(heads.__getitem__, sel.tolist())))
+            if heads is None:
+                keys = [self._head_key(head)] * len(sel) if len(sel) else []
+            else:
+                keys = list(map(self._head_key, map(heads.__getitem__, sel.tolist())))
             rows = zip(*values, strict=True) if values else ((),) * len(a_l)
             out += zip(a_l, b_l, numbers, totals, zip(repeat(names), rows), keys, strict=True)
             taken.update(a_l)
