@@ -574,7 +574,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
             self.head_keys[head] = got[0]
         return got[0]
 
-    def _it_head(self, head: bytes, at_start: bool) -> bool:
+    def _it_head(self, head: bytes) -> bool:
         """Whether a line whose text before ``iteration`` is ``head`` is read in bulk (its
         prefixes valid, nothing in it that makes the line path read it otherwise)."""
         got = self.it_heads.get(head)
@@ -653,7 +653,6 @@ class _Bulk(_BulkShapes, _BulkReaders):
             rest = [i for i, m in enumerate(mask) if not m]
         else:
             rest = list(range(len(fl)))
-        mixed = set()
         for i in rest:
             values, flat = blocks[i][2], fl[i]
             if flat is not None:
@@ -665,14 +664,10 @@ class _Bulk(_BulkShapes, _BulkReaders):
                 key = (tuple(values), _shape(values))
             else:
                 continue
-            got = by_group.setdefault(key, [])
-            if got and got[-1] > i:
-                mixed.add(key)
-            got.append(i)
+            by_group.setdefault(key, []).append(i)
             nums_of[i] = nums
         for (names, shape), idx in by_group.items():
-            if (names, shape) in mixed:
-                idx.sort()
+            idx.sort()  # (a pattern's blocks and blocks read line by line of the same group)
             nums_g = [fl[i][2] if i not in nums_of else nums_of[i] for i in idx]  # type: ignore[index]
             its_g = [its_l[i] for i in idx]
             if None in its_g:

@@ -413,19 +413,24 @@ def _fixed_point(
     return ints / _POWERS[ends - dots]
 
 
-def _all_start_with(block: bytes, at: np.ndarray, raw: bytes) -> bool:
-    """Whether ``raw`` is in ``block`` at every position of ``at`` (each followed by at
-    least 8 - len(raw) bytes: the bytes are compared 8 at a time when raw fits)."""
+def _same_text(block: bytes, starts: np.ndarray, ends: Any) -> bytes | None:
+    """The text of ``block`` from each start to its end when it is the same for all (each
+    followed by at least 8 bytes, when it is shorter: compared 8 bytes at a time), else
+    None."""
+    raw = block[int(starts[0]) : int(ends[0])]
     w = len(raw)
+    if not (np.asarray(ends) - starts == w).all():
+        return None
     if w == 0:
-        return True
+        return raw
     if w <= 8:
         words = np.ndarray((len(block) - 7,), dtype="<u8", buffer=block, strides=(1,))
         mask = np.uint64((1 << (8 * w)) - 1)
-        want = np.uint64(int.from_bytes(raw, "little"))
-        return bool(((words[at] & mask) == want).all())
-    got = np.frombuffer(block, dtype=np.uint8)[at[:, None] + np.arange(w)]
-    return bool((got == np.frombuffer(raw, dtype=np.uint8)).all())
+        same = ((words[starts] & mask) == np.uint64(int.from_bytes(raw, "little"))).all()
+    else:
+        got = np.frombuffer(block, dtype=np.uint8)[starts[:, None] + np.arange(w)]
+        same = (got == np.frombuffer(raw, dtype=np.uint8)).all()
+    return raw if same else None
 
 
 class _MemLines:

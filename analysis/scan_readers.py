@@ -37,7 +37,6 @@ from analysis.scan_bytes import (
     _PRINTABLE,
     _RANK_RE,
     _WORD,
-    _all_start_with,
     _ds_values,
     _ds_values_fast,
     _DSLines,
@@ -49,6 +48,7 @@ from analysis.scan_bytes import (
     _pairs,
     _pattern,
     _printable,
+    _same_text,
     _values_fast,
 )
 
@@ -95,8 +95,8 @@ class _BulkReaders:
         before = np.searchsorted(nl, start) - 1  # the newline before each match, or -1
         ls = np.where(before >= 0, nl[before] + 1, pos)
         # Most often the text before every match is the same (one launcher prefix): one key.
-        raw = block[int(ls[0]) : int(start[0])]
-        if (start - ls == len(raw)).all() and _all_start_with(block, ls, raw):
+        raw = _same_text(block, ls, start)
+        if raw is not None:
             key = self.prefixes.get(raw, _MISSING)
             if key is _MISSING:
                 key = self._key(raw, b"[Rank")

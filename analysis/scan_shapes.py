@@ -24,12 +24,12 @@ from analysis.scan_bytes import (
     _MEM_HEAD_RE,
     _NAME_RE,
     _VALUE,
-    _all_start_with,
     _BlockPattern,
     _finite,
     _IterPattern,
     _pairs,
     _printable,
+    _same_text,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -254,13 +254,13 @@ class _BulkShapes:
             ends = np.array([m.end() for _i, m in found], dtype=np.int64)
             st = [starts[i] for i, _m in found]
             # Most often every line's text before ``iteration`` is the same: looked at once.
-            head = block[int(ls[0]) : st[0]]
-            if (np.array(st) - ls == len(head)).all() and _all_start_with(block, ls, head):
+            head = _same_text(block, ls, st)
+            if head is not None:
                 heads = None
-                ok = np.full(n, self._it_head(head, False), dtype=bool)
+                ok = np.full(n, self._it_head(head), dtype=bool)
             else:
                 heads = list(map(block.__getitem__, map(slice, ls.tolist(), st)))
-                ok = np.array(list(map(self._it_head, heads, (ls == pos).tolist())), dtype=bool)
+                ok = np.array(list(map(self._it_head, heads)), dtype=bool)
             ok &= ends - ls <= MAX_LINE_CHARS
             if not ok.any():
                 continue
