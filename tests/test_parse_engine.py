@@ -1027,6 +1027,21 @@ _MEM_FORMS = {
 }
 
 
+def _read_by_mem_bulk(path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Memory reports of ``path`` that the bulk reader of many reports (``_mem_bulk``) read."""
+    in_bulk = []
+    real = scan._Bulk._mem_bulk
+
+    def mem_bulk(self, *a):
+        got = real(self, *a)
+        in_bulk.append(len(got) if got is not None else 0)
+        return got
+
+    monkeypatch.setattr(scan._Bulk, "_mem_bulk", mem_bulk)
+    parse.parse_file(path)
+    return sum(in_bulk)
+
+
 @pytest.mark.parametrize("form", sorted(_MEM_FORMS))
 def test_memory_reports_of_many_ranks_read_in_bulk_as_the_line_path_reads_them(
     tmp_path, monkeypatch, form
@@ -1056,17 +1071,7 @@ def test_memory_reports_of_many_ranks_read_in_bulk_as_the_line_path_reads_them(
     assert (first["rank"], first["after_iteration"], first["allocated_mb"]) == (0, 4, 4.4)
     if form != "plain":
         return
-    in_bulk = []
-    real = scan._Bulk._mem_bulk
-
-    def mem_bulk(self, *a):
-        got = real(self, *a)
-        in_bulk.append(len(got) if got is not None else 0)
-        return got
-
-    monkeypatch.setattr(scan._Bulk, "_mem_bulk", mem_bulk)
-    parse.parse_file(path)
-    assert sum(in_bulk) > 0.6 * len(run["memory"])
+    assert _read_by_mem_bulk(path, monkeypatch) > 0.6 * len(run["memory"])
 
 
 def test_memory_reports_that_start_late_are_read_in_bulk(tmp_path, monkeypatch):
@@ -1091,17 +1096,7 @@ def test_memory_reports_that_start_late_are_read_in_bulk(tmp_path, monkeypatch):
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (run,) = _three_ways(path)
     assert len(run["memory"]) == (n - late) // 2 * ranks
-    in_bulk = []
-    real = scan._Bulk._mem_bulk
-
-    def mem_bulk(self, *a):
-        got = real(self, *a)
-        in_bulk.append(len(got) if got is not None else 0)
-        return got
-
-    monkeypatch.setattr(scan._Bulk, "_mem_bulk", mem_bulk)
-    parse.parse_file(path)
-    assert sum(in_bulk) > 0.6 * len(run["memory"])
+    assert _read_by_mem_bulk(path, monkeypatch) > 0.6 * len(run["memory"])
 
 
 def test_deepspeed_lines_of_one_shape_each_keep_their_own_values(tmp_path):
