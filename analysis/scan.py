@@ -381,7 +381,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         else:
             mem = _MemLines.of([])
         alloc = self._memalloc_lines(block, pos, T) if self.alloc else []
-        its = self._iteration_lines(block, pos, T)
+        its = self._iteration_lines(block, pos, T, nl)
         if bodies:  # lines a timer block took are not read as anything else
             taken = _Spans(bodies)
             ds.keep &= ~taken.holds(ds.ls)

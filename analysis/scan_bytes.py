@@ -413,6 +413,41 @@ def _fixed_point(
     return ints / _POWERS[ends - dots]
 
 
+_TRAILING = np.zeros(256, dtype=bool)
+_TRAILING[list(b" \t\r\x0b\x0c")] = True
+"""The bytes ``bytes.rstrip()`` takes off a line's end before its newline."""
+
+
+def _pipe_ended(block: bytes, pos: int, nl: np.ndarray) -> tuple[list[int], list[int]]:
+    """Start and newline of each line from ``pos`` (``nl``: its newlines) that ends in ``|``
+    before trailing whitespace: all the lines an iteration line of the bulk path can be (its
+    learned patterns end so, and the line path's reading of one needs it), found by one look
+    at the last bytes instead of a search of the segment for ``iteration``."""
+    if not len(nl):
+        return [], []
+    buf = np.frombuffer(block, dtype=np.uint8)
+    starts = np.empty_like(nl)
+    starts[0] = pos
+    starts[1:] = nl[:-1] + 1
+    last = nl - 1
+    live = last >= starts
+    byte = np.where(live, buf[np.maximum(last, 0)], 0)
+    # Step back over trailing whitespace, line by line for the few that hold much.
+    for _ in range(4):
+        ws = np.flatnonzero(live & _TRAILING[byte])
+        if not len(ws):
+            break
+        last[ws] -= 1
+        live[ws] = last[ws] >= starts[ws]
+        byte[ws] = np.where(live[ws], buf[np.maximum(last[ws], 0)], 0)
+    else:
+        for i in np.flatnonzero(live & _TRAILING[byte]).tolist():
+            text = block[int(starts[i]) : int(nl[i])].rstrip()
+            byte[i] = text[-1] if text else 0
+    pick = np.flatnonzero(byte == 0x7C)
+    return starts[pick].tolist(), nl[pick].tolist()
+
+
 def _same_text(block: bytes, starts: np.ndarray, ends: Any) -> bytes | None:
     """The text of ``block`` from each start to its end when it is the same for all (each
     followed by at least 8 bytes, when it is shorter: compared 8 bytes at a time), else

@@ -47,6 +47,7 @@ from analysis.scan_bytes import (
     _other_glue,
     _pairs,
     _pattern,
+    _pipe_ended,
     _printable,
     _same_text,
     _values_fast,
@@ -292,19 +293,16 @@ class _BulkReaders:
         return out
 
     def _iteration_lines(
-        self, block: bytes, pos: int, T: int
+        self, block: bytes, pos: int, T: int, nl: np.ndarray
     ) -> list[tuple[int, int, int, int, tuple[tuple[str, ...], tuple[Any, ...]], str]]:
         """Megatron iteration lines of [pos, T) the bulk path knows: (start, end, number,
-        total, field values, stream)."""
-        matches = list(_IT_RE.finditer(block, pos, T))
-        out, taken = self._iteration_patterns(block, pos, T, [m.start() for m in matches])
-        if len(out) == len(matches):  # every line is one of a learned pattern
+        total, field values, stream).  ``nl``: where the newlines of [pos, T) are."""
+        out, rest = self._iteration_patterns(block, _pipe_ended(block, pos, nl))
+        if not rest:  # every line that can be one is one of a learned pattern
             return out
         found: list[tuple[int, int, int, int, bytes, list[tuple[int, str, str, float]], str]] = []
-        for m in matches:
+        for m in (m for s, e in rest for m in _IT_RE.finditer(block, s, e)):
             st = m.start()
-            if taken and (block.rfind(b"\n", pos, st) + 1 or pos) in taken:
-                continue
             if st > pos and block[st - 1] in _WORD:  # (?<![\w-]) of the line path
                 continue
             ls = block.rfind(b"\n", pos, st) + 1 or pos
@@ -365,7 +363,7 @@ class _BulkReaders:
             for i, x in enumerate(found)
             if keep[i]
         ]
-        if taken and found:
+        if out and found:
             out.sort(key=lambda x: x[0])
         return out
 

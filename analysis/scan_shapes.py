@@ -220,39 +220,38 @@ class _BulkShapes:
         return cols
 
     def _iteration_patterns(
-        self, block: bytes, pos: int, T: int, starts: list[int]
+        self, block: bytes, lines: tuple[list[int], list[int]]
     ) -> tuple[
-        list[tuple[int, int, int, int, tuple[tuple[str, ...], tuple[Any, ...]], str]], set[int]
+        list[tuple[int, int, int, int, tuple[tuple[str, ...], tuple[Any, ...]], str]],
+        list[tuple[int, int]],
     ]:
-        """Iteration lines of the learned patterns, matched at ``starts`` (where ``_IT_RE``
-        matches in [pos, T), where every match of a pattern starts), as ``_iteration_lines``
-        gives them; their starts.  A pattern is tried only there: no scan of the segment."""
+        """Iteration lines of the learned patterns among ``lines`` (starts, newlines: the lines
+        of a segment that can be iteration lines), as ``_iteration_lines`` gives them; the lines
+        none of them took.  A pattern is looked for in each line from its start (its first
+        match there, as at each ``_IT_RE`` match: one such line holds no second)."""
         out: list[tuple[int, int, int, int, tuple[tuple[str, ...], tuple[Any, ...]], str]] = []
-        taken: set[int] = set()
-        if not self.it_tmpls or not starts:
-            return out, taken
-        rfind = block.rfind
-        line_of = [rfind(b"\n", pos, st) + 1 or pos for st in starts]
+        line_of, nls = lines
+        if not self.it_tmpls or not line_of:
+            return out, list(zip(line_of, nls, strict=True))
+        todo = list(range(len(line_of)))
         for tp in self.it_tmpls:
-            if taken:
-                todo = [i for i, ls in enumerate(line_of) if ls not in taken]
-            else:
-                todo = list(range(len(starts)))
-            found = [
-                (i, m)
-                for i, m in zip(
-                    todo,
-                    map(tp.rx.match, repeat(block), map(starts.__getitem__, todo), repeat(T)),
-                    strict=True,
+            if not todo:
+                break
+            got = list(
+                map(
+                    tp.rx.search,
+                    repeat(block),
+                    map(line_of.__getitem__, todo),
+                    [nls[i] + 1 for i in todo],
                 )
-                if m is not None
-            ]
+            )
+            found = [(i, m) for i, m in zip(todo, got, strict=True) if m is not None]
             n = len(found)
             if not n:
                 continue
             ls = np.array([line_of[i] for i, _m in found], dtype=np.int64)
             ends = np.array([m.end() for _i, m in found], dtype=np.int64)
-            st = [starts[i] for i, _m in found]
+            st = [m.start() for _i, m in found]
             # Most often every line's text before ``iteration`` is the same: looked at once.
             head = _same_text(block, ls, st)
             if head is not None:
@@ -294,9 +293,13 @@ class _BulkShapes:
                 keys = list(map(self._head_key, map(heads.__getitem__, sel.tolist())))
             rows = zip(*values, strict=True) if values else ((),) * len(a_l)
             out += zip(a_l, b_l, numbers, totals, zip(repeat(names), rows), keys, strict=True)
-            taken.update(a_l)
+            if len(sel) == len(todo):
+                todo = []
+            else:
+                took = {found[i][0] for i in sel.tolist()}
+                todo = [i for i in todo if i not in took]
         out.sort(key=lambda x: x[0])
-        return out, taken
+        return out, [(line_of[i], nls[i]) for i in todo]
 
     def _learn(
         self,

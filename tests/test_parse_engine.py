@@ -1011,6 +1011,32 @@ def test_lines_holding_other_keywords_read_as_the_line_path_reads_them(tmp_path,
     assert len(run["iterations"]) == n
 
 
+_LINE_ENDS = {"bare": "", "CR": "\r", "space": " ", "tabs": " \t \t", "many spaces": " " * 9}
+
+
+@pytest.mark.parametrize("form", sorted(_LINE_ENDS))
+def test_iteration_lines_with_whitespace_after_the_last_bar_are_read_in_bulk(
+    tmp_path, monkeypatch, form
+):
+    """Iteration lines that end in whitespace after their last ``|`` (a CR of a log written on
+    Windows, trailing spaces: the few the bulk path steps back over one by one, and more) are
+    read in bulk, as the line path reads them."""
+    n, end = _LONG_RUN, _LINE_ENDS[form]
+
+    def lines_of(i: int) -> list[str]:
+        return [
+            _iteration_line(i, n + 10) + end,
+            f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
+            "node0: NCCL INFO chatter",
+        ]
+
+    run = _long_run(tmp_path / "ends.log", lines_of)
+    assert len(run["iterations"]) == n
+    assert run["iterations"][-1]["iteration"] == n
+    # (The first lines are read by the line path: ``_LATE_CONFIG_LINES``.)
+    assert _read_by(tmp_path / "ends.log", monkeypatch, "_iteration_lines") > 0.4 * n
+
+
 _MEM_FORMS = {
     "plain": "",
     "no iteration count": " {r:2d}: [Rank {r}] memory (MB) | allocated: 1.5 | max allocated: 2.5",
@@ -1027,17 +1053,18 @@ _MEM_FORMS = {
 }
 
 
-def _read_by_mem_bulk(path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
-    """Memory reports of ``path`` that the bulk reader of many reports (``_mem_bulk``) read."""
+def _read_by(path: Path, monkeypatch: pytest.MonkeyPatch, reader: str = "_mem_bulk") -> int:
+    """Lines of ``path`` that a reader of the bulk path read (by default the reader of many
+    memory reports, ``_mem_bulk``)."""
     in_bulk = []
-    real = scan._Bulk._mem_bulk
+    real = getattr(scan._Bulk, reader)
 
-    def mem_bulk(self, *a):
+    def counted(self, *a):
         got = real(self, *a)
         in_bulk.append(len(got) if got is not None else 0)
         return got
 
-    monkeypatch.setattr(scan._Bulk, "_mem_bulk", mem_bulk)
+    monkeypatch.setattr(scan._Bulk, reader, counted)
     parse.parse_file(path)
     return sum(in_bulk)
 
@@ -1071,7 +1098,7 @@ def test_memory_reports_of_many_ranks_read_in_bulk_as_the_line_path_reads_them(
     assert (first["rank"], first["after_iteration"], first["allocated_mb"]) == (0, 4, 4.4)
     if form != "plain":
         return
-    assert _read_by_mem_bulk(path, monkeypatch) > 0.6 * len(run["memory"])
+    assert _read_by(path, monkeypatch) > 0.6 * len(run["memory"])
 
 
 def test_memory_reports_that_start_late_are_read_in_bulk(tmp_path, monkeypatch):
@@ -1096,7 +1123,7 @@ def test_memory_reports_that_start_late_are_read_in_bulk(tmp_path, monkeypatch):
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (run,) = _three_ways(path)
     assert len(run["memory"]) == (n - late) // 2 * ranks
-    assert _read_by_mem_bulk(path, monkeypatch) > 0.6 * len(run["memory"])
+    assert _read_by(path, monkeypatch) > 0.6 * len(run["memory"])
 
 
 def test_deepspeed_lines_of_one_shape_each_keep_their_own_values(tmp_path):
