@@ -362,15 +362,19 @@ class _Bulk(_BulkShapes, _BulkReaders):
         # when that is its first line and it may, looks at more bytes); the other readers then
         # read only up to there.
         self.open_at_limit = False
-        T, blocks, headers, bodies = self._timer_blocks(block, pos, limit)
+        # Where the newlines of [pos, limit) are (the readers' line starts, the line numbers).
+        nl = (
+            np.flatnonzero(
+                np.frombuffer(block, dtype=np.uint8, count=limit - pos, offset=pos) == 10
+            )
+            + pos
+        )
+        T, blocks, headers, bodies = self._timer_blocks(block, pos, limit, nl)
         if self.open_at_limit and can_grow and pos >= T:
             return None  # look at more bytes (nothing was added)
         self.open_block = T if self.open_at_limit else -1
-        # Where the newlines of [pos, T) are (the readers' line starts, the line numbers).
-        nl = (
-            np.flatnonzero(np.frombuffer(block, dtype=np.uint8, count=T - pos, offset=pos) == 10)
-            + pos
-        )
+        if limit > T:
+            nl = nl[: np.searchsorted(nl, T)]
         ds = self._ds_lines(block, pos, T, nl)
         # Megatron prints its memory report once in most runs: after steps that found none
         # the report is not looked for, until the line path reads one (a step holding one

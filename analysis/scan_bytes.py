@@ -418,11 +418,13 @@ _TRAILING[list(b" \t\r\x0b\x0c")] = True
 """The bytes ``bytes.rstrip()`` takes off a line's end before its newline."""
 
 
-def _pipe_ended(block: bytes, pos: int, nl: np.ndarray) -> tuple[list[int], list[int]]:
-    """Start and newline of each line from ``pos`` (``nl``: its newlines) that ends in ``|``
-    before trailing whitespace: all the lines an iteration line of the bulk path can be (its
-    learned patterns end so, and the line path's reading of one needs it), found by one look
-    at the last bytes instead of a search of the segment for ``iteration``."""
+def _lines_ending(
+    block: bytes, pos: int, nl: np.ndarray, tail: bytes
+) -> tuple[list[int], list[int]]:
+    """Start and newline of each line from ``pos`` (``nl``: its newlines) that ends in ``tail``
+    before trailing whitespace (``bytes.rstrip``'s), found by a look at the last bytes of each
+    line instead of a search of the text: an iteration line of the bulk path ends in ``|``, a
+    timer block's header in ``across ranks (ms):``."""
     if not len(nl):
         return [], []
     buf = np.frombuffer(block, dtype=np.uint8)
@@ -443,8 +445,13 @@ def _pipe_ended(block: bytes, pos: int, nl: np.ndarray) -> tuple[list[int], list
     else:
         for i in np.flatnonzero(live & _TRAILING[byte]).tolist():
             text = block[int(starts[i]) : int(nl[i])].rstrip()
+            last[i] = starts[i] + len(text) - 1
             byte[i] = text[-1] if text else 0
-    pick = np.flatnonzero(byte == 0x7C)
+    pick = np.flatnonzero(byte == tail[-1])
+    for j in range(2, len(tail) + 1):
+        at = last[pick] - (j - 1)
+        pick = pick[at >= starts[pick]]
+        pick = pick[buf[last[pick] - (j - 1)] == tail[-j]]
     return starts[pick].tolist(), nl[pick].tolist()
 
 

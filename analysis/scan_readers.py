@@ -43,11 +43,11 @@ from analysis.scan_bytes import (
     _finds,
     _finite,
     _line_end,
+    _lines_ending,
     _MemLines,
     _other_glue,
     _pairs,
     _pattern,
-    _pipe_ended,
     _printable,
     _same_text,
     _values_fast,
@@ -297,7 +297,7 @@ class _BulkReaders:
     ) -> list[tuple[int, int, int, int, tuple[tuple[str, ...], tuple[Any, ...]], str]]:
         """Megatron iteration lines of [pos, T) the bulk path knows: (start, end, number,
         total, field values, stream).  ``nl``: where the newlines of [pos, T) are."""
-        out, rest = self._iteration_patterns(block, _pipe_ended(block, pos, nl))
+        out, rest = self._iteration_patterns(block, _lines_ending(block, pos, nl, b"|"))
         if not rest:  # every line that can be one is one of a learned pattern
             return out
         found: list[tuple[int, int, int, int, bytes, list[tuple[int, str, str, float]], str]] = []
@@ -368,7 +368,7 @@ class _BulkReaders:
         return out
 
     def _timer_blocks(
-        self, block: bytes, pos: int, T: int
+        self, block: bytes, pos: int, T: int, nl: np.ndarray
     ) -> tuple[
         int,
         list[tuple[int, int, dict[str, Any] | None, str, Any]],
@@ -380,16 +380,13 @@ class _BulkReaders:
         blocks as (header start, close, values, stream, flat values: ``_BlockPattern.read``),
         header lines, body lines); T moves to the header of a block that does not close
         before it.  A block printed in one piece
-        like one read before is read by one match of that block's pattern."""
+        like one read before is read by one match of that block's pattern.  ``nl``: where the
+        newlines of [pos, T) are (a header is a line that ends in ``_HEAD_LIT``: the line path
+        reads no other as one)."""
         blocks: list[tuple[int, int, dict[str, Any] | None, str, Any]] = []
         headers: list[tuple[int, int]] = []
         bodies: list[tuple[int, int]] = []
-        for ms, me in _finds(block, _HEAD_LIT, pos, T):
-            ls = block.rfind(b"\n", pos, ms) + 1 or pos
-            e = block.find(b"\n", me, T)
-            if e < 0:
-                self.open_at_limit = True
-                return ls, blocks, headers, bodies
+        for ls, e in zip(*_lines_ending(block, pos, nl, _HEAD_LIT), strict=True):
             got = None
             for tmpl in self.block_tmpls.get(block[ls : e + 1], ()):
                 got = tmpl.read(self, block, ls, T)
@@ -411,6 +408,11 @@ class _BulkReaders:
             blocks.append((ls, close, values, key, flat))
             headers.append((ls, e + 1))
             bodies.extend(mine)
+        # A header in the text after the last newline: it does not close here.
+        tail = int(nl[-1]) + 1 if len(nl) else pos
+        if block.find(_HEAD_LIT, tail, T) >= 0:
+            self.open_at_limit = True
+            return tail, blocks, headers, bodies
         return T, blocks, headers, bodies
 
     def _read_block(
