@@ -38,6 +38,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 from analysis.scan_bytes import (
     _ALLOC_AFTER,
+    _DS_AFTER,
+    _DS_LIT,
+    _DS_OFFSETS,
     _MISSING,
     _PREFIXES_RE,
     _WORD,
@@ -162,7 +165,10 @@ class _Bulk(_BulkShapes, _BulkReaders):
     def __init__(self, core: _Core, kw: Keywords) -> None:
         self.core = core
         self.kw = kw
-        self.ranks: dict[bytes, int] = {}
+        # Where ``[Rank`` of DeepSpeed's lines was in the lines, from their starts: the
+        # offsets their lines are looked for at (``_ds_lines``).
+        self.ds_offsets: list[int] = []
+        self.ds_probes = 0  # steps that searched for one while none was known
         # DeepSpeed's ``MemAllocated=`` lines are read in bulk once the line path has read a
         # few (a log that prints them every few steps): before, no bulk step looks for them.
         self.alloc = False
@@ -408,6 +414,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         R = self._first_keyword(block, pos, T, span_s, span_e)
         if R is not None:
             T = min(T, R)
+            self._ds_offset(block, R, limit)
 
         # Iteration numbers must go up; a repeat changes nothing; the final iteration, or a
         # counter going back, is for the line path.
@@ -689,6 +696,19 @@ class _Bulk(_BulkShapes, _BulkReaders):
                 np.array(its_g, dtype=np.int64),
                 hlines[np.array(idx, dtype=np.int64)],
             )
+
+    def _ds_offset(self, block: bytes, ls: int, end: int) -> None:
+        """Look for DeepSpeed lines at the offset of ``[Rank`` in the line at ``ls`` (one the
+        step left to the line path) from now on, when it is one of them."""
+        e = _line_end(block, ls, end)
+        at = block.find(_DS_LIT, ls, e)
+        if (
+            at >= 0
+            and at - ls not in self.ds_offsets
+            and len(self.ds_offsets) < _DS_OFFSETS
+            and block.find(_DS_AFTER, at, e) >= 0
+        ):
+            self.ds_offsets.append(at - ls)
 
     def _first_keyword(
         self, block: bytes, pos: int, T: int, span_s: np.ndarray, span_e: np.ndarray

@@ -204,7 +204,15 @@ def line_step(
 
 # -- the bulk path ---------------------------------------------------------------------------
 
-_DS_RE = re.compile(rb"\[Rank (\d+)\] time \(ms\) \|([^\n]*)\n")
+_DS_LIT = b"[Rank "
+_DS_AFTER = b"] time (ms) |"
+"""A DeepSpeed ``[Rank N] time (ms) |`` line: the text around its rank (``_ds_heads``)."""
+_DS_OFFSETS = 16
+"""Offsets of ``[Rank`` in a line (the launcher prefixes' widths) the bulk path looks at."""
+_DS_PROBES = 4
+"""Bulk steps that search their text for a DeepSpeed line while none was seen."""
+_IS_DIGIT = np.zeros(256, dtype=bool)
+_IS_DIGIT[48:58] = True
 _MEM_LIT = b"memory (MB) |"
 _MEM_BULK_RE = re.compile(rb"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \|([^\n]*)\n")
 """A memory report of one rank after some iterations (Megatron's ``report_memory`` on every
@@ -455,6 +463,60 @@ def _lines_ending(
     return starts[pick].tolist(), nl[pick].tolist()
 
 
+def _word(text: bytes, n: int = 8) -> np.uint64:
+    """The first ``n`` bytes of ``text`` as a little-endian word (``_ds_heads``)."""
+    return np.uint64(int.from_bytes(text[:n], "little"))
+
+
+_DS_W = (_word(_DS_LIT, 6), _word(_DS_AFTER), _word(_DS_AFTER[5:]))
+_LOW6 = np.uint64((1 << 48) - 1)
+
+
+def _ds_heads(
+    block: bytes, pos: int, nl: np.ndarray, offsets: list[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The DeepSpeed ``[Rank N] time (ms) |`` lines from ``pos`` (``nl``: their newlines)
+    whose ``[Rank`` is at one of ``offsets`` from the line start (the first such when more
+    are, as a search of the line finds it): (their indices in ``nl``, where ``[Rank`` is,
+    the rank (at most 7 digits), where the text after ``|`` starts).  A look at a few bytes
+    of every line: no search of the text."""
+    none = np.zeros(0, dtype=np.int64)
+    if not len(nl) or not offsets or len(block) < 32:
+        return none, none, none, none
+    buf = np.frombuffer(block, dtype=np.uint8)
+    words = np.ndarray((len(block) - 7,), dtype="<u8", buffer=block, strides=(1,))
+    starts = np.empty_like(nl)
+    starts[0] = pos
+    starts[1:] = nl[:-1] + 1
+    lines, ats = [], []
+    for w in offsets:
+        at = starts + w
+        idx = np.flatnonzero(at + len(b"[Rank 0] time (ms) |") <= nl)
+        at = at[idx]
+        hit = (words[at] & _LOW6) == _DS_W[0]
+        lines.append(idx[hit])
+        ats.append(at[hit])
+    idx, at = np.concatenate(lines), np.concatenate(ats)
+    if len(offsets) > 1:  # one per line: the first
+        order = np.lexsort((at, idx))
+        idx, at = idx[order], at[order]
+        first = np.ones(len(idx), dtype=bool)
+        first[1:] = idx[1:] != idx[:-1]
+        idx, at = idx[first], at[first]
+    digits = buf[at[:, None] + 6 + np.arange(8)]
+    width = np.argmin(_IS_DIGIT[digits], axis=1)  # (0: none, or 8 or more)
+    q = at + 6 + width  # where "] time (ms) |" is
+    ok = (width > 0) & (q + len(_DS_AFTER) <= nl[idx])
+    q = np.where(ok, q, at)
+    ok &= (words[q] == _DS_W[1]) & (words[q + 5] == _DS_W[2])
+    idx, at, q, width, digits = idx[ok], at[ok], q[ok], width[ok], digits[ok]
+    rank = digits[:, 0].astype(np.int64) - 48
+    for j in range(1, int(width.max(initial=1))):
+        more = width > j
+        rank[more] = rank[more] * 10 + digits[more, j] - 48
+    return idx, at, rank, q + len(_DS_AFTER)
+
+
 def _same_text(block: bytes, starts: np.ndarray, ends: Any) -> bytes | None:
     """The text of ``block`` from each start to its end when it is the same for all (each
     followed by at least 8 bytes, when it is shorter: compared 8 bytes at a time), else
@@ -531,6 +593,9 @@ class _DSLines:
         self.keys: list[str | None] = []
         """Stream key of each line (None: not only launcher prefixes)."""
         self.groups: list[tuple[tuple[str, ...], np.ndarray, np.ndarray]] = []
+
+    def __len__(self) -> int:
+        return len(self.ls)
 
 
 _VALUE = rb"( *[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)? *)"

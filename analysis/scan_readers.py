@@ -20,7 +20,8 @@ from analysis.scan_bytes import (
     _ALLOC_LIT,
     _ALLOC_NOT,
     _DIGITS,
-    _DS_RE,
+    _DS_LIT,
+    _DS_PROBES,
     _HEAD_LIT,
     _HEADS,
     _IT_RE,
@@ -37,6 +38,7 @@ from analysis.scan_bytes import (
     _PRINTABLE,
     _RANK_RE,
     _WORD,
+    _ds_heads,
     _ds_values,
     _ds_values_fast,
     _DSLines,
@@ -95,13 +97,18 @@ class _BulkReaders:
         start = pos + np.cumsum(gl[:n]) + np.concatenate([[0], np.cumsum(ml[:-1])])
         before = np.searchsorted(nl, start) - 1  # the newline before each match, or -1
         ls = np.where(before >= 0, nl[before] + 1, pos)
+        return ls, start + ml, self._keys_of(block, ls, start)
+
+    def _keys_of(self, block: bytes, ls: np.ndarray, start: np.ndarray) -> list[str | None]:
+        """The stream key of the text from each line start to ``[Rank`` (None when it is not
+        only launcher prefixes)."""
         # Most often the text before every match is the same (one launcher prefix): one key.
         raw = _same_text(block, ls, start)
         if raw is not None:
             key = self.prefixes.get(raw, _MISSING)
             if key is _MISSING:
                 key = self._key(raw, b"[Rank")
-            return ls, start + ml, [key] * n  # type: ignore[list-item]
+            return [key] * len(ls)  # type: ignore[list-item]
         raws = list(map(block.__getitem__, map(slice, ls.tolist(), start.tolist())))
         keys = list(map(self.prefixes.get, raws, repeat(_MISSING)))
         if _MISSING in keys:
@@ -109,25 +116,31 @@ class _BulkReaders:
                 self._key(r, b"[Rank") if key is _MISSING else key
                 for r, key in zip(raws, keys, strict=True)
             ]
-        return ls, start + ml, keys
+        return keys
 
     def _ds_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _DSLines:
         """DeepSpeed ``[Rank N] time (ms) |`` lines of [pos, T) whose form the bulk path
-        knows, converted (``re.split`` and maps: no Python step per line but a few)."""
-        parts = _DS_RE.split(memoryview(block)[pos:T])
-        n = (len(parts) - 1) // 3
+        knows, converted (a look at a few bytes of each line, then maps: no Python step per
+        line but a few).  Only lines whose ``[Rank`` is at an offset seen before are looked
+        at (``ds_offsets``): another is left to the line path, which ends the step there, and
+        the offset is looked at from then on (``_segment``)."""
+        if not self.ds_offsets and self.ds_probes < _DS_PROBES:
+            # The first steps look for one in the text (a log without any stops looking).
+            self.ds_probes += 1
+            at = block.find(_DS_LIT, pos, T)
+            if at >= 0:
+                self._ds_offset(block, block.rfind(b"\n", pos, at) + 1 or pos, T)
+        idx, at, rank, bs = _ds_heads(block, pos, nl, self.ds_offsets)
+        n = len(idx)
         out = _DSLines(n)
         if not n:
             return out
-        ranks, bodies = parts[1::3], parts[2::3]
-        # (A newline ends each body: no body holds one.)
+        ne = nl[idx]
+        bodies = list(map(block.__getitem__, map(slice, bs.tolist(), ne.tolist())))
         joined = b"\n".join(bodies)
-        ends = np.flatnonzero(np.frombuffer(joined, dtype=np.uint8) == 10)
-        lens = np.diff(ends, prepend=-1, append=len(joined)) - 1
-        out.ls, out.le, keys = self._split_lines(
-            parts, 2, len(b"[Rank ] time (ms) |\n"), block, pos, nl, lens
-        )
-        out.keys = keys
+        out.ls = np.where(idx > 0, nl[np.maximum(idx - 1, 0)] + 1, pos)
+        out.le = ne + 1
+        out.keys = keys = self._keys_of(block, out.ls, at)
         out.keep = out.le - out.ls <= MAX_LINE_CHARS
         if None in keys:
             out.keep &= np.array([k is not None for k in keys], dtype=bool)
@@ -140,18 +153,10 @@ class _BulkReaders:
         if (codes < 0).any():
             for i in np.flatnonzero(codes < 0).tolist():
                 if shapes[i] not in code_of:
-                    self._ds_shape(shapes[i], bodies[i], int(ranks[i]))
+                    self._ds_shape(shapes[i], bodies[i], int(rank[i]))
             codes = np.fromiter(map(code_of.__getitem__, shapes), dtype=np.int64, count=n)
         gid = codes >> 1
-        rank_of = self.ranks
-        if len(rank_of) > 4096:
-            rank_of.clear()
-        if ranks.count(ranks[0]) == n:  # (one rank prints them)
-            out.rank = np.full(n, int(ranks[0]), dtype=np.int64)
-        else:
-            for r in set(ranks).difference(rank_of):
-                rank_of[r] = int(r)
-            out.rank = np.array(list(map(rank_of.__getitem__, ranks)), dtype=np.int64)
+        out.rank = rank
         names_of = self.ds_names
         flat = None
         if (codes & 1).all():  # all plain decimals: every line's values in one read

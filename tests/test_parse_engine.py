@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from analysis import parse, scan, scan_bytes
 from analysis.columns import Column, json_text
-from analysis.parse_rules import _KW
+from analysis.parse_rules import _KW, _LATE_CONFIG_LINES
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = REPO.parent / "shared" / "lab-logs"
@@ -1035,6 +1035,59 @@ def test_iteration_lines_with_whitespace_after_the_last_bar_are_read_in_bulk(
     assert run["iterations"][-1]["iteration"] == n
     # (The first lines are read by the line path: ``_LATE_CONFIG_LINES``.)
     assert _read_by(tmp_path / "ends.log", monkeypatch, "_iteration_lines") > 0.4 * n
+
+
+_DS_HEADS = {
+    # Launcher prefixes of three widths, interleaved.
+    "prefix widths": [
+        "n1: [Rank 1] time (ms) | fwd: {v} | bwd: 20.25",
+        "node22: [Rank 22] time (ms) | fwd: {v} | bwd: 21.25",
+        "gpu-node-333: [Rank 333] time (ms) | fwd: {v} | bwd: 22.25",
+    ],
+    # Ranks of 1 to 7 digits, and of 8 (which the line path reads).
+    "rank widths": [
+        "node1: [Rank 5] time (ms) | fwd: {v} | bwd: 20.25",
+        "node1: [Rank 4321] time (ms) | fwd: {v} | bwd: 21.25",
+        "node1: [Rank 7654321] time (ms) | fwd: {v} | bwd: 22.25",
+        "node1: [Rank 87654321] time (ms) | fwd: {v} | bwd: 23.25",
+    ],
+    # No prefix, then another line with the head twice at two offsets the step looks at.
+    "two heads": [
+        "[Rank 0] time (ms) | fwd: {v} | bwd: 20.25",
+        "node1: [Rank 1] time (ms) | fwd: {v} | bwd: 21.25",
+        "[Rank 2] time (ms) | fwd: {v} |[Rank 3] time (ms) | bwd: 22.25",
+    ],
+}
+
+
+@pytest.mark.parametrize("form", sorted(_DS_HEADS))
+def test_deepspeed_lines_are_read_in_bulk_at_every_offset_and_rank_width(
+    tmp_path, monkeypatch, form
+):
+    """DeepSpeed's lines are looked for at the offsets of ``[Rank`` seen before: prefixes of
+    several widths, ranks of several widths, a line without a prefix are all read in bulk, as
+    the line path reads them."""
+    n, heads = _LONG_RUN, _DS_HEADS[form]
+
+    def lines_of(i: int) -> list[str]:
+        v = f"{10 + i % 7}.5"
+        return [_iteration_line(i, n + 10), *(h.format(v=v) for h in heads), "n1: NCCL INFO"]
+
+    run = _long_run(tmp_path / "heads.log", lines_of)
+    ds = [t for t in run["timers"] if t["source"] == "deepspeed"]
+    ranks = {t["rank"] for t in ds}
+    assert len(ds) == n * len(heads)
+    assert ranks == {int(h.split("[Rank ")[1].split("]")[0]) for h in heads}
+    fed = []
+    real = parse._Core.feed
+    monkeypatch.setattr(
+        parse._Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
+    )
+    parse.parse_file(tmp_path / "heads.log")
+    # The first lines (``_LATE_CONFIG_LINES``), and a line of each iteration in two forms:
+    # the 8-digit rank, the line with a second head.
+    extra = 0 if form == "prefix widths" else n
+    assert len(fed) < _LATE_CONFIG_LINES + extra + 100
 
 
 _MEM_FORMS = {
