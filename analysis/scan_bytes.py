@@ -488,14 +488,15 @@ def _ds_heads(
     starts = np.empty_like(nl)
     starts[0] = pos
     starts[1:] = nl[:-1] + 1
+    top = len(block) - 8
     lines, ats = [], []
     for w in offsets:
         at = starts + w
-        idx = np.flatnonzero(at + len(b"[Rank 0] time (ms) |") <= nl)
-        at = at[idx]
-        hit = (words[at] & _LOW6) == _DS_W[0]
-        lines.append(idx[hit])
-        ats.append(at[hit])
+        hit = np.flatnonzero((words[np.minimum(at, top)] & _LOW6) == _DS_W[0])
+        at = at[hit]
+        ok = at + len(b"[Rank 0] time (ms) |") <= nl[hit]  # (and so no word past the end)
+        lines.append(hit[ok])
+        ats.append(at[ok])
     idx, at = np.concatenate(lines), np.concatenate(ats)
     if len(offsets) > 1:  # one per line: the first
         order = np.lexsort((at, idx))
@@ -503,17 +504,23 @@ def _ds_heads(
         first = np.ones(len(idx), dtype=bool)
         first[1:] = idx[1:] != idx[:-1]
         idx, at = idx[first], at[first]
-    digits = buf[at[:, None] + 6 + np.arange(8)]
-    width = np.argmin(_IS_DIGIT[digits], axis=1)  # (0: none, or 8 or more)
+    d6 = buf[at + 6]
+    if ((buf[at + 7] == 0x5D) & _IS_DIGIT[d6]).all():  # (ranks of one digit)
+        width = np.ones(len(at), dtype=np.int64)
+        rank = d6.astype(np.int64) - 48
+    else:
+        digits = buf[at[:, None] + 6 + np.arange(8)]
+        width = np.argmin(_IS_DIGIT[digits], axis=1)  # (0: none, or 8 or more)
+        rank = digits[:, 0].astype(np.int64) - 48
+        for j in range(1, int(width.max(initial=1))):
+            more = width > j
+            rank[more] = rank[more] * 10 + digits[more, j] - 48
     q = at + 6 + width  # where "] time (ms) |" is
     ok = (width > 0) & (q + len(_DS_AFTER) <= nl[idx])
     q = np.where(ok, q, at)
     ok &= (words[q] == _DS_W[1]) & (words[q + 5] == _DS_W[2])
-    idx, at, q, width, digits = idx[ok], at[ok], q[ok], width[ok], digits[ok]
-    rank = digits[:, 0].astype(np.int64) - 48
-    for j in range(1, int(width.max(initial=1))):
-        more = width > j
-        rank[more] = rank[more] * 10 + digits[more, j] - 48
+    if not ok.all():
+        idx, at, q, rank = idx[ok], at[ok], q[ok], rank[ok]
     return idx, at, rank, q + len(_DS_AFTER)
 
 
