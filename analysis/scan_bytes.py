@@ -605,7 +605,11 @@ class _DSLines:
         return len(self.ls)
 
 
-_VALUE = rb"( *[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)? *)"
+_VALUE = rb"( *[-+.0-9eE]+ *)"
+"""A value of an iteration line's learned pattern: the bytes of a number; ``float()`` then
+reads it or the line is not taken (the numbers it reads are those this pattern's tokens can
+be, as the line path's ``_VALUE_PIPE_RE`` then ``to_float`` read them), one pass of the
+regular expression engine per byte."""
 
 
 @dataclass

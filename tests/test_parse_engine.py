@@ -1037,6 +1037,50 @@ def test_iteration_lines_with_whitespace_after_the_last_bar_are_read_in_bulk(
     assert _read_by(tmp_path / "ends.log", monkeypatch, "_iteration_lines") > 0.4 * n
 
 
+_ODD_VALUES = [
+    "1.2.3",
+    "1e",
+    "--1",
+    "+",
+    ".",
+    "e5",
+    "1e5",
+    "-.5",
+    "+5.",
+    "1E+05",
+    "5-",
+    "1e5e5",
+    "1e999",
+]
+"""Values of an iteration line made of the bytes of numbers: some read as numbers, some not."""
+
+
+@pytest.mark.parametrize("value", _ODD_VALUES)
+def test_iteration_values_made_of_number_bytes_read_as_the_line_path_reads_them(tmp_path, value):
+    """An iteration line's learned pattern takes any run of the bytes of a number as a value,
+    and ``float()`` then decides: lines whose value is not a number are read by the line path,
+    in bulk steps as in the line path."""
+    n = _LONG_RUN
+
+    def lines_of(i: int) -> list[str]:
+        v = value if i % 7 == 0 and i > n // 2 else f"{80 + i % 9}.5"
+        return [
+            f"node1:  iteration {i:8d}/{n + 10:8d} | consumed samples: {8 * i:12d} | "
+            f"elapsed time per iteration (ms): {v} | lm loss: 5.866232E+00 |",
+            f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25",
+        ]
+
+    run = _long_run(tmp_path / "odd.log", lines_of)
+    assert run["iterations"][-1]["iteration"] == n
+    odd = [it for it in run["iterations"] if it["iteration"] % 7 == 0 and it["iteration"] > n // 2]
+    try:
+        want = float(value)
+    except ValueError:
+        want = None
+    if want is not None:
+        assert {it["elapsed_ms"] for it in odd} == {want}
+
+
 _DS_HEADS = {
     # Launcher prefixes of three widths, interleaved.
     "prefix widths": [
