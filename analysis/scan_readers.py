@@ -99,16 +99,28 @@ class _BulkReaders:
         ls = np.where(before >= 0, nl[before] + 1, pos)
         return ls, start + ml, self._keys_of(block, ls, start)
 
+    def _prefix_key(self, raw: bytes) -> str | None:
+        """The stream key of the text before a line's ``[Rank`` (None: not only prefixes)."""
+        key = self.prefixes.get(raw, _MISSING)
+        return self._key(raw, b"[Rank") if key is _MISSING else key  # type: ignore[return-value]
+
     def _keys_of(self, block: bytes, ls: np.ndarray, start: np.ndarray) -> list[str | None]:
         """The stream key of the text from each line start to ``[Rank`` (None when it is not
         only launcher prefixes)."""
         # Most often the text before every match is the same (one launcher prefix): one key.
         raw = _same_text(block, ls, start)
         if raw is not None:
-            key = self.prefixes.get(raw, _MISSING)
-            if key is _MISSING:
-                key = self._key(raw, b"[Rank")
-            return [key] * len(ls)  # type: ignore[list-item]
+            return [self._prefix_key(raw)] * len(ls)
+        width = start - ls
+        w = int(width[0])
+        if 0 < w <= 8 and (width == w).all() and len(block) >= 8:
+            # Prefixes of one width (" 7: ", "63: " of 64 ranks): told apart as words.
+            words = np.ndarray((len(block) - 7,), dtype="<u8", buffer=block, strides=(1,))
+            mask = np.uint64((1 << (8 * w)) - 1)
+            # (Each line goes on past its prefix: no word ends past the block.)
+            got, which = np.unique(words[ls] & mask, return_inverse=True)
+            keys_of = [self._prefix_key(int(g).to_bytes(8, "little")[:w]) for g in got.tolist()]
+            return list(map(keys_of.__getitem__, which.tolist()))
         raws = list(map(block.__getitem__, map(slice, ls.tolist(), start.tolist())))
         keys = list(map(self.prefixes.get, raws, repeat(_MISSING)))
         if _MISSING in keys:
