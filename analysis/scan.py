@@ -398,18 +398,18 @@ class _Bulk(_BulkShapes, _BulkReaders):
             mem = mem.select(~taken.holds(mem.ls))
             if alloc:
                 alloc = list(compress(alloc, (~taken.holds([x[0] for x in alloc])).tolist()))
-            if its:
-                its = list(compress(its, (~taken.holds([x[0] for x in its])).tolist()))
+            if len(its):
+                its = its.select(~taken.holds(its.ls))
 
         # The first line the line path must read: one holding a keyword among the others.
         k = ds.keep
-        others = [(x[0], x[1]) for x in its] + headers + bodies
+        others = headers + bodies
         others += [(x[0], x[1]) for x in alloc]
         span_s = np.concatenate(
-            [ds.ls[k], mem.ls, np.array([x[0] for x in others], dtype=np.int64)]
+            [ds.ls[k], mem.ls, its.ls, np.array([x[0] for x in others], dtype=np.int64)]
         )
         span_e = np.concatenate(
-            [ds.le[k], mem.le, np.array([x[1] for x in others], dtype=np.int64)]
+            [ds.le[k], mem.le, its.le, np.array([x[1] for x in others], dtype=np.int64)]
         )
         R = self._first_keyword(block, pos, T, span_s, span_e)
         if R is not None:
@@ -418,21 +418,33 @@ class _Bulk(_BulkShapes, _BulkReaders):
 
         # Iteration numbers must go up; a repeat changes nothing; the final iteration, or a
         # counter going back, is for the line path.
-        new_its = []
         top = run.max_iter
         repeated = False
-        for x in its:
-            if x[0] >= T:
-                break
-            number, total = x[2], x[3]
-            if top < number < total:
-                new_its.append(x)
-                top = number
-            elif number == top and top >= 0:
-                repeated = True
-            else:
-                T = x[0]
-                break
+        inside = its.ls < T
+        if (
+            inside.all()
+            and len(its)
+            and its.number[0] > top
+            and (np.diff(its.number) > 0).all()
+            and (its.number < its.total).all()
+        ):
+            new_its = its  # (all go up: most often)
+        else:
+            new = []
+            for i, (start, number, total) in enumerate(
+                zip(its.ls.tolist(), its.number.tolist(), its.total.tolist(), strict=True)
+            ):
+                if start >= T:
+                    break
+                if top < number < total:
+                    new.append(i)
+                    top = number
+                elif number == top and top >= 0:
+                    repeated = True
+                else:
+                    T = start
+                    break
+            new_its = its.select(np.array(new, dtype=np.int64))
         # Timer blocks must close before T.
         changed = True
         while changed:
@@ -442,7 +454,8 @@ class _Bulk(_BulkShapes, _BulkReaders):
                     T, changed = b[0], True
         if pos >= T:
             return pos
-        new_its = [x for x in new_its if x[0] < T]
+        if len(new_its) and new_its.ls[-1] >= T:
+            new_its = new_its.select(new_its.ls < T)
         blocks = [b for b in blocks if b[0] < T]
         mem = mem.select(mem.ls < T)
         alloc = [x for x in alloc if x[0] < T]
@@ -453,25 +466,27 @@ class _Bulk(_BulkShapes, _BulkReaders):
         def lines_at(starts: Any) -> np.ndarray:
             return lineno + np.searchsorted(nl, np.asarray(starts, dtype=np.int64))
 
-        it_pos = np.array([x[0] for x in new_its], dtype=np.int64)
-        it_num = np.array([x[2] for x in new_its], dtype=np.int64)
+        it_pos, it_num = new_its.ls, new_its.number
         # Per stream (launcher prefix): iteration lines printed before the segment, and the
         # numbers of those of the segment (timer blocks are placed among their own stream's).
         before = {k: len(v) for k, v in run.iter_numbers.items()}
         last_of = {k: int(v[-1]) for k, v in run.iter_numbers.items() if len(v)}
-        it_keys = [x[5] for x in new_its]
+        it_keys = new_its.keys
         it_ids = {k: i for i, k in enumerate(dict.fromkeys(it_keys))}
         it_sid = np.fromiter(map(it_ids.__getitem__, it_keys), dtype=np.int64, count=len(it_keys))
         last_before = run.last_iter
-        if new_its:
+        if len(new_its):
             cols: dict[str, Any] = {}
-            # Each line's fields as (names, values) in the order read.
-            names = new_its[0][4][0]
-            if all(x[4][0] == names for x in new_its):  # one shape: transpose in one step
-                table = np.array([x[4][1] for x in new_its], dtype=float).reshape(-1, len(names))
-                by_field = dict(zip(names, table.T, strict=True))
+            by_field: dict[str, Any]
+            rows = new_its.fields  # (else one pattern's table)
+            names = new_its.names if rows is None else rows[0][0]
+            if rows is None:
+                by_field = dict(zip(names, new_its.table.T, strict=True))  # type: ignore[union-attr,arg-type]
+            elif all(x[0] == names for x in rows):  # one shape: transpose in one step
+                table = np.array([x[1] for x in rows], dtype=float).reshape(-1, len(names))  # type: ignore[arg-type]
+                by_field = dict(zip(names, table.T, strict=True))  # type: ignore[arg-type]
             else:
-                dicts = [dict(zip(*x[4], strict=True)) for x in new_its]
+                dicts = [dict(zip(*x, strict=True)) for x in rows]
                 fields = {f for d in dicts for f in d}
                 by_field = {f: [d.get(f) for d in dicts] for f in fields}
             for f, vals in by_field.items():
@@ -484,7 +499,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
                 else:
                     cols[f] = np.array([np.nan if v is None else v for v in vals], dtype=float)
             cols["iteration"] = it_num
-            cols["train_iters"] = np.array([x[3] for x in new_its], dtype=np.int64)
+            cols["train_iters"] = new_its.total
             cols["line"] = lines_at(it_pos)
             cols["source"] = self.core.source
             run.iterations.add_columns(len(new_its), cols)
@@ -495,9 +510,9 @@ class _Bulk(_BulkShapes, _BulkReaders):
                 run.begin_training(key, int(cols["line"][np.argmax(mine)]))
             run.last_iter = int(it_num[-1])
             run.max_iter = max(run.max_iter, int(it_num[-1]))
-            run.train_iters = int(new_its[-1][3])
+            run.train_iters = int(new_its.total[-1])
             run.training = True
-        if new_its or repeated:
+        if len(new_its) or repeated:
             run.pipe_iterations = True
         if ds.keep.any():
             n_iter = np.zeros(len(ds.ls), dtype=np.int64)

@@ -8,7 +8,7 @@ import math
 import re
 import warnings
 from dataclasses import dataclass
-from itertools import compress
+from itertools import compress, repeat
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -586,6 +586,87 @@ class _MemLines:
             list(compress(self.rank, keep)),
             list(compress(self.after, keep)),
             {f: v[mask] for f, v in self.values.items()},
+        )
+
+
+class _ItLines:
+    """Megatron iteration lines of a segment in file order (``_Bulk._iteration_lines``):
+    their values as one table when all are of one learned pattern, else each line's own."""
+
+    def __init__(
+        self,
+        ls: np.ndarray,
+        le: np.ndarray,
+        number: np.ndarray,
+        total: np.ndarray,
+        keys: list[str],
+        names: tuple[str, ...] | None = None,
+        table: np.ndarray | None = None,
+        ints: tuple[bool, ...] = (),
+        fields: list[tuple[tuple[str, ...], tuple[Any, ...]]] | None = None,
+    ) -> None:
+        self.ls, self.le, self.number, self.total = ls, le, number, total
+        """Starts, ends (after the newline), iteration numbers and totals."""
+        self.keys = keys
+        """Stream key of each line."""
+        self.names, self.table, self.ints = names, table, ints
+        """One pattern: its field names, the (lines x fields) values, which fields are ints."""
+        self.fields = fields
+        """Else each line's (names, values)."""
+
+    @classmethod
+    def of_rows(
+        cls, rows: list[tuple[int, int, int, int, tuple[tuple[str, ...], tuple[Any, ...]], str]]
+    ) -> _ItLines:
+        """From (start, end, number, total, (names, values), stream) rows."""
+        cols = list(zip(*rows, strict=True)) if rows else [()] * 6
+        return cls(
+            *(np.array(c, dtype=np.int64) for c in cols[:4]),
+            keys=list(cols[5]),
+            fields=list(cols[4]),
+        )
+
+    def rows(self) -> list[tuple[int, int, int, int, tuple[tuple[str, ...], tuple[Any, ...]], str]]:
+        """The lines as ``of_rows`` takes them."""
+        if self.fields is not None:
+            fields = self.fields
+        else:
+            assert self.names is not None and self.table is not None
+            cols = [
+                c.astype(np.int64).tolist() if i else c.tolist()
+                for c, i in zip(self.table.T, self.ints, strict=True)
+            ]
+            vals = zip(*cols, strict=True) if cols else ((),) * len(self)
+            fields = list(zip(repeat(self.names), vals))
+        return list(
+            zip(
+                self.ls.tolist(),
+                self.le.tolist(),
+                self.number.tolist(),
+                self.total.tolist(),
+                fields,
+                self.keys,
+                strict=True,
+            )
+        )
+
+    def __len__(self) -> int:
+        return len(self.ls)
+
+    def select(self, which: np.ndarray) -> _ItLines:
+        """The lines at ``which`` (a mask or indices)."""
+        idx = np.flatnonzero(which) if which.dtype == bool else which
+        pick = idx.tolist()
+        return _ItLines(
+            self.ls[idx],
+            self.le[idx],
+            self.number[idx],
+            self.total[idx],
+            list(map(self.keys.__getitem__, pick)),
+            self.names,
+            None if self.table is None else self.table[idx],
+            self.ints,
+            None if self.fields is None else list(map(self.fields.__getitem__, pick)),
         )
 
 

@@ -44,6 +44,7 @@ from analysis.scan_bytes import (
     _DSLines,
     _finds,
     _finite,
+    _ItLines,
     _line_end,
     _lines_ending,
     _MemLines,
@@ -309,14 +310,13 @@ class _BulkReaders:
             out.append((ls, e, int(rank.group(1)) if rank else None, allocated, top))
         return out
 
-    def _iteration_lines(
-        self, block: bytes, pos: int, T: int, nl: np.ndarray
-    ) -> list[tuple[int, int, int, int, tuple[tuple[str, ...], tuple[Any, ...]], str]]:
-        """Megatron iteration lines of [pos, T) the bulk path knows: (start, end, number,
-        total, field values, stream).  ``nl``: where the newlines of [pos, T) are."""
-        out, rest = self._iteration_patterns(block, _lines_ending(block, pos, nl, b"|"))
-        if not rest:  # every line that can be one is one of a learned pattern
-            return out
+    def _iteration_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _ItLines:
+        """Megatron iteration lines of [pos, T) the bulk path knows.  ``nl``: where the
+        newlines of [pos, T) are."""
+        pieces, rest = self._iteration_patterns(block, _lines_ending(block, pos, nl, b"|"))
+        if not rest and len(pieces) == 1:  # every line that can be one is of one pattern
+            return pieces[0]
+        out = [row for piece in pieces for row in piece.rows()]
         found: list[tuple[int, int, int, int, bytes, list[tuple[int, str, str, float]], str]] = []
         for m in (m for s, e in rest for m in _IT_RE.finditer(block, s, e)):
             st = m.start()
@@ -380,9 +380,9 @@ class _BulkReaders:
             for i, x in enumerate(found)
             if keep[i]
         ]
-        if out and found:
+        if len(pieces) > 1 or (pieces and found):
             out.sort(key=lambda x: x[0])
-        return out
+        return _ItLines.of_rows(out)
 
     def _timer_blocks(
         self, block: bytes, pos: int, T: int, nl: np.ndarray

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from itertools import repeat
 from operator import itemgetter, methodcaller
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from analysis.scan_bytes import (
     _BlockPattern,
     _finite,
     _IterPattern,
+    _ItLines,
     _pairs,
     _printable,
     _same_text,
@@ -221,15 +222,12 @@ class _BulkShapes:
 
     def _iteration_patterns(
         self, block: bytes, lines: tuple[list[int], list[int]]
-    ) -> tuple[
-        list[tuple[int, int, int, int, tuple[tuple[str, ...], tuple[Any, ...]], str]],
-        list[tuple[int, int]],
-    ]:
+    ) -> tuple[list[_ItLines], list[tuple[int, int]]]:
         """Iteration lines of the learned patterns among ``lines`` (starts, newlines: the lines
-        of a segment that can be iteration lines), as ``_iteration_lines`` gives them; the lines
-        none of them took.  A pattern is looked for in each line from its start (its first
+        of a segment that can be iteration lines), those of each pattern read; the lines none
+        of them took.  A pattern is looked for in each line from its start (its first
         match there, as at each ``_IT_RE`` match: one such line holds no second)."""
-        out: list[tuple[int, int, int, int, tuple[tuple[str, ...], tuple[Any, ...]], str]] = []
+        out: list[_ItLines] = []
         line_of, nls = lines
         if not self.it_tmpls or not line_of:
             return out, list(zip(line_of, nls, strict=True))
@@ -279,26 +277,29 @@ class _BulkShapes:
                 ok &= ~bad
                 cols.append((f, kind, vals))
             sel = np.flatnonzero(ok)
-            numbers = np.array(list(map(int, groups[1])), dtype=np.int64)[sel].tolist()
-            totals = np.array(list(map(int, groups[3])), dtype=np.int64)[sel].tolist()
-            names = tuple(f for f, _k, _v in cols)
-            values = [
-                v[sel].astype(np.int64).tolist() if kind == "int" else v[sel].tolist()
-                for _f, kind, v in cols
-            ]
-            a_l, b_l = ls[sel].tolist(), ends[sel].tolist()
+            if not len(sel):
+                continue
             if heads is None:
                 keys = [self._head_key(head)] * len(sel) if len(sel) else []
             else:
                 keys = list(map(self._head_key, map(heads.__getitem__, sel.tolist())))
-            rows = zip(*values, strict=True) if values else ((),) * len(a_l)
-            out += zip(a_l, b_l, numbers, totals, zip(repeat(names), rows), keys, strict=True)
+            out.append(
+                _ItLines(
+                    ls[sel],
+                    ends[sel],
+                    np.array(list(map(int, groups[1])), dtype=np.int64)[sel],
+                    np.array(list(map(int, groups[3])), dtype=np.int64)[sel],
+                    keys,
+                    tuple(f for f, _k, _v in cols),
+                    np.array([v[sel] for _f, _k, v in cols], dtype=float).reshape(-1, len(sel)).T,
+                    tuple(kind == "int" for _f, kind, _v in cols),
+                )
+            )
             if len(sel) == len(todo):
                 todo = []
             else:
                 took = {found[i][0] for i in sel.tolist()}
                 todo = [i for i in todo if i not in took]
-        out.sort(key=lambda x: x[0])
         return out, [(line_of[i], nls[i]) for i in todo]
 
     def _learn(
