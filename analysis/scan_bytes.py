@@ -345,6 +345,8 @@ def _ds_values(bodies: list[bytes], k: int) -> np.ndarray | None:
 # would be a number too many, a value without a digit one too few: ``_ds_values_fast``
 # counts them.
 _FAST_PIECE_RE = re.compile(rb" [A-Za-z_]+: +-?\.? *\Z")
+_FAST_MEM_PIECE_RE = re.compile(rb" [A-Za-z_][A-Za-z_ ]*: +-?\.? *\Z")
+"""The same for a piece of a memory report's shape (its names hold spaces)."""
 _NOT_VALUES = bytes(c for c in range(256) if chr(c).isalpha() and c < 128) + b"_:|"
 
 

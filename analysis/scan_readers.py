@@ -22,6 +22,7 @@ from analysis.scan_bytes import (
     _DIGITS,
     _DS_LIT,
     _DS_PROBES,
+    _FAST_MEM_PIECE_RE,
     _HEAD_LIT,
     _HEADS,
     _IT_RE,
@@ -282,7 +283,11 @@ class _BulkReaders:
                 names = self._mem_shape(_MEM_BULK_HEAD + sh, text)
             if names is None:
                 return None
-            vals = _ds_values(list(map(bodies.__getitem__, idx.tolist())), len(names))
+            mine = list(map(bodies.__getitem__, idx.tolist()))
+            if all(map(_FAST_MEM_PIECE_RE.match, sh.split(b"|"))):  # (plain decimals)
+                vals = _ds_values_fast(mine, len(names))
+            else:
+                vals = _ds_values(mine, len(names))
             if vals is None:
                 return None
             for j, nm in enumerate(names):
