@@ -8,10 +8,13 @@ Two paths, one result:
   the lines holding a keyword (found with ``bytes.find`` over whole chunks, anchored on a rare
   byte of each keyword), and the lines of a stream whose Megatron timer block is open.
 - the bulk path (``_Bulk``), during training while no block is open: over a segment of the
-  chunk, regular expressions find the frequent lines (DeepSpeed ``[Rank N] time (ms) | k: v``
-  lines, Megatron iteration lines, ``memory (MB) |`` reports, DeepSpeed's ``MemAllocated=``
-  lines, Megatron timer blocks with the lines of their stream), their values are converted
-  column-wise, and they are added to the run's typed columns in one step.  Every other line
+  chunk, a look at a few bytes of each line (from the newline positions) finds the frequent
+  lines (DeepSpeed ``[Rank N] time (ms) | k: v`` lines at the offsets of ``[Rank`` seen before,
+  Megatron iteration lines among the lines that end in ``|``, timer block headers among those
+  that end in ``across ranks (ms):``), regular expressions the rarer ones (``memory (MB) |``
+  reports, DeepSpeed's ``MemAllocated=`` lines) and each line's learned pattern reads it;
+  their values are converted column-wise, and they are added to the run's typed columns in
+  one step.  Every other line
   of the segment is scanned for keywords; the first one that holds one ends the segment there
   and goes to the line path, as does
   anything the bulk path does not recognise in its exact form (a glued, wrapped, non-ASCII or

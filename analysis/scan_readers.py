@@ -84,17 +84,15 @@ class _BulkReaders:
         block: bytes,
         pos: int,
         nl: np.ndarray,
-        last: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
         """Starts, ends and stream keys of the lines a ``re.split`` at ``pos`` found: each
         match is ``[Rank``, its ``k`` groups and ``fixed`` bytes more, after the launcher
         prefixes of its line (the key None when the text before it is not only those).
-        ``nl``: where the newlines from ``pos`` on are; ``last``: the lengths of the last
-        group, when known."""
+        ``nl``: where the newlines from ``pos`` on are."""
         n = (len(parts) - 1) // (k + 1)
         ml = np.full(n, fixed, dtype=np.int64)
         for g in range(1, k + 1):
-            ml += last if g == k and last is not None else _lengths(parts[g :: k + 1])
+            ml += _lengths(parts[g :: k + 1])
         gl = np.fromiter(map(len, parts[0 :: k + 1]), dtype=np.int64, count=n + 1)
         start = pos + np.cumsum(gl[:n]) + np.concatenate([[0], np.cumsum(ml[:-1])])
         before = np.searchsorted(nl, start) - 1  # the newline before each match, or -1

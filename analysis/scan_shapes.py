@@ -156,7 +156,7 @@ class _BulkShapes:
         self, text: bytes, rest: bytes, fields: list[tuple[int, str, str, float]]
     ) -> None:
         """Keep a pattern of an iteration line shape the line path reads as ``fields``: the
-        keys as printed, the numbers as groups (``re.split`` then reads all such lines)."""
+        keys as printed, the numbers as groups (``_iteration_patterns`` then reads such lines)."""
         if len(self.it_tmpls) >= 4 or any(t.rx.match(text + b"\n") for t in self.it_tmpls):
             return
         pat = rb"iteration( +)(\d+)/( *)(\d+)( *)\|"
