@@ -423,6 +423,21 @@ def _fixed_point(
     return ints / _POWERS[ends - dots]
 
 
+def _words(block: bytes) -> np.ndarray:
+    """Every 8 bytes of ``block`` from each offset, as a little-endian word (a view: an
+    offset past ``len(block) - 8`` has none)."""
+    return np.ndarray((len(block) - 7,), dtype="<u8", buffer=block, strides=(1,))
+
+
+def _line_starts(pos: int, nl: np.ndarray) -> np.ndarray:
+    """Where each line from ``pos`` starts (``nl``: the newline that ends each)."""
+    starts = np.empty_like(nl)
+    if len(nl):
+        starts[0] = pos
+        starts[1:] = nl[:-1] + 1
+    return starts
+
+
 _TRAILING = np.zeros(256, dtype=bool)
 _TRAILING[list(b" \t\r\x0b\x0c")] = True
 """The bytes ``bytes.rstrip()`` takes off a line's end before its newline."""
@@ -438,9 +453,7 @@ def _lines_ending(
     if not len(nl):
         return [], []
     buf = np.frombuffer(block, dtype=np.uint8)
-    starts = np.empty_like(nl)
-    starts[0] = pos
-    starts[1:] = nl[:-1] + 1
+    starts = _line_starts(pos, nl)
     last = nl - 1
     live = last >= starts
     byte = np.where(live, buf[np.maximum(last, 0)], 0)
@@ -475,10 +488,10 @@ _LOW6 = np.uint64((1 << 48) - 1)
 
 
 def _ds_heads(
-    block: bytes, pos: int, nl: np.ndarray, offsets: list[int]
+    block: bytes, starts: np.ndarray, nl: np.ndarray, offsets: list[int]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The DeepSpeed ``[Rank N] time (ms) |`` lines from ``pos`` (``nl``: their newlines)
-    whose ``[Rank`` is at one of ``offsets`` from the line start (the first such when more
+    """The DeepSpeed ``[Rank N] time (ms) |`` lines among those at ``starts`` (``nl``: their
+    newlines) whose ``[Rank`` is at one of ``offsets`` from the line start (the first such when more
     are, as a search of the line finds it): (their indices in ``nl``, where ``[Rank`` is,
     the rank (at most 7 digits), where the text after ``|`` starts).  A look at a few bytes
     of every line: no search of the text."""
@@ -486,10 +499,7 @@ def _ds_heads(
     if not len(nl) or not offsets or len(block) < 32:
         return none, none, none, none
     buf = np.frombuffer(block, dtype=np.uint8)
-    words = np.ndarray((len(block) - 7,), dtype="<u8", buffer=block, strides=(1,))
-    starts = np.empty_like(nl)
-    starts[0] = pos
-    starts[1:] = nl[:-1] + 1
+    words = _words(block)
     top = len(block) - 8
     lines, ats = [], []
     for w in offsets:
@@ -537,9 +547,8 @@ def _same_text(block: bytes, starts: np.ndarray, ends: Any) -> bytes | None:
     if w == 0:
         return raw
     if w <= 8:
-        words = np.ndarray((len(block) - 7,), dtype="<u8", buffer=block, strides=(1,))
         mask = np.uint64((1 << (8 * w)) - 1)
-        same = ((words[starts] & mask) == np.uint64(int.from_bytes(raw, "little"))).all()
+        same = ((_words(block)[starts] & mask) == np.uint64(int.from_bytes(raw, "little"))).all()
     else:
         got = np.frombuffer(block, dtype=np.uint8)[starts[:, None] + np.arange(w)]
         same = (got == np.frombuffer(raw, dtype=np.uint8)).all()

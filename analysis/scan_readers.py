@@ -47,6 +47,7 @@ from analysis.scan_bytes import (
     _finite,
     _ItLines,
     _line_end,
+    _line_starts,
     _lines_ending,
     _MemLines,
     _other_glue,
@@ -55,6 +56,7 @@ from analysis.scan_bytes import (
     _printable,
     _same_text,
     _values_fast,
+    _words,
 )
 
 
@@ -115,10 +117,9 @@ class _BulkReaders:
         w = int(width[0])
         if 0 < w <= 8 and (width == w).all() and len(block) >= 8:
             # Prefixes of one width (" 7: ", "63: " of 64 ranks): told apart as words.
-            words = np.ndarray((len(block) - 7,), dtype="<u8", buffer=block, strides=(1,))
             mask = np.uint64((1 << (8 * w)) - 1)
             # (Each line goes on past its prefix: no word ends past the block.)
-            got, which = np.unique(words[ls] & mask, return_inverse=True)
+            got, which = np.unique(_words(block)[ls] & mask, return_inverse=True)
             keys_of = [self._prefix_key(int(g).to_bytes(8, "little")[:w]) for g in got.tolist()]
             return list(map(keys_of.__getitem__, which.tolist()))
         raws = list(map(block.__getitem__, map(slice, ls.tolist(), start.tolist())))
@@ -142,7 +143,8 @@ class _BulkReaders:
             at = block.find(_DS_LIT, pos, T)
             if at >= 0:
                 self._ds_offset(block, block.rfind(b"\n", pos, at) + 1 or pos, T)
-        idx, at, rank, bs = _ds_heads(block, pos, nl, self.ds_offsets)
+        starts = _line_starts(pos, nl)
+        idx, at, rank, bs = _ds_heads(block, starts, nl, self.ds_offsets)
         n = len(idx)
         out = _DSLines(n)
         if not n:
@@ -150,7 +152,7 @@ class _BulkReaders:
         ne = nl[idx]
         bodies = list(map(block.__getitem__, map(slice, bs.tolist(), ne.tolist())))
         joined = b"\n".join(bodies)
-        out.ls = np.where(idx > 0, nl[np.maximum(idx - 1, 0)] + 1, pos)
+        out.ls = starts[idx]
         out.le = ne + 1
         out.keys = keys = self._keys_of(block, out.ls, at)
         out.keep = out.le - out.ls <= MAX_LINE_CHARS
