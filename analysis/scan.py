@@ -52,7 +52,7 @@ from analysis.scan_bytes import (
     SEG_MIN,
     SEG_START,
     SPARSE_BYTES,
-    SPARSE_RECORDS,
+    SPARSE_LINES,
     Keywords,
     _BlockPattern,
     _group_values,
@@ -70,7 +70,7 @@ def drive_block(
     core: _Core, kw: Keywords, bulk: _Bulk | None, block: bytes, lineno: int, end: int = -1
 ) -> int:
     """Feed the whole lines of ``block``; return the line number after it.  Where the last
-    bulk step found few records (a log of mostly NCCL chatter), the line path, which jumps
+    bulk step took few lines (a log of mostly NCCL chatter), the line path, which jumps
     from keyword to keyword, reads the next ``SPARSE_BYTES``.  ``end``: where the whole
     lines end (default: the end of ``block``)."""
     end = len(block) if end < 0 else end
@@ -179,8 +179,8 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.keywords = Keywords(kw.keywords)
         self.seg = SEG_START
         self.line_budget = 0  # bytes the line path reads before the bulk path tries again
-        self.sparse = 0  # bulk steps in a row that found few records
-        self.taken = 0  # records the last bulk step took
+        self.sparse = 0  # bulk steps in a row that took few lines
+        self.taken = 0  # lines the last bulk step took (``_segment``)
         self.open_at_limit = False  # the last look ended in an open timer block
         self.open_block = -1  # where that block starts, when the step ended there
         # Launcher prefixes as printed -> stream key, or None when not only prefixes.  The
@@ -346,7 +346,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
             limit = hard if nl < 0 else nl + 1
             seg_end = max(seg_end, limit)
         assert T is not None
-        if T - pos >= SEG_START and self.taken * 1e6 < SPARSE_RECORDS * (T - pos):
+        if T - pos >= SEG_START and self.taken * 1e6 < SPARSE_LINES * (T - pos):
             # Sparse again and again: look less and less often (up to 8 x SPARSE_BYTES).
             self.line_budget = SPARSE_BYTES << min(self.sparse, 3)
             self.sparse += 1
@@ -464,7 +464,15 @@ class _Bulk(_BulkShapes, _BulkReaders):
         alloc = [x for x in alloc if x[0] < T]
         ds.keep &= ds.ls < T
 
-        self.taken = len(new_its) + int(ds.keep.sum()) + len(mem) + len(blocks) + len(alloc)
+        # Lines taken: a timer block counts its lines (64 ranks' ``--timing-log-option all``
+        # block is one record of 130 lines, which the line path would read one by one).
+        block_lines = 0
+        if blocks:
+            bounds = np.array([(b[0], b[1]) for b in blocks], dtype=np.int64)
+            block_lines = int(
+                (np.searchsorted(nl, bounds[:, 1]) - np.searchsorted(nl, bounds[:, 0])).sum()
+            )
+        self.taken = len(new_its) + int(ds.keep.sum()) + len(mem) + block_lines + len(alloc)
 
         def lines_at(starts: Any) -> np.ndarray:
             return lineno + np.searchsorted(nl, np.asarray(starts, dtype=np.int64))

@@ -25,9 +25,10 @@ CHUNK_BYTES = 8 << 20
 SEG_START, SEG_MIN, SEG_MAX = 1 << 18, 1 << 14, 4 << 20
 """Bytes the bulk path looks at in one step: it grows while no line needs the line path and
 shrinks when one soon does."""
-SPARSE_RECORDS, SPARSE_BYTES = 1000, 8 << 20
-"""A bulk step of at least SEG_START bytes that took fewer records per MB than this hands the
-next SPARSE_BYTES to the line path (whose keyword jumps are cheaper over chatter)."""
+SPARSE_LINES, SPARSE_BYTES = 1000, 8 << 20
+"""A bulk step of at least SEG_START bytes that took fewer lines per MB than this (a timer
+block counts its lines, a DeepSpeed, iteration or memory line one) hands the next SPARSE_BYTES
+to the line path (whose keyword jumps are cheaper over chatter)."""
 
 _DIGITS = b"0123456789"
 
@@ -781,6 +782,20 @@ class _BlockPattern:
         # read are the block's flat values (``_Bulk._add_blocks``), names and shape fixed.
         named = [(how, n) for how, n in recipe if how in ("one", "pair")]
         names = tuple(n for _h, n in named)
+        # How the values read are placed: (how, name, first, past the last) over the numbers,
+        # one entry for each run of one name's "rank" lines (64 ranks' times of one timer).
+        self.plan: list[tuple[str, str | None, int, int]] = []
+        j = 0
+        for how, n in recipe:
+            if how == "name":
+                continue
+            w = 2 if how == "pair" else 1
+            last = self.plan[-1] if self.plan else None
+            if how == "rank" and last is not None and last[0] == "rank" and last[1] == n:
+                self.plan[-1] = (how, n, last[2], j + 1)
+            else:
+                self.plan.append((how, n, j, j + w))
+            j += w
         self.flat: tuple[tuple[str, ...], tuple[int, ...]] | None = None
         if all(how in ("one", "pair", "name") for how, _n in recipe) and len(set(names)) == len(
             names
@@ -806,19 +821,15 @@ class _BlockPattern:
             flat = (*self.flat, nums)
         else:
             values = {}
-            j = 0
-            for how, name in self.recipe:
+            for how, name, a, b in self.plan:
                 if how == "pair":
-                    values[name] = (nums[j], nums[j + 1])
-                    j += 2
+                    values[name] = (nums[a], nums[a + 1])
                 elif how == "one":
-                    values[name] = nums[j]
-                    j += 1
-                elif how == "rank":
-                    v = nums[j]
-                    lo, hi = values.get(name, (v, v))
-                    values[name] = (min(lo, v), max(hi, v))
-                    j += 1
+                    values[name] = nums[a]
+                elif how == "rank":  # (min, max) over the ranks, the earlier kept on a tie
+                    run = nums[a:b]
+                    lo, hi = values.get(name, (run[0], run[0]))
+                    values[name] = (min(lo, min(run)), max(hi, max(run)))
         # The lines of the block (one span: they follow one another), then the line that
         # closes it.
         q = m.end()

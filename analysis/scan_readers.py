@@ -455,19 +455,23 @@ class _BulkReaders:
                 return _LONG
             k2, cs = self._line_key(block, q, le)
             s = q
-            if k2 != key:
+            apart = k2 != key  # another stream's line: the next of this one is further on
+            if apart:
                 nxt = self._next_of_stream(block, key, le + 1, T)
                 if nxt is None:
                     return _OPEN
                 s, le, cs = nxt
                 if le - s > MAX_LINE_CHARS:
                     return _LONG
-                recipe = []  # not in one piece
             step = self._body_step(block, s, le, cs, kind, name, values)
             if step is None:
-                if recipe is not None and mine and mine[-1][1] == s and len(recipe) == len(mine):
+                # The block's lines followed one another (the line that closes it may come
+                # after other streams' lines: ``_BlockPattern.read`` looks for it so).
+                if recipe is not None and mine and len(recipe) == len(mine):
                     self._learn(block, ls, c, kind, recipe, mine)
                 return s, values, mine, key, None
+            if apart:
+                recipe = []  # not in one piece
             name, what = step
             if what is not None:
                 recipe.append(what)

@@ -1135,6 +1135,54 @@ def test_deepspeed_lines_are_read_in_bulk_at_every_offset_and_rank_width(
     assert len(fed) < _LATE_CONFIG_LINES + extra + 100
 
 
+def _rank_ms(i: int, t: int, r: int) -> str:
+    """Rank ``r``'s time of timer ``t`` at iteration ``i``: the lowest and the highest at
+    other ranks from one iteration to the next, some of them printed by two ranks."""
+    return f"{100 + 3 * t + (r * 37 + i * 11) % (30 + 7 * t)}.{(r + i) % 10}"
+
+
+def test_blocks_of_every_rank_closed_past_another_stream_are_read_in_bulk(tmp_path, monkeypatch):
+    """64 ranks with ``--timing-log-option all``: the last rank prints its iteration line,
+    then a ``times across ranks`` block of every rank's time for each timer, and rank 0's
+    DeepSpeed line comes before the next iteration line, which closes the block.  A block is
+    one record of 131 lines (195 here): the bulk path takes such a log (it is not chatter)
+    and reads the blocks by the pattern learned from the first one (the line that closes it
+    came after another stream's line), as the line path reads them."""
+    n, ranks = 300, 64
+    lines = [" 0: training ...", "63: training ..."]
+    for i in range(1, n + 1):
+        lines += [
+            f" 0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
+            _iteration_line(i, n + 10, prefix="63: "),
+            "63: times across ranks (ms):",
+        ]
+        # (A timer printed twice in a block: the line path takes the min and max of both.)
+        for t, name in enumerate(("forward-backward", "optimizer", "forward-backward")):
+            lines.append(f"63:   {name}:")
+            lines += [f"63:      rank {r:2d}: {_rank_ms(i, t, r)}" for r in range(ranks)]
+    path = tmp_path / "all-ranks.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    megatron = [t for t in run["timers"] if t["source"] == "megatron"]
+    assert [t["iteration"] for t in megatron] == list(range(1, n + 1))
+    for t in megatron:
+        for name, ks in (("forward-backward", (0, 2)), ("optimizer", (1,))):
+            ms = [float(_rank_ms(t["iteration"], k, r)) for k in ks for r in range(ranks)]
+            assert t["values_ms"][name] == [min(ms), max(ms)]
+    fed, by_line = [], []
+    real, read_block = parse._Core.feed, scan._Bulk._read_block
+    monkeypatch.setattr(
+        parse._Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
+    )
+    monkeypatch.setattr(
+        scan._Bulk, "_read_block", lambda self, *a: (by_line.append(a), read_block(self, *a))[1]
+    )
+    parse.parse_file(path)
+    # (The first lines are read in full: ``_LATE_CONFIG_LINES``.)
+    assert len(fed) < _LATE_CONFIG_LINES + 1000, f"{len(fed)} of {len(lines)} lines fed one by one"
+    assert len(by_line) < 5, f"{len(by_line)} of {n} blocks read line by line"
+
+
 _MEM_FORMS = {
     "plain": "",
     "no iteration count": " {r:2d}: [Rank {r}] memory (MB) | allocated: 1.5 | max allocated: 2.5",
