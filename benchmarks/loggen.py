@@ -1,6 +1,6 @@
 """Large logs for the parser benchmark, each with what was written (the ground truth).
 
-Three generators, each writing about ``size_mb`` MiB and returning a ``Written`` record:
+Five generators, each writing about ``size_mb`` MiB and returning a ``Written`` record:
 
 - ``write_noise``: a multi-node run whose log is mostly NCCL chatter (NCCL_DEBUG=INFO with the
   COLL subsystem prints one line per collective); the content is sparse.
@@ -17,6 +17,16 @@ Three generators, each writing about ``size_mb`` MiB and returning a ``Written``
   order), a Megatron-LM style iteration line (``throughput per GPU``, ``grad norm``), per-rank
   ``times across ranks`` timer blocks (``--timing-log-option all``), per-rank memory reports
   every 10 iterations and DeepSpeed ``MemAllocated`` lines, bare torch warnings between them.
+  Every rank printing DeepSpeed's timers every step is more than upstream prints (rank 0 only):
+  a stress shape, about 8 million DeepSpeed lines per GB.
+- ``write_all_ranks``: the same 64 ranks as upstream prints them with ``--timing-log-option
+  all``: the last rank's iteration line and a ``times across ranks`` block of every rank's
+  time for each of the three timers Megatron prints under DeepSpeed (193 lines an iteration),
+  rank 0's DeepSpeed line, the memory report of the 8 data-parallel rank 0s once, an
+  occasional torch warning.
+- ``write_interval1``: the last node's own log file (bare lines) of the real two-node run
+  above at log interval 1: each iteration line followed by its ``(min, max)`` timer block,
+  about 1.6M iterations per GB.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from __future__ import annotations
 import os
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -390,22 +401,120 @@ def _ranks_iteration(
     return lines, noise, memory
 
 
-def write_ranks(path: Path, size_mb: float, ranks: int = 64, seed: int = 0) -> Written:
-    """64 ranks, log interval 1, srun labels, per-rank timers and memory (module doc)."""
-    probe = random.Random(seed + 1)  # the size of an iteration, measured on 100 of them
-    sample = sum(
-        len("\n".join(_ranks_iteration(it, 10**7, ranks, probe)[0])) + 1 for it in range(1, 101)
-    )
-    iters = max(2, int(size_mb * 2**20 * 100 / sample))
+def _iterations_for(
+    size_mb: float, lines_of: Callable[[int, random.Random], list[str]], seed: int
+) -> int:
+    """Iterations that fill about ``size_mb`` MiB, each printing ``lines_of(it, rng)``: the
+    size of an iteration measured on 100 of them (at least 2)."""
+    probe = random.Random(seed + 1)
+    sample = sum(len("\n".join(lines_of(it, probe))) + 1 for it in range(1, 101))
+    return max(2, int(size_mb * 2**20 * 100 / sample))
+
+
+_RankIteration = Callable[[int, int, int, random.Random], tuple[list[str], int, int]]
+"""(iteration, train iterations, ranks, rng) -> (its lines, chatter lines, memory reports)."""
+
+
+def _write_64_ranks(
+    path: Path, size_mb: float, ranks: int, seed: int, iteration: _RankIteration
+) -> tuple[int, int, int, int]:
+    """A 64-rank log whose iterations print ``iteration``'s lines: (iterations, lines,
+    chatter lines, memory reports)."""
+    iters = _iterations_for(size_mb, lambda it, rng: iteration(it, 10**7, ranks, rng)[0], seed)
     rng = random.Random(seed)
     out = _Out(path)
     out.add(_RANKS_HEADER.format(iters=iters).split("\n"))
     memory = noise = 0
     for it in range(1, iters + 1):
-        lines, n, m = _ranks_iteration(it, iters, ranks, rng)
+        lines, n, m = iteration(it, iters, ranks, rng)
         noise += n
         memory += m
         out.add(lines)
     out.add([" 0: [after training is done] datetime: 2026-11-22 09:00:00"])
     out.close()
-    return Written(iters, iters, iters * (ranks + 1), memory, out.lines, noise)
+    return iters, out.lines, noise, memory
+
+
+def write_ranks(path: Path, size_mb: float, ranks: int = 64, seed: int = 0) -> Written:
+    """64 ranks, log interval 1, srun labels, per-rank timers and memory (module doc)."""
+    iters, lines, noise, memory = _write_64_ranks(path, size_mb, ranks, seed, _ranks_iteration)
+    return Written(iters, iters, iters * (ranks + 1), memory, lines, noise)
+
+
+# -- 64 ranks as upstream prints them with --timing-log-option all ----------------------------
+
+
+def _all_ranks_iteration(
+    it: int, iters: int, ranks: int, rng: random.Random
+) -> tuple[list[str], int, int]:
+    """The lines of iteration ``it`` of the ``--timing-log-option all`` log; (lines, chatter
+    lines, memory reports)."""
+    u = rng.uniform
+    noise = 0
+    lines = [
+        f"{0:2d}: [Rank 0] time (ms) | fwd: {u(900, 1300):.2f} | bwd: {u(1800, 2600):.2f} | "
+        f"bwd_inner: {u(1500, 2200):.2f} | bwd_allreduce: {u(200, 400):.2f} | "
+        f"step: {u(40, 90):.2f}",
+        f"{ranks - 1:2d}:  [2026-11-22 03:{it // 60 % 60:02d}:{it % 60:02d}] iteration "
+        f"{it:8d}/{iters:8d} | consumed samples: {it * 512:12d} | elapsed time per iteration"
+        f" (ms): {u(3000, 3400):.1f} | throughput per GPU (TFLOP/s/GPU): {u(180, 200):.1f} | "
+        f"learning rate: {3e-4 * (1 - it / (iters + 1)):.6E} | global batch size:   512 | "
+        f"lm loss: {u(1.8, 2.4):.6E} | loss scale: 1.0 | grad norm: {u(0.2, 0.9):.3f} | "
+        "number of skipped iterations:   0 | number of nan iterations:   0 |",
+        f"{ranks - 1:2d}: times across ranks (ms):",
+    ]
+    for name, lo, hi in (
+        ("forward-backward", 2900, 3300),
+        ("batch-generator", 1, 9),
+        ("optimizer", 40, 90),
+    ):
+        lines.append(f"{ranks - 1:2d}:   {name}:")
+        lines += [f"{ranks - 1:2d}:      rank {r:2d}: {u(lo, hi):.2f}" for r in range(ranks)]
+    if rng.random() < 0.05:
+        r = rng.randrange(ranks)
+        lines.insert(
+            rng.randrange(len(lines)),
+            f"{r:2d}: /usr/lib/python3/dist-packages/torch/autograd/graph.py:824: "
+            "UserWarning: c10d::allreduce_: an autograd kernel was not registered",
+        )
+        noise += 1
+    memory = 0
+    if it == 1:  # Megatron's memory report, once, after the first log interval, by the
+        # data-parallel rank 0 of each tensor x pipeline rank
+        heads = range(0, ranks, ranks // 8)
+        lines += [memory_report(r, it, ("21351.5", "30911.7", "35802.2", "37669.5")) for r in heads]
+        memory = len(heads)
+    return lines, noise, memory
+
+
+def write_all_ranks(path: Path, size_mb: float, ranks: int = 64, seed: int = 0) -> Written:
+    """64 ranks as upstream prints them with ``--timing-log-option all`` (module doc)."""
+    iters, lines, noise, memory = _write_64_ranks(path, size_mb, ranks, seed, _all_ranks_iteration)
+    return Written(iters, iters, 2 * iters, memory, lines, noise)
+
+
+# -- one node's own log, log interval 1 -------------------------------------------------------
+
+
+def write_interval1(path: Path, size_mb: float, lab: Path) -> Written:
+    """The last node's own log of a long run at log interval 1 (module doc)."""
+    run = _read_lab(lab)
+    n1 = (lab / "2n_dp2_1000mbit_node1.log").read_text().splitlines()
+    runner = n1[0].replace("--log-interval 5", "--log-interval 1")
+    sample = sum(len(ln) + 1 for k in range(len(run.iter_lines)) for ln in
+                 [run.iter_lines[k], *run.blocks[k]]) / len(run.iter_lines)  # fmt: skip
+    iters = max(2, int(size_mb * 2**20 / sample))
+    out = _Out(path)
+    out.add([runner.replace("--train-iters 30", f"--train-iters {iters}")])
+    out.add([ln.format(iters=iters) for ln in run.head1])
+    out.add(run.setup_block)
+    for it in range(1, iters + 1):
+        k = it % len(run.iter_lines)
+        head = (
+            f" iteration {it:8d}/{iters:8d} | consumed samples: {it * 8:12d} | "
+            f"consumed tokens: {it * 8 * 128:12d} |"
+        )
+        out.add([_ITER_NUM_RE.sub(head, run.iter_lines[k]), *run.blocks[k]])
+    out.add(run.tail1)
+    out.close()
+    return Written(iters, iters, iters + 1, 0, out.lines, 0)

@@ -1,8 +1,10 @@
 """Throughput and memory of the log parser on large logs, next to a one-field perl scan.
 
 For each log kind (``benchmarks/loggen.py``: ``noise`` = mostly NCCL chatter, ``dense`` = one
-long two-node run replayed from a real lab log, ``ranks`` = 64 ranks with log interval 1), it
-writes a log of ``--size-mb`` MiB, then measures, each in its own process:
+long two-node run replayed from a real lab log, ``ranks`` = 64 ranks with log interval 1, every
+rank printing DeepSpeed's timers, ``all-ranks`` = 64 ranks with ``--timing-log-option all``,
+``interval1`` = the last node's own log of the lab run at log interval 1), it writes a log of
+``--size-mb`` MiB, then measures, each in its own process:
 
 - ``parse_file``: MB/s (CPU time of the parse, and wall time), peak RSS of the process, the
   bytes the parsed records keep (per training iteration and per record), and whether what was
@@ -15,7 +17,7 @@ writes a log of ``--size-mb`` MiB, then measures, each in its own process:
 CPU times are user + system of the measured process (parse_file: of the parse call alone); on a
 machine shared with other work, wall times are longer and vary more: both are printed.
 
-    python benchmarks/parse_bench.py [--size-mb 1024] [--logs noise,dense,ranks] [--dir DIR]
+    python benchmarks/parse_bench.py [--size-mb 1024] [--logs noise,dense,ranks,...] [--dir DIR]
                                      [--keep] [--skip-json] [--skip-report]
 """
 
@@ -38,6 +40,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import loggen  # noqa: E402
 
 LAB = REPO.parent / "shared" / "lab-logs"
+KINDS = ("noise", "dense", "ranks", "all-ranks", "interval1")
+"""The log kinds (module doc), in the order measured."""
 PERL = (
     r"$s+=$1,$n++ if /elapsed time per iteration \(ms\): ([\d.]+)/; "
     r'END{printf "%.3f %d\n",$s/$n,$n}'
@@ -98,10 +102,14 @@ def _run(cmd: list[str], stdout: int | None = subprocess.PIPE) -> Measure:
 def _write(kind: str, path: Path, size_mb: float) -> loggen.Written:
     if kind == "noise":
         return loggen.write_noise(path, size_mb)
-    if kind == "dense":
+    if kind in ("dense", "interval1"):
         if not LAB.is_dir():
-            raise SystemExit(f"the dense log replays {LAB}, which is not there")
+            raise SystemExit(f"the {kind} log replays {LAB}, which is not there")
+        if kind == "interval1":
+            return loggen.write_interval1(path, size_mb, LAB)
         return loggen.write_dense(path, size_mb, LAB)
+    if kind == "all-ranks":
+        return loggen.write_all_ranks(path, size_mb)
     return loggen.write_ranks(path, size_mb)
 
 
@@ -196,13 +204,18 @@ def _table(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-mb", type=float, default=1024.0, help="log size in MiB (default 1024)")
-    ap.add_argument("--logs", default="noise,dense,ranks", help="which logs (comma-separated)")
+    ap.add_argument(
+        "--logs", default=",".join(KINDS), help=f"which logs (comma-separated: {', '.join(KINDS)})"
+    )
     ap.add_argument("--dir", type=Path, help="where to write the logs (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the logs")
     ap.add_argument("--skip-json", action="store_true", help="do not time --json")
     ap.add_argument("--skip-report", action="store_true", help="do not time analysis.report")
     ap.add_argument("--out-json", type=Path, help="also write the figures here")
     ns = ap.parse_args(argv)
+    unknown = sorted(set(ns.logs.split(",")) - set(KINDS))
+    if unknown:
+        ap.error(f"--logs: no log kind {', '.join(unknown)} (the kinds: {', '.join(KINDS)})")
     folder = ns.dir or Path(tempfile.mkdtemp(prefix="parse-bench-"))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     results = []
