@@ -771,9 +771,19 @@ class _BlockPattern:
     of its stream, with the numbers as groups.  ``read`` checks the line after it too."""
 
     def __init__(
-        self, rx: re.Pattern[bytes], kind: str, recipe: list[tuple[str, str | None]], key: str
+        self,
+        rx: re.Pattern[bytes],
+        kind: str,
+        recipe: list[tuple[str, str | None]],
+        key: str,
+        apart: re.Pattern[bytes] | None = None,
+        prefix: bytes = b"",
     ) -> None:
         self.rx = rx
+        self.apart = apart
+        """The same block with other streams' lines between its lines (``_Bulk._learn``)."""
+        self.prefix = prefix
+        """The launcher prefixes its lines start with (those of the other lines do not)."""
         self.kind = kind
         self.recipe = recipe
         self.key = key
@@ -807,8 +817,14 @@ class _BlockPattern:
         ``_OPEN``, ``_LONG``, or None when it is not this block printed in one piece.  ``flat``:
         (names, shape, values) when the block's values are those (then ``values`` is None)."""
         m = self.rx.match(block, ls, T)
-        if m is None:
-            return None
+        apart = m is None
+        if apart:
+            # Other streams' lines between its lines (a launcher that printed another rank's
+            # line inside a long block): each must be of another stream as the line path
+            # finds it, and not over-long.
+            m = self.apart.match(block, ls, T) if self.apart is not None else None
+            if m is None:
+                return None
         try:
             nums = list(map(float, m.groups()))
         except ValueError:
@@ -835,6 +851,10 @@ class _BlockPattern:
         q = m.end()
         first = block.find(b"\n", ls) + 1
         mine = [(first, q)] if q > first else []
+        if apart:
+            mine = self._own_lines(bulk, block, first, q)
+            if mine is None:
+                return None
         name = self.name
         while q < T:
             le = _line_end(block, q, T)
@@ -866,3 +886,24 @@ class _BlockPattern:
                 return None  # the block goes on: read it line by line
             return s, values, mine, self.key, flat
         return _OPEN
+
+    def _own_lines(
+        self, bulk: _Bulk, block: bytes, first: int, q: int
+    ) -> list[tuple[int, int]] | None:
+        """The spans of the block's own lines in [first, q), which ``apart`` matched: the
+        lines that start with its prefixes (the pattern takes no other line of its own);
+        None when another is of its stream after all, or over-long."""
+        mine: list[tuple[int, int]] = []
+        s = first
+        prefix, key = self.prefix, self.key
+        while s < q:
+            e = block.find(b"\n", s, q)
+            if block.startswith(prefix, s):
+                if mine and mine[-1][1] == s:
+                    mine[-1] = (mine[-1][0], e + 1)
+                else:
+                    mine.append((s, e + 1))
+            elif e - s > MAX_LINE_CHARS or bulk._line_key(block, s, e)[0] == key:
+                return None
+            s = e + 1
+        return mine

@@ -321,11 +321,22 @@ class _BulkShapes:
             return  # (not one line: the block is looked up by its header line alone)
         self.block_tmpls[head] = known
         pattern = re.escape(head) + b"".join(p + b"\n" for p, _h, _n in recipe)
+        # The same with any lines that do not start with its launcher prefixes between its
+        # lines (none for a stream without prefixes: every line might be one of its own).
+        prefix = block[ls:c]
+        apart = None
+        if prefix:
+            other = rb"(?:(?!" + re.escape(prefix) + rb")[^\n]*\n)*"
+            apart = re.compile(
+                re.escape(head) + b"".join(other + p + b"\n" for p, _h, _n in recipe)
+            )
         known.append(
             _BlockPattern(
                 re.compile(pattern),
                 kind,
                 [(h, n) for _p, h, n in recipe],
                 self._line_key(block, ls, e)[0],
+                apart,
+                prefix,
             )
         )

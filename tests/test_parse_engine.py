@@ -66,17 +66,20 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(scan, "SEG_MAX", 2048)
 
 
-@pytest.mark.parametrize("kind", ["dense", "ranks", "noise"])
+@pytest.mark.parametrize("kind", ["dense", "ranks", "noise", "all-ranks", "interval1"])
 def test_generated_logs(tmp_path, kind, small_chunks):
     import loggen
 
     path = tmp_path / f"{kind}.log"
-    if kind == "dense":
+    if kind in ("dense", "interval1"):
         if not LAB.is_dir():
-            pytest.skip(f"the dense generator replays {LAB} (not present)")
-        written = loggen.write_dense(path, 0.3, LAB)
+            pytest.skip(f"the {kind} generator replays {LAB} (not present)")
+        write = loggen.write_dense if kind == "dense" else loggen.write_interval1
+        written = write(path, 0.3, LAB)
     elif kind == "ranks":
         written = loggen.write_ranks(path, 0.3)
+    elif kind == "all-ranks":
+        written = loggen.write_all_ranks(path, 0.3)
     else:
         written = loggen.write_noise(path, 0.3)
     runs = _three_ways(path)
@@ -1141,13 +1144,27 @@ def _rank_ms(i: int, t: int, r: int) -> str:
     return f"{100 + 3 * t + (r * 37 + i * 11) % (30 + 7 * t)}.{(r + i) % 10}"
 
 
-def test_blocks_of_every_rank_closed_past_another_stream_are_read_in_bulk(tmp_path, monkeypatch):
+# Lines inside every 7th block of the 64-rank log: none; another rank's (srun prints a long
+# block in pieces, between which other ranks' lines come); one of the block's own rank with
+# its label spelled otherwise (the line path reads it as the block's own: it closes it); one
+# of another rank that is too long (the line path truncates it).
+_INSIDE = {
+    "nothing": None,
+    "another rank's line": " 5: UserWarning: c10d::allreduce_: an autograd kernel was not found",
+    "its own rank's line": " 63:  NCCL INFO Connected all rings",
+    "an over-long line": " 5: " + "x" * 70_000,
+}
+
+
+@pytest.mark.parametrize("inside", sorted(_INSIDE))
+def test_blocks_of_every_rank_are_read_in_bulk(tmp_path, monkeypatch, inside):
     """64 ranks with ``--timing-log-option all``: the last rank prints its iteration line,
     then a ``times across ranks`` block of every rank's time for each timer, and rank 0's
     DeepSpeed line comes before the next iteration line, which closes the block.  A block is
     one record of 131 lines (195 here): the bulk path takes such a log (it is not chatter)
     and reads the blocks by the pattern learned from the first one (the line that closes it
-    came after another stream's line), as the line path reads them."""
+    came after another stream's line), with other ranks' lines among a block's lines too, as
+    the line path reads them."""
     n, ranks = 300, 64
     lines = [" 0: training ...", "63: training ..."]
     for i in range(1, n + 1):
@@ -1160,15 +1177,12 @@ def test_blocks_of_every_rank_closed_past_another_stream_are_read_in_bulk(tmp_pa
         for t, name in enumerate(("forward-backward", "optimizer", "forward-backward")):
             lines.append(f"63:   {name}:")
             lines += [f"63:      rank {r:2d}: {_rank_ms(i, t, r)}" for r in range(ranks)]
+        if _INSIDE[inside] and i % 7 == 0:
+            lines.insert(len(lines) - 100 - i % 50, _INSIDE[inside])
     path = tmp_path / "all-ranks.log"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (run,) = _three_ways(path)
     megatron = [t for t in run["timers"] if t["source"] == "megatron"]
-    assert [t["iteration"] for t in megatron] == list(range(1, n + 1))
-    for t in megatron:
-        for name, ks in (("forward-backward", (0, 2)), ("optimizer", (1,))):
-            ms = [float(_rank_ms(t["iteration"], k, r)) for k in ks for r in range(ranks)]
-            assert t["values_ms"][name] == [min(ms), max(ms)]
     fed, by_line = [], []
     real, read_block = parse._Core.feed, scan._Bulk._read_block
     monkeypatch.setattr(
@@ -1178,6 +1192,15 @@ def test_blocks_of_every_rank_closed_past_another_stream_are_read_in_bulk(tmp_pa
         scan._Bulk, "_read_block", lambda self, *a: (by_line.append(a), read_block(self, *a))[1]
     )
     parse.parse_file(path)
+    if inside == "its own rank's line":
+        return  # (the blocks it cuts are read line by line: equal is all there is to check)
+    assert [t["iteration"] for t in megatron] == list(range(1, n + 1))
+    for t in megatron:
+        for name, ks in (("forward-backward", (0, 2)), ("optimizer", (1,))):
+            ms = [float(_rank_ms(t["iteration"], k, r)) for k in ks for r in range(ranks)]
+            assert t["values_ms"][name] == [min(ms), max(ms)]
+    if inside == "an over-long line":
+        return  # (the line path reads the lines around such a line)
     # (The first lines are read in full: ``_LATE_CONFIG_LINES``.)
     assert len(fed) < _LATE_CONFIG_LINES + 1000, f"{len(fed)} of {len(lines)} lines fed one by one"
     assert len(by_line) < 5, f"{len(by_line)} of {n} blocks read line by line"
