@@ -8,7 +8,8 @@ import math
 import re
 import warnings
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
+from operator import methodcaller
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -764,6 +765,17 @@ _CLOSES_FOR_CERTAIN = frozenset(range(0x21, 0x7F)) - frozenset(b"0123456789.eE+-
 ``_TIMER_RANK_RE`` end in a number (a digit or one of ``.eE+-``) or ``)``, and
 ``_TIMER_NAME_RE`` in ``:``, each then only whitespace (a line whose last byte is whitespace
 or not ASCII is looked at in full)."""
+_CLOSES = np.zeros(256, dtype=bool)
+_CLOSES[list(_CLOSES_FOR_CERTAIN)] = True
+_SPACE = np.zeros(256, dtype=bool)
+_SPACE[list(b" \t\n\r\x0b\x0c")] = True
+_SPACE_OR_DIGIT = _SPACE | _IS_DIGIT
+_PREFIX_START = _SPACE_OR_DIGIT.copy()
+_PREFIX_START[list(b"[ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")] = True
+"""Bytes a launcher prefix (``_PREFIXES_RE``) can start with: whitespace (``\\s``), a digit, a
+letter, ``[``."""
+_GROUPS = methodcaller("groups")
+_END = methodcaller("end")
 
 
 class _BlockPattern:
@@ -862,10 +874,20 @@ class _BlockPattern:
                 return _OPEN
             if le - q > MAX_LINE_CHARS:
                 return _LONG
-            nxt = bulk._next_of_stream(block, self.key, q, T)  # (q > 0: after the header)
-            if nxt is None:
-                return _OPEN
-            s, le, cs = nxt
+            c = block[q] if q < le else 0x20
+            if (
+                not self.key
+                and _PREFIXES_RE.match(block, q, le).end() == q
+                and (  # type: ignore[union-attr]
+                    0x20 <= c < 0x7F or c == 0x09
+                )
+            ):
+                s, cs = q, q  # (a line without prefixes, plain ASCII: the bare stream's next)
+            else:
+                nxt = bulk._next_of_stream(block, self.key, q, T)  # (q > 0: after the header)
+                if nxt is None:
+                    return _OPEN
+                s, le, cs = nxt
             if le - s > MAX_LINE_CHARS:
                 return _LONG
             # (Whether the line closes the block does not depend on the values read.)  A line
@@ -886,6 +908,54 @@ class _BlockPattern:
                 return None  # the block goes on: read it line by line
             return s, values, mine, self.key, flat
         return _OPEN
+
+    def read_bare(
+        self, block: bytes, hs: np.ndarray, T: int, nl: np.ndarray
+    ) -> list[tuple[int, int, None, str, Any] | None]:
+        """``read`` of the blocks of a stream without launcher prefixes at the header lines
+        ``hs`` (``nl``: the newlines up to T), in a few passes: (header start, close, None,
+        key, flat) of each that is this block printed in one piece, of values that convert,
+        closed for certain by the line right after it (a line without prefixes that ends in
+        a printable byte no timer line ends with), else None (``read`` reads it)."""
+        n = len(hs)
+        if self.flat is None or self.key or not n:
+            return [None] * n
+        ms = list(map(self.rx.match, repeat(block), hs.tolist(), repeat(T)))
+        matched = np.array([m is not None for m in ms], dtype=bool)
+        hit = list(compress(ms, matched.tolist())) if not matched.all() else ms
+        k = self.rx.groups
+        try:
+            nums = np.array(list(map(float, chain.from_iterable(map(_GROUPS, hit)))), dtype=float)
+        except ValueError:
+            return [None] * n  # (which one: ``read`` finds it)
+        nums = nums.reshape(len(hit), k)
+        q = np.fromiter(map(_END, hit), dtype=np.int64, count=len(hit))
+        j = np.minimum(np.searchsorted(nl, q), len(nl) - 1)
+        le = nl[j]  # (past the last newline: not whole, not taken)
+        buf = np.frombuffer(block, dtype=np.uint8)
+        c, c1 = buf[np.minimum(q, le)], buf[np.minimum(q + 1, le)]
+        # The line at q is the stream's next when it has no launcher prefix: it starts with a
+        # byte no prefix starts with, or whitespace and then a byte that is not a digit or
+        # whitespace (``_PREFIXES_RE``); plain ASCII (``_Bulk._line_key``).
+        good = (
+            (le > q)
+            & (le - q <= MAX_LINE_CHARS)
+            & np.isfinite(nums).all(axis=1)
+            & (~_PREFIX_START[c] | (_SPACE[c] & ~_SPACE_OR_DIGIT[c1]))
+            & ((c >= 0x20) & (c < 0x7F) | (c == 0x09))
+            & _CLOSES[buf[le - 1]]
+        )
+        names, shape = self.flat
+        flat = zip(repeat(names), repeat(shape), nums.tolist())
+        got = zip(hs[matched].tolist(), q.tolist(), repeat(None), repeat(self.key), flat)
+        out: list[tuple[int, int, None, str, Any] | None] = [None] * n
+        if good.all() and len(hit) == n:
+            return list(got)
+        at = np.flatnonzero(matched)
+        for i, g, x in zip(at.tolist(), good.tolist(), got, strict=True):
+            if g:
+                out[i] = x
+        return out
 
     def _own_lines(
         self, bulk: _Bulk, block: bytes, first: int, q: int

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from itertools import repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,6 +59,9 @@ from analysis.scan_bytes import (
     _values_fast,
     _words,
 )
+
+_BARE_MANY = 16
+"""Timer block headers in a step from which they are read at once (``_BlockPattern.read_bare``)."""
 
 
 def _digit_in_a_key(rest: bytes) -> bool:
@@ -408,7 +412,28 @@ class _BulkReaders:
         blocks: list[tuple[int, int, dict[str, Any] | None, str, Any]] = []
         headers: list[tuple[int, int]] = []
         bodies: list[tuple[int, int]] = []
-        for ls, e in zip(*_lines_ending(block, pos, nl, _HEAD_LIT), strict=True):
+        hs, he = _lines_ending(block, pos, nl, _HEAD_LIT)
+        pre: list[Any] = []  # each header's block as ``_BlockPattern.read_bare`` read it
+        if len(hs) >= _BARE_MANY:
+            # Many headers of one text (one stream without prefixes, a block each iteration):
+            # those one pattern reads, read at once; the first run of them taken as they are.
+            head = _same_text(block, np.asarray(hs), np.asarray(he) + 1)
+            tmpls = self.block_tmpls.get(head, ()) if head is not None else ()
+            if tmpls:  # (the one ``read`` tries first: what it reads is what the loop takes)
+                pre = tmpls[0].read_bare(block, np.asarray(hs), T, nl)
+                n = pre.index(None) if None in pre else len(pre)
+                blocks = pre[:n]
+                first = [e + 1 for e in he[:n]]
+                headers = list(zip(hs[:n], first, strict=True))
+                # (A block has lines: its pattern ends past the header's newline.)
+                bodies = list(zip(first, map(itemgetter(1), blocks), strict=True))
+                hs, he, pre = hs[n:], he[n:], pre[n:]
+        for i, (ls, e) in enumerate(zip(hs, he, strict=True)):
+            if pre and pre[i] is not None:
+                blocks.append(pre[i])
+                headers.append((ls, e + 1))
+                bodies.append((e + 1, pre[i][1]))
+                continue
             got = None
             for tmpl in self.block_tmpls.get(block[ls : e + 1], ()):
                 got = tmpl.read(self, block, ls, T)

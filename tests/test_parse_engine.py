@@ -1206,6 +1206,68 @@ def test_blocks_of_every_rank_are_read_in_bulk(tmp_path, monkeypatch, inside):
     assert len(by_line) < 5, f"{len(by_line)} of {n} blocks read line by line"
 
 
+# Lines after every 7th timer block of one node's own log (no launcher prefixes): the line
+# right after a block decides whether it closes there.
+_AFTER_BARE_BLOCK = {
+    "nothing": None,
+    "an empty line": "",
+    "a line ending in a digit": "[W1122 ProcessGroupNCCL.cpp:1232] Warning: step 12",
+    "another stream's line": "node0: NCCL INFO Connected all rings",
+    "an srun label, then a timer line": " 12: NCCL INFO Connected all rings\n"
+    "    optimizer-inner ................................: (1.25, 2.5)",
+    "a line that is not ASCII": "\u00a0NCCL INFO Connected all rings",
+    "a timer line": "    optimizer-inner ................................: (1.25, 2.5)",
+    "a tab": "\tNCCL INFO Connected all rings",
+    "a timer line indented by one space": " optimizer-inner ..........: (1.25, 2.5)",
+    # Lines of another stream do not close the block: its next line does.
+    "another stream's line, then a timer line": "node0: NCCL INFO Connected all rings\n"
+    "    optimizer-inner ................................: (1.25, 2.5)",
+    # (The line path reads text: its label pattern takes a no-break space for whitespace.)
+    "a label after a no-break space, then a timer line": "\u00a012: NCCL INFO ring\n"
+    "    optimizer-inner ................................: (1.25, 2.5)",
+    "a value out of range": "",
+}
+
+
+@pytest.mark.parametrize("after", sorted(_AFTER_BARE_BLOCK))
+def test_blocks_of_one_bare_stream_are_read_at_once(tmp_path, monkeypatch, after):
+    """One node's own log at log interval 1: an iteration line, then its ``(min, max)`` block,
+    closed by the next iteration line.  The blocks of a step are read at once (one pattern,
+    no launcher prefixes), up to one the line after which does not close for certain; each
+    reads as the line path reads it."""
+    n = 3000
+    lines = ["training ..."]
+    for i in range(1, n + 1):
+        lines += [
+            _iteration_line(i, n + 10, prefix=""),
+            "(min, max) time across ranks (ms):",
+            f"    forward-backward ...............................: (2{i % 9}.5, 3{i % 7}.25)",
+            f"    optimizer ......................................: ({i % 5}.5, 9.{i % 10})",
+        ]
+        if _AFTER_BARE_BLOCK[after] is not None and i % 7 == 0:
+            if after == "a value out of range":
+                lines[-1] = lines[-1].replace("9.", "1e999")
+            else:
+                lines.append(_AFTER_BARE_BLOCK[after])
+    path = tmp_path / "node1.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    megatron = [t for t in run["timers"] if t["source"] == "megatron"]
+    assert len(megatron) == n
+    assert megatron[10]["values_ms"]["forward-backward"] == [22.5, 34.25]  # iteration 11
+    at_once = []
+    real = scan_bytes._BlockPattern.read_bare
+    monkeypatch.setattr(
+        scan_bytes._BlockPattern,
+        "read_bare",
+        lambda self, *a: (lambda got: (at_once.append(len(got) - got.count(None)), got)[1])(
+            real(self, *a)
+        ),
+    )
+    parse.parse_file(path)
+    assert sum(at_once) > n * 0.6, f"{sum(at_once)} of {n} blocks read at once"
+
+
 _MEM_FORMS = {
     "plain": "",
     "no iteration count": " {r:2d}: [Rank {r}] memory (MB) | allocated: 1.5 | max allocated: 2.5",
