@@ -261,12 +261,14 @@ class _BulkShapes:
             ok &= ends - ls <= MAX_LINE_CHARS
             if not ok.any():
                 continue
-            groups = list(zip(*(m.groups() for _i, m in found), strict=True))
+            # The groups read: number, total and each field's value (not the spaces).
+            want = methodcaller("group", 2, 4, *(5 + piece for piece, *_r in tp.fields))
+            groups = list(zip(*map(want, map(itemgetter(1), found)), strict=True))
             cols = []
-            for piece, f, kind, factor in tp.fields:
-                toks = groups[4 + piece]
+            for j, (_piece, f, kind, factor) in enumerate(tp.fields):
+                toks = groups[2 + j]
                 try:
-                    vals = np.array(list(map(float, toks)), dtype=float)
+                    vals = np.fromiter(map(float, toks), dtype=float, count=n)
                 except ValueError:
                     vals = np.full(n, np.nan)
                 bad = ~np.isfinite(vals)
@@ -287,8 +289,8 @@ class _BulkShapes:
                 _ItLines(
                     ls[sel],
                     ends[sel],
-                    np.array(list(map(int, groups[1])), dtype=np.int64)[sel],
-                    np.array(list(map(int, groups[3])), dtype=np.int64)[sel],
+                    np.fromiter(map(int, groups[0]), dtype=np.int64, count=n)[sel],
+                    np.fromiter(map(int, groups[1]), dtype=np.int64, count=n)[sel],
                     keys,
                     tuple(f for f, _k, _v in cols),
                     np.array([v[sel] for _f, _k, v in cols], dtype=float).reshape(-1, len(sel)).T,
