@@ -1026,9 +1026,9 @@ def test_iteration_lines_with_whitespace_after_the_last_bar_are_read_in_bulk(
     read in bulk, as the line path reads them."""
     n, end = _LONG_RUN, _LINE_ENDS[form]
 
-    def lines_of(i: int) -> list[str]:
+    def lines_of(i: int, total: int = n + 10) -> list[str]:
         return [
-            _iteration_line(i, n + 10) + end,
+            _iteration_line(i, total) + end,
             f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
             "node0: NCCL INFO chatter",
         ]
@@ -1038,6 +1038,20 @@ def test_iteration_lines_with_whitespace_after_the_last_bar_are_read_in_bulk(
     assert run["iterations"][-1]["iteration"] == n
     # (The first lines are read by the line path: ``_LATE_CONFIG_LINES``.)
     assert _read_by(tmp_path / "ends.log", monkeypatch, "_iteration_lines") > 0.4 * n
+    # ... by the pattern learned in the first bulk step (that step reads them one by one):
+    # in a run four times as long, most of them.
+    longer = tmp_path / "longer.log"
+    text = "".join(f"{x}\n" for i in range(1, 4 * n + 1) for x in lines_of(i, 4 * n + 10))
+    longer.write_text("node0: training ...\nnode1: training ...\n" + text, encoding="utf-8")
+    learned = []
+    real = scan._Bulk._iteration_patterns
+    monkeypatch.setattr(
+        scan._Bulk,
+        "_iteration_patterns",
+        lambda self, *a: (lambda got: (learned.extend(map(len, got[0])), got)[1])(real(self, *a)),
+    )
+    parse.parse_file(longer)
+    assert sum(learned) > 2 * n, f"{sum(learned)} of {4 * n} iteration lines read by the pattern"
 
 
 _ODD_VALUES = [
