@@ -5,7 +5,7 @@ per-node files of one run merged into one ``ParsedRun``.
 from __future__ import annotations
 
 from analysis.parse_rules import _attribute, _is_pipeline, _num_parameters, _Run, _summary
-from analysis.records import Failure, ParsedRun, PipelineStep
+from analysis.records import Failure, ParsedRun, PipelineStep, PipelineStepTable
 from analysis.storage import DeepSpeedBlocks, merge_attribution, merge_iterations
 
 
@@ -119,7 +119,7 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
         out.further_failures.extend(part.further_failures)
         out.sources.extend(part.sources)
     out.iterations = merge_iterations(p.iterations for p in runs)
-    out.pipeline_steps = sorted(seen_steps.values(), key=lambda s: s.step)
+    out.pipeline_steps = PipelineStepTable(sorted(seen_steps.values(), key=lambda s: s.step))
     by_rank = out.config.get("num_parameters_by_rank")
     if isinstance(by_rank, dict):
         out.config["num_parameters"], why = _num_parameters(out.config, by_rank)

@@ -19,7 +19,7 @@ from analysis.records import (
     FailureKind,
     IterationTable,
     MemoryTable,
-    PipelineStep,
+    PipelineStepTable,
     TimerTable,
 )
 from analysis.scan import Keywords
@@ -226,7 +226,7 @@ class _Run:
     megatron_blocks: TimerTable = field(default_factory=TimerTable)
     # DeepSpeed blocks: (values, rank, line, iterations seen before, pipeline steps before)
     ds_blocks: DeepSpeedBlocks = field(default_factory=DeepSpeedBlocks)
-    steps: list[PipelineStep] = field(default_factory=list)
+    steps: PipelineStepTable = field(default_factory=PipelineStepTable)
     args: dict[str, Any] = field(default_factory=dict)
     cmd_args: dict[str, Any] = field(default_factory=dict)
     world: dict[str, int] = field(default_factory=dict)

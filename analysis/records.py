@@ -170,8 +170,8 @@ class ParsedRun:
     decimals (``Max_CA`` to a whole GB), so they must not feed a peak-memory figure."""
     timers: Sequence[TimerBlock] = field(default_factory=lambda: TimerTable())
     """Every timer block, in line order (a ``TimerTable``; a plain list works too)."""
-    pipeline_steps: list[PipelineStep] = field(default_factory=list)
-    """PipelineEngine step lines."""
+    pipeline_steps: Sequence[PipelineStep] = field(default_factory=lambda: PipelineStepTable())
+    """PipelineEngine step lines (a ``PipelineStepTable``; a plain list works too)."""
     config: dict[str, Any] = field(default_factory=dict)
     """Configuration recovered from the log: Megatron's ``arguments`` dump (typed values) and
     summary keys ``num_layers, hidden_size, num_attention_heads, seq_length, micro_batch_size,
@@ -215,7 +215,7 @@ class ParsedRun:
         """Bytes held by the typed columns of each record table (0 for plain lists)."""
         return {
             name: getattr(self, name).nbytes if hasattr(getattr(self, name), "nbytes") else 0
-            for name in ("iterations", "memory", "memory_other", "timers")
+            for name in ("iterations", "memory", "memory_other", "timers", "pipeline_steps")
         }
 
 
@@ -424,6 +424,14 @@ class MemoryTable(RecordTable[Memory]):
     ints = frozenset(("rank", "after_iteration", "line"))
     delta = frozenset(("line",))
     strs = frozenset(("kind",))
+
+
+class PipelineStepTable(RecordTable[PipelineStep]):
+    """``PipelineStep`` records as typed columns."""
+
+    record = PipelineStep
+    ints = frozenset(("step", "line"))
+    delta = frozenset(("step", "line"))
 
 
 class _Group:

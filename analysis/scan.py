@@ -51,6 +51,8 @@ from analysis.scan_bytes import (
     SEG_MAX,
     SEG_MIN,
     SEG_START,
+    SHORT_BYTES,
+    SHORT_LINES,
     SPARSE_BYTES,
     SPARSE_LINES,
     Keywords,
@@ -180,6 +182,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.seg = SEG_START
         self.line_budget = 0  # bytes the line path reads before the bulk path tries again
         self.sparse = 0  # bulk steps in a row that took few lines
+        self.short = 0  # bulk steps in a row that stopped soon after their start
         self.taken = 0  # lines the last bulk step took (``_segment``)
         self.open_at_limit = False  # the last look ended in an open timer block
         self.open_block = -1  # where that block starts, when the step ended there
@@ -353,6 +356,18 @@ class _Bulk(_BulkShapes, _BulkReaders):
             self.seg = SEG_START // 8  # the next look is a small one again
         elif T - pos >= SEG_START:
             self.sparse = 0
+        # A step that took fewer than SHORT_LINES lines and stopped in the first quarter of
+        # what it looked at, again and again (a line the bulk path does not take every other
+        # line): the line path reads a stretch, longer each time, before the bulk path looks
+        # again (each look costs what it looked at, not what it took).
+        took = self.lineno_at - lineno if pos < T else 0
+        if took < SHORT_LINES and (T - pos) * 4 < limit - pos:
+            self.short += 1
+            if self.short >= 2:
+                stretch = SHORT_BYTES << min(self.short - 2, 7)
+                self.line_budget = max(self.line_budget, min(stretch, SPARSE_BYTES))
+        else:
+            self.short = 0
         if pos >= T:
             self.seg = max(SEG_MIN, self.seg // 2)
             return pos, lineno, True
@@ -394,6 +409,8 @@ class _Bulk(_BulkShapes, _BulkReaders):
         else:
             mem = _MemLines.of([])
         alloc = self._memalloc_lines(block, pos, T) if self.alloc else []
+        # PipelineEngine step lines, once the line path read one (a run with them).
+        steps = self._steps_lines(block, pos, T) if len(run.steps) else []
         its = self._iteration_lines(block, pos, T, nl)
         if bodies:  # lines a timer block took are not read as anything else
             taken = _Spans(bodies)
@@ -401,6 +418,8 @@ class _Bulk(_BulkShapes, _BulkReaders):
             mem = mem.select(~taken.holds(mem.ls))
             if alloc:
                 alloc = list(compress(alloc, (~taken.holds([x[0] for x in alloc])).tolist()))
+            if steps:
+                steps = list(compress(steps, (~taken.holds([x[0] for x in steps])).tolist()))
             if len(its):
                 its = its.select(~taken.holds(its.ls))
 
@@ -408,6 +427,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         k = ds.keep
         others = headers + bodies
         others += [(x[0], x[1]) for x in alloc]
+        others += [(x[0], x[1]) for x in steps]
         span_s = np.concatenate(
             [ds.ls[k], mem.ls, its.ls, np.array([x[0] for x in others], dtype=np.int64)]
         )
@@ -462,6 +482,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         blocks = [b for b in blocks if b[0] < T]
         mem = mem.select(mem.ls < T)
         alloc = [x for x in alloc if x[0] < T]
+        steps = [x for x in steps if x[0] < T]
         ds.keep &= ds.ls < T
 
         # Lines taken: a timer block counts its lines (64 ranks' ``--timing-log-option all``
@@ -472,7 +493,9 @@ class _Bulk(_BulkShapes, _BulkReaders):
             block_lines = int(
                 (np.searchsorted(nl, bounds[:, 1]) - np.searchsorted(nl, bounds[:, 0])).sum()
             )
-        self.taken = len(new_its) + int(ds.keep.sum()) + len(mem) + block_lines + len(alloc)
+        self.taken = (
+            len(new_its) + int(ds.keep.sum()) + len(mem) + block_lines + len(alloc) + len(steps)
+        )
 
         def lines_at(starts: Any) -> np.ndarray:
             return lineno + np.searchsorted(nl, np.asarray(starts, dtype=np.int64))
@@ -546,6 +569,9 @@ class _Bulk(_BulkShapes, _BulkReaders):
                 if ds.keep[rows].any():
                     run.content_streams.add(key)
             line_all = lines_at(ds.ls)
+            # (The steps lines before each, of the run and of this step: its pipeline step.)
+            steps_ls = np.array([x[0] for x in steps], dtype=np.int64)
+            n_steps = len(run.steps) + np.searchsorted(steps_ls, ds.ls)
             for names, idx, vals in ds.groups:
                 sel = ds.keep[idx]
                 if sel.any():
@@ -556,9 +582,20 @@ class _Bulk(_BulkShapes, _BulkReaders):
                         ds.rank[rows],
                         line_all[rows],
                         n_iter[rows],
-                        len(run.steps),
+                        n_steps[rows],
                         stream[rows],
                     )
+        if steps:  # PipelineEngine step lines, as ``_Core._steps`` reads them
+            cols_s: dict[str, Any] = {"line": lines_at([x[0] for x in steps])}
+            for j, f in enumerate(("step", "loss", "iter_ms", "samples_per_s"), start=3):
+                vals = [x[j] for x in steps]
+                cols_s[f] = vals if f == "step" or None in vals else np.array(vals, dtype=float)
+            run.steps.add_columns(len(steps), cols_s)
+            first_of: dict[str, int] = {}
+            for x, line in zip(steps, cols_s["line"].tolist(), strict=True):
+                first_of.setdefault(x[2], line)
+            for key, line in first_of.items():
+                run.begin_training(key, line)
         if alloc:  # DeepSpeed's `MemAllocated=` lines, as ``_Core._dispatch`` reads them
             from analysis.records import Memory
 

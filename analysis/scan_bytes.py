@@ -30,6 +30,10 @@ SPARSE_LINES, SPARSE_BYTES = 1000, 8 << 20
 """A bulk step of at least SEG_START bytes that took fewer lines per MB than this (a timer
 block counts its lines, a DeepSpeed, iteration or memory line one) hands the next SPARSE_BYTES
 to the line path (whose keyword jumps are cheaper over chatter)."""
+SHORT_LINES, SHORT_BYTES = 4, 64 << 10
+"""What the line path reads after the second bulk step in a row that took fewer than
+SHORT_LINES lines and stopped in the first quarter of what it looked at (a look costs about
+what the line path pays for 10-30 lines); doubled for each more, up to SPARSE_BYTES."""
 
 _DIGITS = b"0123456789"
 
@@ -722,6 +726,8 @@ class _IterPattern:
 _ALLOC_AFTER = 4
 """DeepSpeed's ``MemAllocated=`` lines are read in bulk too (``_Bulk.alloc``) once the run
 holds this many DeepSpeed memory lines."""
+_STEPS_LIT = b"steps:"
+"""What DeepSpeed's PipelineEngine step line holds (``_Bulk._steps_lines``)."""
 _ALLOC_LIT = b"MemAllocated="
 _ALLOC_NOT = (
     b"# run outcome",

@@ -39,6 +39,7 @@ from analysis.scan_bytes import (
     _OPEN,
     _PRINTABLE,
     _RANK_RE,
+    _STEPS_LIT,
     _WORD,
     _ds_heads,
     _ds_values,
@@ -206,19 +207,43 @@ class _BulkReaders:
 
     def _plain_lines(
         self, block: bytes, lit: bytes, pos: int, T: int
-    ) -> Iterator[tuple[int, int, bytes]]:
+    ) -> Iterator[tuple[int, int, str, bytes]]:
         """The lines of [pos, T) holding ``lit`` whose content (after the launcher prefixes)
-        is printable ASCII and not over-long: (start, end after the newline, content)."""
+        is printable ASCII and not over-long: (start, end after the newline, stream,
+        content)."""
         for ms, e in _finds(block, lit, pos, T, to_eol=True):
             ls = block.rfind(b"\n", pos, ms) + 1 or pos
             if e - ls > MAX_LINE_CHARS:
                 continue
-            _key, c = self._line_key(block, ls, e - 1)
+            key, c = self._line_key(block, ls, e - 1)
             if c < 0:
                 continue
             text = block[c : e - 1].rstrip(b"\r\n")
             if _printable(text):
-                yield ls, e, text
+                yield ls, e, key, text
+
+    def _steps_lines(self, block: bytes, pos: int, T: int) -> list[tuple[Any, ...]]:
+        """DeepSpeed PipelineEngine ``steps: N loss: L iter time (s): T samples/sec: S``
+        lines of [pos, T) as ``_Core._steps`` reads them (its pattern on the text, its
+        conversions): (start, end after the newline, stream, step, loss, iter ms, samples/s).
+        Lines that an earlier branch of ``_Core._dispatch`` might take (``iteration``, a run
+        outcome) are left to the line path."""
+        from analysis._lines import to_float
+        from analysis.parse_rules import _STEPS_RE
+
+        out = []
+        for ls, e, key, raw in self._plain_lines(block, _STEPS_LIT, pos, T):
+            if b"iter time" not in raw or b"iteration" in raw or b"# run outcome" in raw:
+                continue
+            m = _STEPS_RE.search(raw.decode("ascii"))
+            if m is None:
+                continue
+            secs = to_float(m.group(3))
+            sps = to_float(m.group(4)) if m.group(4) else None
+            loss = to_float(m.group(2))
+            ms = secs * 1000.0 if secs is not None else None
+            out.append((ls, e, key, int(m.group(1)), loss, ms, sps))
+        return out
 
     def _mem_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _MemLines:
         """Megatron ``memory (MB) |`` reports of [pos, T) the bulk path knows: in bulk
@@ -228,7 +253,7 @@ class _BulkReaders:
             if bulk is not None:
                 return bulk
         out: list[tuple[int, int, int | None, int | None, dict[str, float]]] = []
-        for ls, e, text in self._plain_lines(block, _MEM_LIT, pos, T):
+        for ls, e, _key, text in self._plain_lines(block, _MEM_LIT, pos, T):
             shape = text.translate(None, _DIGITS)
             names = self.mem_shapes.get(shape, _MISSING)
             if names is _MISSING:
@@ -305,7 +330,7 @@ class _BulkReaders:
         ``_Core._dispatch`` reads as that and nothing else: (start, end, rank, allocated MiB,
         max allocated MiB)."""
         out = []
-        for ls, e, text in self._plain_lines(block, _ALLOC_LIT, pos, T):
+        for ls, e, _key, text in self._plain_lines(block, _ALLOC_LIT, pos, T):
             if any(w in text for w in _ALLOC_NOT):
                 continue  # a line an earlier branch of ``_dispatch`` reads: the line path's
             m = _MEMALLOC_RE.search(text)

@@ -86,14 +86,14 @@ class DeepSpeedBlocks:
         rank: np.ndarray,
         line: np.ndarray,
         n_iter: np.ndarray,
-        n_steps: int,
+        n_steps: np.ndarray,
         stream: np.ndarray,
     ) -> None:
         """Add blocks of one set of names column-wise (the file reader's bulk path)."""
         g = self.table.group("deepspeed", names, (0,) * len(names))
         self.table.add_rows(g, values, rank, None, line)
         self.n_iter.extend_ints(n_iter)
-        self.n_steps.extend_const(n_steps, len(line))
+        self.n_steps.extend_ints(n_steps)
         self.stream.extend_ints(stream)
 
     def __len__(self) -> int:

@@ -1130,6 +1130,9 @@ def test_deepspeed_lines_are_read_in_bulk_at_every_offset_and_rank_width(
     several widths, ranks of several widths, a line without a prefix are all read in bulk, as
     the line path reads them."""
     n, heads = _LONG_RUN, _DS_HEADS[form]
+    # (Steps that end a few lines in, one after another, hand stretches to the line path:
+    # not here, where what the bulk path reads is the point.)
+    monkeypatch.setattr(scan, "SHORT_LINES", 0)
 
     def lines_of(i: int) -> list[str]:
         v = f"{10 + i % 7}.5"
@@ -1280,6 +1283,74 @@ def test_blocks_of_one_bare_stream_are_read_at_once(tmp_path, monkeypatch, after
     )
     parse.parse_file(path)
     assert sum(at_once) > n * 0.6, f"{sum(at_once)} of {n} blocks read at once"
+
+
+# PipelineEngine step lines of other forms, every 11th step.
+_STEPS_FORMS = (
+    "node0: steps: {i} loss: nan iter time (s): 0.250 samples/sec: 32.000",
+    "node0: steps: {i} loss: 3.5000 iter time (s): 0.250",
+    "node0: steps: {i} loss: 3.5000 iter time (s): abc samples/sec: 32.000",
+    "node0: steps: {i} loss: 3.5000 iteration iter time (s): 0.250 samples/sec: 32.000",
+    "node0: [Rank 0] steps: {i} loss: 3.5000 iter time (s): 0.250 samples/sec: 32.000\r",
+)
+
+
+def test_pipeline_step_lines_of_every_step_are_read_in_bulk(tmp_path, monkeypatch):
+    """A pipeline run at ``steps_per_print`` 1 and log interval 1 (what the launcher writes
+    for PP with ``--log-interval 1``): rank 0's DeepSpeed line and ``steps:`` line, then the
+    last stage's iteration line, every step.  The step lines are read in bulk (each ended a
+    bulk step, 400 B of progress for a look at 16 KB or more: 1.4 MB/s), their forms as the
+    line path reads them, and each DeepSpeed line goes with the steps before it."""
+    n = 6000
+    lines = ["node0: training ...", "node1: training ..."]
+    for i in range(1, n + 1):
+        step = f"node0: steps: {i} loss: {3 + i % 97 / 100:.4f} iter time (s): 0.{200 + i % 50} "
+        step += f"samples/sec: {34 + i % 13 / 10:.3f}"
+        if i % 11 == 0:
+            step = _STEPS_FORMS[(i // 11) % len(_STEPS_FORMS)].format(i=i)
+        lines += [
+            f"node0: [Rank 0] time (ms) | fwd_microstep: {10 + i % 7}.5 | bwd_microstep: 20.25",
+            step,
+            _iteration_line(i, n + 10),
+        ]
+    path = tmp_path / "pp.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    steps = run["pipeline_steps"]
+    assert [s["step"] for s in steps] == list(range(1, n + 1))
+    assert steps[1] == {"step": 2, "loss": 3.02, "iter_ms": 202.0, "samples_per_s": 34.2,
+                        "line": 7}  # fmt: skip
+    read = []
+    real = scan._Bulk._steps_lines
+    monkeypatch.setattr(
+        scan._Bulk,
+        "_steps_lines",
+        lambda self, *a: (lambda got: (read.append(len(got)), got)[1])(real(self, *a)),
+    )
+    parse.parse_file(path)
+    # (The first lines are read in full: ``_LATE_CONFIG_LINES``.)
+    assert sum(read) > n - _LATE_CONFIG_LINES / 3 - n / 11, f"{sum(read)} of {n} read in bulk"
+
+
+def test_bulk_steps_that_end_at_once_hand_stretches_to_the_line_path(tmp_path, monkeypatch):
+    """A line the bulk path does not take every other line: each bulk step would take one
+    line for a look at many; the line path reads stretches of them instead, as it reads
+    them."""
+    n = 20000
+    lines = ["node1: training ..."]
+    for i in range(1, n + 1):
+        lines += [_iteration_line(i, n + 10), f"node1: barrier took 0.{i % 10} (s)"]
+    path = tmp_path / "short.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    assert len(run["iterations"]) == n
+    looks = []
+    real = scan._Bulk.advance
+    monkeypatch.setattr(
+        scan._Bulk, "advance", lambda self, *a: (looks.append(a[1]), real(self, *a))[1]
+    )
+    parse.parse_file(path)
+    assert len(looks) < n / 20, f"{len(looks)} bulk steps for {n} iterations"
 
 
 _MEM_FORMS = {
