@@ -1,6 +1,6 @@
 """Large logs for the parser benchmark, each with what was written (the ground truth).
 
-Five generators, each writing about ``size_mb`` MiB and returning a ``Written`` record:
+Six generators, each writing about ``size_mb`` MiB and returning a ``Written`` record:
 
 - ``write_noise``: a multi-node run whose log is mostly NCCL chatter (NCCL_DEBUG=INFO with the
   COLL subsystem prints one line per collective); the content is sparse.
@@ -27,6 +27,9 @@ Five generators, each writing about ``size_mb`` MiB and returning a ``Written`` 
 - ``write_interval1``: the last node's own log file (bare lines) of the real two-node run
   above at log interval 1: each iteration line followed by its ``(min, max)`` timer block,
   about 1.6M iterations per GB.
+- ``write_pipeline``: the lab's PP=2 run (``pp2.log``, one machine, bare lines) at log
+  interval 1 with ``steps_per_print`` 1, as the launcher writes it: DeepSpeed's PipelineEngine
+  ``steps:`` line and Megatron's iteration line every step.
 """
 
 from __future__ import annotations
@@ -518,3 +521,45 @@ def write_interval1(path: Path, size_mb: float, lab: Path) -> Written:
     out.add(run.tail1)
     out.close()
     return Written(iters, iters, iters + 1, 0, out.lines, 0)
+
+
+# -- a pipeline run, a step line every step -----------------------------------------------------
+
+
+def write_pipeline(path: Path, size_mb: float, lab: Path) -> Written:
+    """The lab's PP=2 run (one machine) at log interval 1 (module doc)."""
+    src = (lab / "pp2.log").read_text().splitlines()
+    src = [ln for ln in src if not ln.startswith("RC=")]  # the lab's own footer, not output
+    its = [i for i, ln in enumerate(src) if ln.startswith(" iteration ")]
+    steps = [ln for ln in src if ln.startswith("steps: ")]
+    memory = [ln for ln in src[its[0] :] if "memory (MB)" in ln]
+    tail = src[its[-1] + 1 :]
+    per_step = (sum(len(src[i]) for i in its) / len(its)) + len(steps[0]) + 2
+    iters = max(2, int(size_mb * 2**20 / per_step))
+
+    def head_line(ln: str) -> str:
+        ln = re.sub(r"(train_iters \.+ )30$", rf"\g<1>{iters}", ln)
+        ln = re.sub(r"(log_interval \.+ )5$", r"\g<1>1", ln)
+        return ln.replace("--train-iters 30", f"--train-iters {iters}").replace(
+            "--log-interval 5", "--log-interval 1"
+        )
+
+    out = _Out(path)
+    out.add([head_line(ln) for ln in src[: its[0]]])
+    step_re = re.compile(r"^steps: \d+ ")
+    for it in range(1, iters + 1):
+        k = it % len(its)
+        head = (
+            f" iteration {it:8d}/{iters:8d} | consumed samples: {it * 8:12d} | "
+            f"consumed tokens: {it * 8 * 128:12d} |"
+        )
+        out.add(
+            [
+                step_re.sub(f"steps: {it} ", steps[it % len(steps)]),
+                _ITER_NUM_RE.sub(head, src[its[k]]),
+                *(memory if it == 1 else []),
+            ]
+        )
+    out.add(tail)
+    out.close()
+    return Written(iters, iters, 1, len(memory), out.lines, 0)  # (the set-up block)

@@ -3,8 +3,9 @@
 For each log kind (``benchmarks/loggen.py``: ``noise`` = mostly NCCL chatter, ``dense`` = one
 long two-node run replayed from a real lab log, ``ranks`` = 64 ranks with log interval 1, every
 rank printing DeepSpeed's timers, ``all-ranks`` = 64 ranks with ``--timing-log-option all``,
-``interval1`` = the last node's own log of the lab run at log interval 1), it writes a log of
-``--size-mb`` MiB, then measures, each in its own process:
+``interval1`` = the last node's own log of the lab run at log interval 1, ``pipeline`` = the
+lab's PP=2 run with a step line every step), it writes a log of ``--size-mb`` MiB, then
+measures, each in its own process:
 
 - ``parse_file``: MB/s (CPU time of the parse, and wall time), peak RSS of the process, the
   bytes the parsed records keep (per training iteration and per record), and whether what was
@@ -40,7 +41,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import loggen  # noqa: E402
 
 LAB = REPO.parent / "shared" / "lab-logs"
-KINDS = ("noise", "dense", "ranks", "all-ranks", "interval1")
+KINDS = ("noise", "dense", "ranks", "all-ranks", "interval1", "pipeline")
 """The log kinds (module doc), in the order measured."""
 PERL = (
     r"$s+=$1,$n++ if /elapsed time per iteration \(ms\): ([\d.]+)/; "
@@ -102,11 +103,13 @@ def _run(cmd: list[str], stdout: int | None = subprocess.PIPE) -> Measure:
 def _write(kind: str, path: Path, size_mb: float) -> loggen.Written:
     if kind == "noise":
         return loggen.write_noise(path, size_mb)
-    if kind in ("dense", "interval1"):
+    if kind in ("dense", "interval1", "pipeline"):
         if not LAB.is_dir():
             raise SystemExit(f"the {kind} log replays {LAB}, which is not there")
         if kind == "interval1":
             return loggen.write_interval1(path, size_mb, LAB)
+        if kind == "pipeline":
+            return loggen.write_pipeline(path, size_mb, LAB)
         return loggen.write_dense(path, size_mb, LAB)
     if kind == "all-ranks":
         return loggen.write_all_ranks(path, size_mb)
