@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, fields
@@ -55,7 +56,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from analysis._lines import demux_tagged, strip_prefix
+from analysis._lines import Demux, demux_tagged, strip_prefix
 from analysis._malloc import return_freed_memory
 from analysis.columns import Column, json_text
 from analysis.parse_machine import _Core
@@ -114,15 +115,68 @@ def parse_file(path: str | Path, bulk: bool = True) -> list[ParsedRun]:
         return core.finish()
 
 
-def _text_lines(fh: BinaryIO) -> Iterator[str]:
-    """The lines of a binary file, decoded, read in chunks (any object with ``read``)."""
-    rest = b""
-    while chunk := fh.read(_OMPI_PEEK_BYTES):
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
-        yield from (line.decode("utf-8", "replace") + "\n" for line in lines)
-    if rest:
-        yield rest.decode("utf-8", "replace")
+_TAG_AT_START_RE = re.compile(rb"\[\d{1,9},\d{1,6}\]<std(?:out|err)>:")
+"""An ``mpirun --tag-output`` tag (``_lines._OMPI_TAG_RE``, on bytes)."""
+
+
+class _Demuxed:
+    """The lines of an ``mpirun --tag-output`` log put back together (``demux_tagged``), as a
+    binary file read in chunks of whole lines.  A line that is one rank's whole line (its tag
+    at the start, maybe again at the end: ``python -u`` writes the text, then the newline, two
+    writes that mpirun tags each) while no rank's line is pending is passed on with the
+    repeated tag taken off, as bytes; another goes through ``Demux``, which reads the text."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh = fh
+        self.rest = b""
+        self.demux = Demux()
+        self.done = False
+
+    def seekable(self) -> bool:
+        return False
+
+    def read(self, _n: int = -1) -> bytes:
+        while not self.done:
+            chunk = self.fh.read(_OMPI_PEEK_BYTES)
+            data = self.rest + chunk
+            if not chunk:
+                self.done = True
+                self.rest = b""
+                return self._lines(data.split(b"\n") if data else [], end=True)
+            cut = data.rfind(b"\n") + 1
+            body, self.rest = data[:cut], data[cut:]
+            if body:
+                lines = body.split(b"\n")
+                lines.pop()
+                return self._lines(lines)
+        return b""
+
+    def _lines(self, lines: list[bytes], end: bool = False) -> bytes:
+        """The lines put back together, each ending in a newline (``end``: the rest of the
+        file, a last line without a newline, then what never ended)."""
+        out: list[bytes] = []
+        demux = self.demux
+        match = _TAG_AT_START_RE.match
+        for line in lines:
+            if not demux.pending:
+                if _OMPI_TAG_BYTES not in line:
+                    out.append(line)
+                    continue
+                m = match(line)
+                if m is not None:
+                    tag = m.group()
+                    rest = line[m.end() :].rstrip(b"\r")
+                    if rest.endswith(tag):
+                        rest = rest[: -len(tag)]
+                    if _OMPI_TAG_BYTES not in rest:
+                        out.append(tag + rest)
+                        continue
+            text = line.decode("utf-8", "replace") + "\n"
+            out.extend(x.rstrip("\r\n").encode() for x in demux.lines([text]))
+        if end:
+            out.extend(x.encode() for x in demux.flush())
+        out.append(b"")
+        return b"\n".join(out) if len(out) > 1 else b""
 
 
 def parse_stream(fh: BinaryIO, source: str, bulk: bool = True) -> list[ParsedRun]:
@@ -133,7 +187,7 @@ def parse_stream(fh: BinaryIO, source: str, bulk: bool = True) -> list[ParsedRun
             tagged = _OMPI_TAG_BYTES in fh.read(_OMPI_PEEK_BYTES)
             fh.seek(0)
             if tagged:  # mpirun --tag-output splits lines across ranks: put them back first
-                return parse_lines(_text_lines(fh), source)
+                fh = _Demuxed(fh)  # type: ignore[assignment]
         drive_file(core, _KW, fh, bulk=bulk)
     except OSError as exc:
         core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")

@@ -276,7 +276,13 @@ class _Bulk(_BulkShapes, _BulkReaders):
             if pat is None:
                 label = re.escape(key.split("|")[0].encode())
                 pat = self.stream_res[key] = re.compile(
-                    rb"\n(?:\s{0,4}" + label + rb":\s|\[" + label + rb"\]:)"
+                    rb"\n(?:\s{0,4}"
+                    + label
+                    + rb":\s|\["
+                    + label
+                    + rb"\]:|\[\d{1,9},"
+                    + label
+                    + rb"\]<std(?:out|err)>:)"
                 )
             p = q - 1
             keys = self.line_keys

@@ -242,7 +242,8 @@ _NAME_RE = re.compile(rb"[A-Za-z_]+\Z")
 # Launcher prefixes at the start of a line, as ``_lines.split_prefix`` reads them (which then
 # says how many of them really are prefixes).
 _PREFIXES_RE = re.compile(
-    rb"(?:\s{0,4}\d{1,5}:\s|\[(?:default\d+|rank\d+)\]:\s?|[A-Za-z0-9][A-Za-z0-9_.-]{0,62}:\s){0,4}"
+    rb"(?:\s{0,4}\d{1,5}:\s|\[\d{1,9},\d{1,6}\]<std(?:out|err)>:|\[(?:default\d+|rank\d+)\]:\s?"
+    rb"|[A-Za-z0-9][A-Za-z0-9_.-]{0,62}:\s){0,4}"
 )
 _MEM_FIELDS = {
     b"allocated": "allocated_mb",

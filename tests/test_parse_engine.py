@@ -66,15 +66,17 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(scan, "SEG_MAX", 2048)
 
 
-@pytest.mark.parametrize("kind", ["dense", "ranks", "noise", "all-ranks", "interval1"])
+@pytest.mark.parametrize("kind", ["dense", "ranks", "noise", "all-ranks", "interval1", "pipeline"])
 def test_generated_logs(tmp_path, kind, small_chunks):
     import loggen
 
     path = tmp_path / f"{kind}.log"
-    if kind in ("dense", "interval1"):
+    if kind in ("dense", "interval1", "pipeline"):
         if not LAB.is_dir():
             pytest.skip(f"the {kind} generator replays {LAB} (not present)")
-        write = loggen.write_dense if kind == "dense" else loggen.write_interval1
+        write = {"dense": loggen.write_dense, "interval1": loggen.write_interval1}.get(
+            kind, loggen.write_pipeline
+        )
         written = write(path, 0.3, LAB)
     elif kind == "ranks":
         written = loggen.write_ranks(path, 0.3)
@@ -1351,6 +1353,49 @@ def test_bulk_steps_that_end_at_once_hand_stretches_to_the_line_path(tmp_path, m
     )
     parse.parse_file(path)
     assert len(looks) < n / 20, f"{len(looks)} bulk steps for {n} iterations"
+
+
+@pytest.mark.parametrize("form", ["two writes", "one write", "CR"])
+def test_mpirun_tagged_logs_are_read_in_bulk(tmp_path, monkeypatch, form):
+    """``mpirun --tag-output``: every write of a rank tagged (``python -u`` writes a line's
+    text, then its newline: the tag twice on one physical line).  Lines that are one rank's
+    whole line are passed on with the repeated tag taken off and read in bulk (the tag is a
+    launcher prefix: each rank a stream, its timer blocks closed by its own next line); a line
+    cut by another rank's write every 50 iterations goes through the text demux.  All as
+    ``parse_lines`` reads them."""
+    n = 3000
+    tag = "[1,{}]<stdout>:".format
+    end = {"two writes": tag(1), "one write": "", "CR": "\r" + tag(1) + "\r"}[form]
+    lines = [tag(0) + "training ...", tag(1) + "training ..."]
+    for i in range(1, n + 1):
+        ds = f"[Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0"
+        it = _iteration_line(i, n + 10, prefix="")
+        if i % 50 == 0:  # rank 1's line cut by rank 0's write
+            lines.append(tag(1) + it[:40] + tag(0) + ds + tag(0))
+            lines.append(tag(1) + it[40:] + tag(1))
+        else:
+            lines += [tag(0) + ds + tag(0), tag(1) + it + end]
+        lines += [
+            tag(1) + "(min, max) time across ranks (ms):" + end,
+            tag(1) + f"    forward-backward .......: (2{i % 9}.5, 3{i % 7}.25)" + end,
+        ]
+    path = tmp_path / "tagged.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    assert [it["iteration"] for it in run["iterations"]] == list(range(1, n + 1))
+    assert sum(t["source"] == "megatron" for t in run["timers"]) == n
+    fed, by_text = [], []
+    real, real_demux = parse._Core.feed, parse.Demux.lines
+    monkeypatch.setattr(
+        parse._Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
+    )
+    monkeypatch.setattr(
+        parse.Demux, "lines", lambda self, x: (by_text.append(x), real_demux(self, x))[1]
+    )
+    parse.parse_file(path)
+    assert len(fed) < _LATE_CONFIG_LINES + 1000, f"{len(fed)} of {len(lines)} lines fed one by one"
+    # (Each cut line, and the line that ends it.)
+    assert len(by_text) == 2 * (n // 50), f"{len(by_text)} of {len(lines)} lines demuxed as text"
 
 
 _MEM_FORMS = {
