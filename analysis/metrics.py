@@ -91,17 +91,30 @@ class Stats:
         return None if self.std is None else self.std / math.sqrt(self.n)
 
 
-def describe(samples: Sequence[float]) -> Stats:
+_EXACT_UP_TO = 100_000
+"""Samples up to which ``describe`` uses ``statistics`` (correctly rounded, each value a Python
+float, its ``stdev`` summing exact fractions); above, numpy (the mean and standard deviation to
+within a few units in the last place, in a few bytes per value: a log-interval-1 run of 2M
+iterations kept 54 MB of floats and much more for the exact sums)."""
+
+
+def describe(samples: Sequence[float] | np.ndarray) -> Stats:
     """Mean, median, std, 95% CI = mean ± t95(n-1) * std / sqrt(n)."""
-    values = [float(x) for x in samples]
-    if not values:
+    n = len(samples)
+    if not n:
         raise ValueError("no samples")
-    mean, median = statistics.fmean(values), statistics.median(values)
-    if len(values) < 2:
-        return Stats(1, mean, median, None, None, None)
-    std = statistics.stdev(values)
-    half = t95(len(values) - 1) * std / math.sqrt(len(values))
-    return Stats(len(values), mean, median, std, mean - half, mean + half)
+    if n > _EXACT_UP_TO:
+        a = np.asarray(samples, dtype=float)
+        mean, median = math.fsum(a) / n, float(np.median(a))
+        std = float(np.std(a, ddof=1))
+    else:
+        values = [float(x) for x in samples]
+        mean, median = statistics.fmean(values), statistics.median(values)
+        if n < 2:
+            return Stats(1, mean, median, None, None, None)
+        std = statistics.stdev(values)
+    half = t95(n - 1) * std / math.sqrt(n)
+    return Stats(n, mean, median, std, mean - half, mean + half)
 
 
 @dataclass(frozen=True)
@@ -145,40 +158,41 @@ def wire_bytes(record: RunRecord | None) -> tuple[float | None, str]:
     return float(per["max_tx_bytes"]), ""
 
 
-def _iteration_series(parsed: ParsedRun, name: str) -> list[tuple[int, float]]:
-    """(iteration, value) of the iteration records that have the value, by iteration (stable)."""
-    numbers = record_values(parsed.iterations, "iteration")
-    values = record_values(parsed.iterations, name)
+def _series(
+    records: Sequence[Any], number: str, name: str, by_value: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """(numbers, values) of the records that have the value, by number (stable; ``by_value``:
+    then by value), as arrays (a log-interval-1 run holds millions)."""
+    numbers = record_values(records, number)
+    values = record_values(records, name)
     keep = ~np.isnan(values)
     numbers, values = numbers[keep], values[keep]
-    order = np.argsort(numbers, kind="stable")
-    return list(zip(numbers[order].astype(np.int64).tolist(), values[order].tolist(), strict=True))
+    order = np.lexsort((values, numbers)) if by_value else np.argsort(numbers, kind="stable")
+    return numbers[order].astype(np.int64), values[order]
 
 
 def steady_state(parsed: ParsedRun) -> tuple[SteadyState | None, str | None]:
     """Apply ``STEADY_RULE`` to Megatron iteration lines, else to PipelineEngine step lines."""
-    lines = _iteration_series(parsed, "elapsed_ms")
+    numbers, ms = _series(parsed.iterations, "iteration", "elapsed_ms")
     source = "megatron"
-    if not lines:
-        lines = sorted((p.step, p.iter_ms) for p in parsed.pipeline_steps if p.iter_ms is not None)
+    if not len(numbers):
+        numbers, ms = _series(parsed.pipeline_steps, "step", "iter_ms", by_value=True)
         source = "pipeline"
-    if not lines:
+    if not len(numbers):
         return None, "no iteration timing line in the logs"
-    if len(lines) < 2:
-        return None, (
-            f"only the warm-up window (iteration {lines[0][0]}) was logged: no steady state"
-        )
-    window = lines[1][0] - lines[0][0]
-    kept = steady_windows(lines)
-    stats = describe([ms for _, ms in kept])
+    first = int(numbers[0])
+    if len(numbers) < 2:
+        return None, f"only the warm-up window (iteration {first}) was logged: no steady state"
+    # (``STEADY_RULE``: every window but the first, ``formulas.steady_windows``.)
+    stats = describe(ms[1:])
     return (
         SteadyState(
             stats=stats,
             source=source,
-            window=window,
-            first_iteration=lines[0][0] + 1,
-            last_iteration=kept[-1][0],
-            dropped=f"window ending at iteration {lines[0][0]} (warm-up)",
+            window=int(numbers[1]) - first,
+            first_iteration=first + 1,
+            last_iteration=int(numbers[-1]),
+            dropped=f"window ending at iteration {first} (warm-up)",
         ),
         None,
     )
@@ -576,15 +590,15 @@ def compute(run: LoadedRun) -> RunMetrics:
     tf, el = record_values(p.iterations, "tflops"), record_values(p.iterations, "elapsed_ms")
     numbers = record_values(p.iterations, "iteration")
     sel = ~np.isnan(tf) & ~np.isnan(el) & (el != 0) & (numbers >= steady.first_iteration)
-    windows = list(zip(tf[sel].tolist(), el[sel].tolist(), strict=True))  # (tflops, elapsed)
-    if windows:
-        row["tflops_printed"] = statistics.fmean(t for t, _e in windows)
+    tf_w, el_w = tf[sel], el[sel]  # (the windows' printed TFLOPs and elapsed time)
+    if len(tf_w):
+        row["tflops_printed"] = math.fsum(tf_w) / len(tf_w)
         if row["tflops"] is not None:
             # Window by window: recompute from that window's time, compare with the printed
             # value, which Megatron rounds to 2 decimals (+-0.005).
-            worst = max(abs(row["tflops"] * st.mean / e - t) for t, e in windows)
+            worst = float(np.max(np.abs(row["tflops"] * st.mean / el_w - tf_w)))
             row["tflops_check"] = (
-                f"agrees in all {len(windows)} windows within print rounding (0.005)"
+                f"agrees in all {len(tf_w)} windows within print rounding (0.005)"
                 if worst <= 0.005 + 1e-9
                 else f"differs by up to {worst:.3g} TFLOP/s in a window"
             )
