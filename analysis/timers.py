@@ -92,8 +92,9 @@ def megatron_timers(parsed: ParsedRun, after_iteration: int) -> dict[str, list[f
     first: dict[str, tuple[int, int]] = {}  # name -> (its first block, its place in it)
     for view in views:
         keep = np.nan_to_num(view.iteration, nan=0.0) > after_iteration
+        rows = view.rows[keep]  # (once for all the view's names: a run of log interval 1 has
+        # millions of blocks)
         for j, name in enumerate(view.names):
-            rows = view.rows[keep]
             picked.setdefault(name, []).append((rows, view.values[name][keep]))
             if len(rows):
                 first[name] = min(first.get(name, (int(rows[0]), j)), (int(rows[0]), j))
@@ -101,9 +102,13 @@ def megatron_timers(parsed: ParsedRun, after_iteration: int) -> dict[str, list[f
         # Column-wise: each name's values in block order (names in order of first appearance).
         columns: dict[str, list[float]] = {}
         for name in sorted(first, key=first.__getitem__):
-            rows = np.concatenate([r for r, _v in picked[name]])
-            vals = np.concatenate([v for _r, v in picked[name]])
-            columns[name] = array("d", vals[np.argsort(rows, kind="stable")])  # type: ignore[assignment]
+            parts = picked[name]
+            if len(parts) == 1 and bool((np.diff(parts[0][0]) > 0).all()):
+                vals = parts[0][1]  # (one group, its blocks in order: most runs)
+            else:
+                rows = np.concatenate([r for r, _v in parts])
+                vals = np.concatenate([v for _r, v in parts])[np.argsort(rows, kind="stable")]
+            columns[name] = array("d", vals)  # type: ignore[assignment]
         return columns
     return _megatron_timers_by_block(parsed, after_iteration)  # a NaN: Python's max
 
