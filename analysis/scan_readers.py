@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from itertools import repeat
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -60,6 +60,21 @@ from analysis.scan_bytes import (
     _values_fast,
     _words,
 )
+
+_STEPS_LINE_RE = re.compile(
+    rb"steps:[ \t]*(\d+)[ \t]+loss:[ \t]*([^ \t\n]+)[^\n]*?iter time \(s\):[ \t]*([^ \t\n]+)"
+    rb"(?:[ \t]+samples/sec:[ \t]*([^ \t\n]+))?"
+)
+"""``parse_rules._STEPS_RE`` on a line of printable ASCII without carriage returns (its
+whitespace then spaces and tabs; ``_BulkReaders._steps_fast``)."""
+_PRINTABLE_NL = _PRINTABLE + b"\n"
+_GROUP1, _GROUP2, _GROUP3, _GROUP4 = (methodcaller("group", i) for i in range(1, 5))
+
+
+def _nones(a: np.ndarray) -> list[float | None]:
+    """The values of ``a`` as floats, NaN as None."""
+    return [None if v != v else v for v in a.tolist()]
+
 
 _BARE_MANY = 16
 """Timer block headers in a step from which they are read at once (``_BlockPattern.read_bare``)."""
@@ -231,6 +246,9 @@ class _BulkReaders:
         from analysis._lines import to_float
         from analysis.parse_rules import _STEPS_RE
 
+        fast = self._steps_fast(block, pos, T)
+        if fast is not None:
+            return fast
         out = []
         for ls, e, key, raw in self._plain_lines(block, _STEPS_LIT, pos, T):
             if b"iter time" not in raw or b"iteration" in raw or b"# run outcome" in raw:
@@ -244,6 +262,53 @@ class _BulkReaders:
             ms = secs * 1000.0 if secs is not None else None
             out.append((ls, e, key, int(m.group(1)), loss, ms, sps))
         return out
+
+    def _steps_fast(self, block: bytes, pos: int, T: int) -> list[tuple[Any, ...]] | None:
+        """``_steps_lines`` in one pass of a pattern over [pos, T) and a conversion of each
+        field's values at once, when every line it finds is printable ASCII (no carriage
+        return), one record long, with ``steps:`` after its launcher prefixes, no
+        ``iteration`` or run outcome, and values ``float()`` reads; None otherwise (then they
+        are read one by one)."""
+        ms = list(_STEPS_LINE_RE.finditer(block, pos, T))
+        if not ms:
+            return []
+        rfind, find = block.rfind, block.find
+        ls = [rfind(b"\n", pos, m.start()) + 1 or pos for m in ms]
+        le = [find(b"\n", m.end(), T) + 1 for m in ms]
+        if 0 in le or len(set(ls)) != len(ls):
+            return None  # (a line not whole, or two records in one line)
+        lines = list(map(block.__getitem__, map(slice, ls, le)))
+        if b"".join(lines).translate(None, _PRINTABLE_NL) or max(map(len, lines)) > MAX_LINE_CHARS:
+            return None
+        if any(b"iteration" in x or b"# run outcome" in x for x in lines):
+            return None
+        keys: dict[bytes, str] = {}
+        for head in {x[: m.start() - s] for x, m, s in zip(lines, ms, ls, strict=True)}:
+            # The text before ``steps:`` must hold all of the line's launcher prefixes (the line
+            # path looks for the pattern after them).
+            key, c = self._line_key(head + b"steps:\n", 0, len(head) + 6)
+            if c < 0 or c > len(head):
+                return None
+            keys[head] = key
+        try:
+            step = [int(x) for x in map(_GROUP1, ms)]
+            loss, secs = (
+                np.array(list(map(float, map(g, ms))), dtype=float) for g in (_GROUP2, _GROUP3)
+            )
+            sps = np.array(
+                [np.nan if x is None else float(x) for x in map(_GROUP4, ms)], dtype=float
+            )
+        except ValueError:
+            return None  # (a value ``float`` does not read, such as ``1,5``: ``to_float`` does)
+        for a in (loss, secs, sps):
+            a[~np.isfinite(a)] = np.nan  # (``to_float``: None)
+        return [
+            (s, e, keys[x[: m.start() - s]], st, lo, it, sp)
+            for s, e, x, m, st, lo, it, sp in zip(
+                ls, le, lines, ms, step, _nones(loss), _nones(secs * 1000.0), _nones(sps),
+                strict=True,
+            )
+        ]  # fmt: skip
 
     def _mem_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _MemLines:
         """Megatron ``memory (MB) |`` reports of [pos, T) the bulk path knows: in bulk

@@ -1288,16 +1288,31 @@ def test_blocks_of_one_bare_stream_are_read_at_once(tmp_path, monkeypatch, after
 
 
 # PipelineEngine step lines of other forms, every 11th step.
-_STEPS_FORMS = (
-    "node0: steps: {i} loss: nan iter time (s): 0.250 samples/sec: 32.000",
-    "node0: steps: {i} loss: 3.5000 iter time (s): 0.250",
-    "node0: steps: {i} loss: 3.5000 iter time (s): abc samples/sec: 32.000",
-    "node0: steps: {i} loss: 3.5000 iteration iter time (s): 0.250 samples/sec: 32.000",
-    "node0: [Rank 0] steps: {i} loss: 3.5000 iter time (s): 0.250 samples/sec: 32.000\r",
-)
+# PipelineEngine step lines of other forms, every 11th step: forms the pattern of a step reads
+# as ``to_float`` does (a value that is not finite, no samples/sec, text and tabs around), and
+# each form that sends a step's step lines to be read one by one.
+_STEPS_FORMS = {
+    "read at once": (
+        "node0: steps: {i} loss: nan iter time (s): 0.250 samples/sec: 32.000",
+        "node0: steps: {i} loss: 3.5000 iter time (s): 0.250",
+        "node0: [Rank 0] steps:\t{i}\tloss: inf iter time (s): 1e-1 samples/sec: 3.2e1 x",
+    ),
+    "a value float() does not read": (
+        "node0: steps: {i} loss: 3.5000 iter time (s): abc samples/sec: 32.000",
+    ),
+    "a comma": ("node0: steps: {i} loss: 1,5 iter time (s): 0.250 samples/sec: 32.000",),
+    "an iteration line": (
+        "node0: steps: {i} loss: 3.5 iteration {i}/ 99999 | iter time (s): 0.25 samples/sec: 1.0",
+    ),
+    "a carriage return": ("node0: steps: {i} loss: 3.5 iter time (s): 0.25 samples/sec: 1.0\r",),
+    "two records": (
+        "node0: steps: {i} loss: 3.5 iter time (s): 0.2 steps: {i} loss: 3.5 iter time (s): 0.3",
+    ),
+}
 
 
-def test_pipeline_step_lines_of_every_step_are_read_in_bulk(tmp_path, monkeypatch):
+@pytest.mark.parametrize("forms", sorted(_STEPS_FORMS))
+def test_pipeline_step_lines_of_every_step_are_read_in_bulk(tmp_path, monkeypatch, forms):
     """A pipeline run at ``steps_per_print`` 1 and log interval 1 (what the launcher writes
     for PP with ``--log-interval 1``): rank 0's DeepSpeed line and ``steps:`` line, then the
     last stage's iteration line, every step.  The step lines are read in bulk (each ended a
@@ -1309,7 +1324,7 @@ def test_pipeline_step_lines_of_every_step_are_read_in_bulk(tmp_path, monkeypatc
         step = f"node0: steps: {i} loss: {3 + i % 97 / 100:.4f} iter time (s): 0.{200 + i % 50} "
         step += f"samples/sec: {34 + i % 13 / 10:.3f}"
         if i % 11 == 0:
-            step = _STEPS_FORMS[(i // 11) % len(_STEPS_FORMS)].format(i=i)
+            step = _STEPS_FORMS[forms][(i // 11) % len(_STEPS_FORMS[forms])].format(i=i)
         lines += [
             f"node0: [Rank 0] time (ms) | fwd_microstep: {10 + i % 7}.5 | bwd_microstep: 20.25",
             step,
@@ -1319,7 +1334,8 @@ def test_pipeline_step_lines_of_every_step_are_read_in_bulk(tmp_path, monkeypatc
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (run,) = _three_ways(path)
     steps = run["pipeline_steps"]
-    assert [s["step"] for s in steps] == list(range(1, n + 1))
+    if forms not in ("an iteration line", "two records"):  # (the line path reads those so)
+        assert [s["step"] for s in steps] == list(range(1, n + 1))
     assert steps[1] == {"step": 2, "loss": 3.02, "iter_ms": 202.0, "samples_per_s": 34.2,
                         "line": 7}  # fmt: skip
     read = []
@@ -1329,9 +1345,19 @@ def test_pipeline_step_lines_of_every_step_are_read_in_bulk(tmp_path, monkeypatc
         "_steps_lines",
         lambda self, *a: (lambda got: (read.append(len(got)), got)[1])(real(self, *a)),
     )
+    fast = []
+    real_fast = scan._Bulk._steps_fast
+    monkeypatch.setattr(
+        scan._Bulk,
+        "_steps_fast",
+        lambda self, *a: (lambda got: (fast.append(len(got or ())), got)[1])(real_fast(self, *a)),
+    )
     parse.parse_file(path)
-    # (The first lines are read in full: ``_LATE_CONFIG_LINES``.)
+    # (The first lines are read in full: ``_LATE_CONFIG_LINES``; an odd form's step lines
+    # are read one by one, in bulk, except one that the line path reads otherwise.)
     assert sum(read) > n - _LATE_CONFIG_LINES / 3 - n / 11, f"{sum(read)} of {n} read in bulk"
+    if forms == "read at once":
+        assert sum(fast) == sum(read), f"{sum(fast)} of {sum(read)} read by the step pattern"
 
 
 def test_bulk_steps_that_end_at_once_hand_stretches_to_the_line_path(tmp_path, monkeypatch):
