@@ -14,6 +14,7 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -1045,15 +1046,10 @@ def test_iteration_lines_with_whitespace_after_the_last_bar_are_read_in_bulk(
     longer = tmp_path / "longer.log"
     text = "".join(f"{x}\n" for i in range(1, 4 * n + 1) for x in lines_of(i, 4 * n + 10))
     longer.write_text("node0: training ...\nnode1: training ...\n" + text, encoding="utf-8")
-    learned = []
-    real = scan._Bulk._iteration_patterns
-    monkeypatch.setattr(
-        scan._Bulk,
-        "_iteration_patterns",
-        lambda self, *a: (lambda got: (learned.extend(map(len, got[0])), got)[1])(real(self, *a)),
+    learned = _read_by(
+        longer, monkeypatch, "_iteration_patterns", count=lambda got: sum(map(len, got[0]))
     )
-    parse.parse_file(longer)
-    assert sum(learned) > 2 * n, f"{sum(learned)} of {4 * n} iteration lines read by the pattern"
+    assert learned > 2 * n, f"{learned} of {4 * n} iteration lines read by the pattern"
 
 
 _ODD_VALUES = [
@@ -1274,17 +1270,14 @@ def test_blocks_of_one_bare_stream_are_read_at_once(tmp_path, monkeypatch, after
     megatron = [t for t in run["timers"] if t["source"] == "megatron"]
     assert len(megatron) == n
     assert megatron[10]["values_ms"]["forward-backward"] == [22.5, 34.25]  # iteration 11
-    at_once = []
-    real = scan_bytes._BlockPattern.read_bare
-    monkeypatch.setattr(
-        scan_bytes._BlockPattern,
+    at_once = _read_by(
+        path,
+        monkeypatch,
         "read_bare",
-        lambda self, *a: (lambda got: (at_once.append(len(got) - got.count(None)), got)[1])(
-            real(self, *a)
-        ),
+        owner=scan_bytes._BlockPattern,
+        count=lambda got: len(got) - got.count(None),
     )
-    parse.parse_file(path)
-    assert sum(at_once) > n * 0.6, f"{sum(at_once)} of {n} blocks read at once"
+    assert at_once > n * 0.6, f"{at_once} of {n} blocks read at once"
 
 
 # PipelineEngine step lines of other forms, every 11th step.
@@ -1338,26 +1331,13 @@ def test_pipeline_step_lines_of_every_step_are_read_in_bulk(tmp_path, monkeypatc
         assert [s["step"] for s in steps] == list(range(1, n + 1))
     assert steps[1] == {"step": 2, "loss": 3.02, "iter_ms": 202.0, "samples_per_s": 34.2,
                         "line": 7}  # fmt: skip
-    read = []
-    real = scan._Bulk._steps_lines
-    monkeypatch.setattr(
-        scan._Bulk,
-        "_steps_lines",
-        lambda self, *a: (lambda got: (read.append(len(got)), got)[1])(real(self, *a)),
-    )
-    fast = []
-    real_fast = scan._Bulk._steps_fast
-    monkeypatch.setattr(
-        scan._Bulk,
-        "_steps_fast",
-        lambda self, *a: (lambda got: (fast.append(len(got or ())), got)[1])(real_fast(self, *a)),
-    )
-    parse.parse_file(path)
+    read = _read_by(path, monkeypatch, "_steps_lines")
     # (The first lines are read in full: ``_LATE_CONFIG_LINES``; an odd form's step lines
     # are read one by one, in bulk, except one that the line path reads otherwise.)
-    assert sum(read) > n - _LATE_CONFIG_LINES / 3 - n / 11, f"{sum(read)} of {n} read in bulk"
+    assert read > n - _LATE_CONFIG_LINES / 3 - n / 11, f"{read} of {n} read in bulk"
     if forms == "read at once":
-        assert sum(fast) == sum(read), f"{sum(fast)} of {sum(read)} read by the step pattern"
+        fast = _read_by(path, monkeypatch, "_steps_fast")
+        assert fast == read, f"{fast} of {read} read by the step pattern"
 
 
 def test_bulk_steps_that_end_at_once_hand_stretches_to_the_line_path(tmp_path, monkeypatch):
@@ -1440,18 +1420,24 @@ _MEM_FORMS = {
 }
 
 
-def _read_by(path: Path, monkeypatch: pytest.MonkeyPatch, reader: str = "_mem_bulk") -> int:
+def _read_by(
+    path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    reader: str = "_mem_bulk",
+    owner: type = scan._Bulk,
+    count: Callable[[Any], int] = lambda got: len(got) if got is not None else 0,
+) -> int:
     """Lines of ``path`` that a reader of the bulk path read (by default the reader of many
-    memory reports, ``_mem_bulk``)."""
+    memory reports, ``_mem_bulk``), a method of ``owner``: ``count`` of what each call gave."""
     in_bulk = []
-    real = getattr(scan._Bulk, reader)
+    real = getattr(owner, reader)
 
     def counted(self, *a):
         got = real(self, *a)
-        in_bulk.append(len(got) if got is not None else 0)
+        in_bulk.append(count(got))
         return got
 
-    monkeypatch.setattr(scan._Bulk, reader, counted)
+    monkeypatch.setattr(owner, reader, counted)
     parse.parse_file(path)
     return sum(in_bulk)
 
