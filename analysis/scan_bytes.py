@@ -720,8 +720,11 @@ class _IterPattern:
     spaces, one value per piece, trailing spaces."""
     fields: list[tuple[int, str, str, float]]
     """(piece, Iteration field, "int" | "float", factor) as ``_Bulk._it_shape`` found."""
-    const: int
-    """Bytes of a match outside its groups."""
+    fast: re.Pattern[bytes]
+    """The same pattern with groups only for the number, the total and the values of
+    ``fields``' pieces (in piece order): what ``_iteration_patterns`` reads."""
+    pieces: tuple[int, ...]
+    """The pieces ``fast`` has a group of, in order."""
 
 
 _ALLOC_AFTER = 4

@@ -5,7 +5,7 @@ sight) and turns them into patterns: a mixin of ``analysis.scan._Bulk``.
 from __future__ import annotations
 
 import re
-from itertools import repeat
+from itertools import compress
 from operator import itemgetter, methodcaller
 from typing import TYPE_CHECKING
 
@@ -32,6 +32,10 @@ from analysis.scan_bytes import (
     _printable,
     _same_text,
 )
+
+_SPAN = re.Match.span
+_GROUPS = re.Match.groups
+
 
 if TYPE_CHECKING:  # pragma: no cover
     pass
@@ -160,14 +164,19 @@ class _BulkShapes:
         if len(self.it_tmpls) >= 4 or any(t.rx.match(text + b"\n") for t in self.it_tmpls):
             return
         pat = rb"iteration( +)(\d+)/( *)(\d+)( *)\|"
-        for piece in rest.split(b"|")[1:-1]:
-            pat += re.escape(piece.partition(b":")[0] + b":") + _VALUE + rb"\|"
+        fast = rb"iteration +(\d+)/ *(\d+) *\|"
+        used = sorted({piece for piece, *_r in fields})
+        for i, piece in enumerate(rest.split(b"|")[1:-1], start=1):
+            key = re.escape(piece.partition(b":")[0] + b":")
+            pat += key + _VALUE + rb"\|"
+            fast += key + (_VALUE if i in used else b"(?:" + _VALUE[1:]) + rb"\|"
         rx = re.compile(pat + rb"([ \t]*\r?)\n")
         m = rx.match(text + b"\n")
         if m is None:  # a value not in plain decimals: such lines are read one by one
             return
-        const = m.end() - sum(len(g) for g in m.groups())
-        self.it_tmpls.append(_IterPattern(rx, fields, const))
+        self.it_tmpls.append(
+            _IterPattern(rx, fields, re.compile(fast + rb"[ \t]*\r?\n"), tuple(used))
+        )
 
     @staticmethod
     def _mapping(core: _Core, probe: list[int]) -> list[tuple[int, str, str, float]] | None:
@@ -231,42 +240,48 @@ class _BulkShapes:
         line_of, nls = lines
         if not self.it_tmpls or not line_of:
             return out, list(zip(line_of, nls, strict=True))
-        todo = list(range(len(line_of)))
+        starts = np.asarray(line_of, dtype=np.int64)
+        newline = np.asarray(nls, dtype=np.int64)
+        free = np.ones(len(line_of), dtype=bool)
+        lo, hi = line_of[0], nls[-1] + 1
         for tp in self.it_tmpls:
-            if not todo:
+            if not free.any():
                 break
-            got = list(
-                map(
-                    tp.rx.search,
-                    repeat(block),
-                    map(line_of.__getitem__, todo),
-                    [nls[i] + 1 for i in todo],
-                )
-            )
-            found = [(i, m) for i, m in zip(todo, got, strict=True) if m is not None]
+            # One search through the lines: a match holds no newline but the one it ends
+            # with, so each is in one line, the first of the pattern in that line (as a search
+            # of the line alone finds), and in a line that ends in ``|``: one of ``lines``.
+            found = list(tp.fast.finditer(block, lo, hi))
+            if not found:
+                continue
+            spans = np.array(list(map(_SPAN, found)), dtype=np.int64).reshape(-1, 2)
+            st, ends = spans[:, 0], spans[:, 1]
+            line = np.searchsorted(starts, st, side="right") - 1
+            mine = newline[line] + 1 == ends
+            mine &= free[line]
+            if not mine.all():
+                found = list(compress(found, mine.tolist()))
+                line, st, ends = line[mine], st[mine], ends[mine]
             n = len(found)
             if not n:
                 continue
-            ls = np.array([line_of[i] for i, _m in found], dtype=np.int64)
-            ends = np.array([m.end() for _i, m in found], dtype=np.int64)
-            st = [m.start() for _i, m in found]
+            ls = starts[line]
             # Most often every line's text before ``iteration`` is the same: looked at once.
             head = _same_text(block, ls, st)
             if head is not None:
                 heads = None
                 ok = np.full(n, self._it_head(head), dtype=bool)
             else:
-                heads = list(map(block.__getitem__, map(slice, ls.tolist(), st)))
+                heads = list(map(block.__getitem__, map(slice, ls.tolist(), st.tolist())))
                 ok = np.array(list(map(self._it_head, heads)), dtype=bool)
             ok &= ends - ls <= MAX_LINE_CHARS
             if not ok.any():
                 continue
-            # The groups read: number, total and each field's value (not the spaces).
-            want = methodcaller("group", 2, 4, *(5 + piece for piece, *_r in tp.fields))
-            groups = list(zip(*map(want, map(itemgetter(1), found)), strict=True))
+            # The groups: number, total and the value of each piece a field is read from.
+            groups = list(zip(*map(_GROUPS, found), strict=True))
+            col = {piece: 2 + k for k, piece in enumerate(tp.pieces)}
             cols = []
-            for j, (_piece, f, kind, factor) in enumerate(tp.fields):
-                toks = groups[2 + j]
+            for piece, f, kind, factor in tp.fields:
+                toks = groups[col[piece]]
                 try:
                     vals = np.fromiter(map(float, toks), dtype=float, count=n)
                 except ValueError:
@@ -297,12 +312,8 @@ class _BulkShapes:
                     tuple(kind == "int" for _f, kind, _v in cols),
                 )
             )
-            if len(sel) == len(todo):
-                todo = []
-            else:
-                took = {found[i][0] for i in sel.tolist()}
-                todo = [i for i in todo if i not in took]
-        return out, [(line_of[i], nls[i]) for i in todo]
+            free[line[sel]] = False
+        return out, [(line_of[i], nls[i]) for i in np.flatnonzero(free).tolist()]
 
     def _learn(
         self,
