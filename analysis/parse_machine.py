@@ -452,8 +452,8 @@ class _Core(_CoreFailures):
 
     def _steps(self, key: str, text: str, lineno: int) -> None:
         m = _STEPS_RE.search(text)
-        if m is None:
-            return
+        if m is None or len(m.group(1)) > 18:
+            return  # (a step number no int64 holds is not DeepSpeed's: not a step line)
         secs = to_float(m.group(3))
         self.run.steps.append(
             PipelineStep(

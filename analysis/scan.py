@@ -62,6 +62,7 @@ from analysis.scan_bytes import (
     _line_end,
     _MemLines,
     _printable,
+    _StepLines,
     line_step,
 )
 from analysis.scan_readers import _BulkReaders
@@ -416,7 +417,9 @@ class _Bulk(_BulkShapes, _BulkReaders):
             mem = _MemLines.of([])
         alloc = self._memalloc_lines(block, pos, T) if self.alloc else []
         # PipelineEngine step lines, once the line path read one (a run with them).
-        steps = self._steps_lines(block, pos, T) if len(run.steps) else []
+        steps = _StepLines.of_rows([])
+        if len(run.steps):
+            steps = self._steps_lines(block, pos, T, nl)
         its = self._iteration_lines(block, pos, T, nl)
         if bodies:  # lines a timer block took are not read as anything else
             taken = _Spans(bodies)
@@ -424,8 +427,8 @@ class _Bulk(_BulkShapes, _BulkReaders):
             mem = mem.select(~taken.holds(mem.ls))
             if alloc:
                 alloc = list(compress(alloc, (~taken.holds([x[0] for x in alloc])).tolist()))
-            if steps:
-                steps = list(compress(steps, (~taken.holds([x[0] for x in steps])).tolist()))
+            if len(steps):
+                steps = steps.select(~taken.holds(steps.ls))
             if len(its):
                 its = its.select(~taken.holds(its.ls))
 
@@ -433,12 +436,11 @@ class _Bulk(_BulkShapes, _BulkReaders):
         k = ds.keep
         others = headers + bodies
         others += [(x[0], x[1]) for x in alloc]
-        others += [(x[0], x[1]) for x in steps]
         span_s = np.concatenate(
-            [ds.ls[k], mem.ls, its.ls, np.array([x[0] for x in others], dtype=np.int64)]
+            [ds.ls[k], mem.ls, its.ls, steps.ls, np.array([x[0] for x in others], dtype=np.int64)]
         )
         span_e = np.concatenate(
-            [ds.le[k], mem.le, its.le, np.array([x[1] for x in others], dtype=np.int64)]
+            [ds.le[k], mem.le, its.le, steps.le, np.array([x[1] for x in others], dtype=np.int64)]
         )
         R = self._first_keyword(block, pos, T, span_s, span_e)
         if R is not None:
@@ -488,7 +490,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         blocks = [b for b in blocks if b[0] < T]
         mem = mem.select(mem.ls < T)
         alloc = [x for x in alloc if x[0] < T]
-        steps = [x for x in steps if x[0] < T]
+        steps = steps.select(steps.ls < T)
         ds.keep &= ds.ls < T
 
         # Lines taken: a timer block counts its lines (64 ranks' ``--timing-log-option all``
@@ -576,8 +578,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
                     run.content_streams.add(key)
             line_all = lines_at(ds.ls)
             # (The steps lines before each, of the run and of this step: its pipeline step.)
-            steps_ls = np.array([x[0] for x in steps], dtype=np.int64)
-            n_steps = len(run.steps) + np.searchsorted(steps_ls, ds.ls)
+            n_steps = len(run.steps) + np.searchsorted(steps.ls, ds.ls)
             for names, idx, vals in ds.groups:
                 sel = ds.keep[idx]
                 if sel.any():
@@ -591,17 +592,20 @@ class _Bulk(_BulkShapes, _BulkReaders):
                         n_steps[rows],
                         stream[rows],
                     )
-        if steps:  # PipelineEngine step lines, as ``_Core._steps`` reads them
-            cols_s: dict[str, Any] = {"line": lines_at([x[0] for x in steps])}
-            for j, f in enumerate(("step", "loss", "iter_ms", "samples_per_s"), start=3):
-                vals = [x[j] for x in steps]
-                cols_s[f] = vals if f == "step" or None in vals else np.array(vals, dtype=float)
-            run.steps.add_columns(len(steps), cols_s)
-            first_of: dict[str, int] = {}
-            for x, line in zip(steps, cols_s["line"].tolist(), strict=True):
-                first_of.setdefault(x[2], line)
-            for key, line in first_of.items():
-                run.begin_training(key, line)
+        if len(steps):  # PipelineEngine step lines, as ``_Core._steps`` reads them
+            line_s = lines_at(steps.ls)
+            run.steps.add_columns(
+                len(steps),
+                {
+                    "line": line_s,
+                    "step": steps.step,
+                    "loss": steps.loss,
+                    "iter_ms": steps.iter_ms,
+                    "samples_per_s": steps.samples_per_s,
+                },
+            )
+            for key in dict.fromkeys(steps.keys):  # (each stream's first)
+                run.begin_training(key, int(line_s[steps.keys.index(key)]))
         if alloc:  # DeepSpeed's `MemAllocated=` lines, as ``_Core._dispatch`` reads them
             from analysis.records import Memory
 

@@ -688,6 +688,63 @@ class _ItLines:
         )
 
 
+class _StepLines:
+    """PipelineEngine step lines of a segment in file order (``_BulkReaders._steps_lines``),
+    column-wise; a value ``to_float`` gives None for is NaN."""
+
+    def __init__(
+        self,
+        ls: np.ndarray,
+        le: np.ndarray,
+        keys: list[str],
+        step: np.ndarray,
+        loss: np.ndarray,
+        iter_ms: np.ndarray,
+        samples_per_s: np.ndarray,
+    ) -> None:
+        self.ls, self.le = ls, le
+        """Starts and ends (after the newline)."""
+        self.keys = keys
+        """Stream key of each line."""
+        self.step, self.loss, self.iter_ms, self.samples_per_s = step, loss, iter_ms, samples_per_s
+        """The step numbers (int64) and the values (float64)."""
+
+    @classmethod
+    def of_rows(cls, rows: list[tuple[Any, ...]]) -> _StepLines:
+        """From (start, end, stream, step, loss, iter ms, samples/s) rows (None: NaN)."""
+        cols = list(zip(*rows, strict=True)) if rows else [()] * 7
+
+        def floats(c: tuple[Any, ...]) -> np.ndarray:
+            return np.array([np.nan if v is None else v for v in c], dtype=float)
+
+        return cls(
+            np.array(cols[0], dtype=np.int64),
+            np.array(cols[1], dtype=np.int64),
+            list(cols[2]),
+            np.array(cols[3], dtype=np.int64),
+            floats(cols[4]),
+            floats(cols[5]),
+            floats(cols[6]),
+        )
+
+    def __len__(self) -> int:
+        return len(self.ls)
+
+    def select(self, which: np.ndarray) -> _StepLines:
+        """The lines at ``which`` (a mask)."""
+        if which.all():
+            return self
+        return _StepLines(
+            self.ls[which],
+            self.le[which],
+            list(compress(self.keys, which.tolist())),
+            self.step[which],
+            self.loss[which],
+            self.iter_ms[which],
+            self.samples_per_s[which],
+        )
+
+
 class _DSLines:
     """DeepSpeed lines of a segment: starts, ends, ranks, which are taken, values by group."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from itertools import repeat
-from operator import itemgetter, methodcaller
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -57,6 +57,7 @@ from analysis.scan_bytes import (
     _pattern,
     _printable,
     _same_text,
+    _StepLines,
     _values_fast,
     _words,
 )
@@ -68,13 +69,8 @@ _STEPS_LINE_RE = re.compile(
 """``parse_rules._STEPS_RE`` on a line of printable ASCII without carriage returns (its
 whitespace then spaces and tabs; ``_BulkReaders._steps_fast``)."""
 _PRINTABLE_NL = _PRINTABLE + b"\n"
-_GROUP1, _GROUP2, _GROUP3, _GROUP4 = (methodcaller("group", i) for i in range(1, 5))
-
-
-def _nones(a: np.ndarray) -> list[float | None]:
-    """The values of ``a`` as floats, NaN as None."""
-    return [None if v != v else v for v in a.tolist()]
-
+_SPAN = re.Match.span
+_GROUPS = re.Match.groups
 
 _BARE_MANY = 16
 """Timer block headers in a step from which they are read at once (``_BlockPattern.read_bare``)."""
@@ -237,16 +233,16 @@ class _BulkReaders:
             if _printable(text):
                 yield ls, e, key, text
 
-    def _steps_lines(self, block: bytes, pos: int, T: int) -> list[tuple[Any, ...]]:
+    def _steps_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _StepLines:
         """DeepSpeed PipelineEngine ``steps: N loss: L iter time (s): T samples/sec: S``
         lines of [pos, T) as ``_Core._steps`` reads them (its pattern on the text, its
-        conversions): (start, end after the newline, stream, step, loss, iter ms, samples/s).
-        Lines that an earlier branch of ``_Core._dispatch`` might take (``iteration``, a run
-        outcome) are left to the line path."""
+        conversions).  Lines that an earlier branch of ``_Core._dispatch`` might take
+        (``iteration``, a run outcome) are left to the line path.  ``nl``: where the newlines
+        of [pos, T) are."""
         from analysis._lines import to_float
         from analysis.parse_rules import _STEPS_RE
 
-        fast = self._steps_fast(block, pos, T)
+        fast = self._steps_fast(block, pos, T, nl)
         if fast is not None:
             return fast
         out = []
@@ -260,10 +256,12 @@ class _BulkReaders:
             sps = to_float(m.group(4)) if m.group(4) else None
             loss = to_float(m.group(2))
             ms = secs * 1000.0 if secs is not None else None
+            if len(m.group(1)) > 18:
+                continue  # (not a step line for the line path either)
             out.append((ls, e, key, int(m.group(1)), loss, ms, sps))
-        return out
+        return _StepLines.of_rows(out)
 
-    def _steps_fast(self, block: bytes, pos: int, T: int) -> list[tuple[Any, ...]] | None:
+    def _steps_fast(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _StepLines | None:
         """``_steps_lines`` in one pass of a pattern over [pos, T) and a conversion of each
         field's values at once, when every line it finds is printable ASCII (no carriage
         return), one record long, with ``steps:`` after its launcher prefixes, no
@@ -271,44 +269,60 @@ class _BulkReaders:
         are read one by one)."""
         ms = list(_STEPS_LINE_RE.finditer(block, pos, T))
         if not ms:
-            return []
-        rfind, find = block.rfind, block.find
-        ls = [rfind(b"\n", pos, m.start()) + 1 or pos for m in ms]
-        le = [find(b"\n", m.end(), T) + 1 for m in ms]
-        if 0 in le or len(set(ls)) != len(ls):
-            return None  # (a line not whole, or two records in one line)
-        lines = list(map(block.__getitem__, map(slice, ls, le)))
-        if b"".join(lines).translate(None, _PRINTABLE_NL) or max(map(len, lines)) > MAX_LINE_CHARS:
+            return _StepLines.of_rows([])
+        spans = np.array(list(map(_SPAN, ms)), dtype=np.int64).reshape(-1, 2)
+        st = spans[:, 0]
+        # The line of each (no match holds a newline): from the newline before its start to
+        # the one after its end, which must be there (the line whole).
+        j = np.searchsorted(nl, st)
+        k = np.searchsorted(nl, spans[:, 1])
+        if not len(nl) or k[-1] >= len(nl):
+            return None  # (a line not whole)
+        ls = np.where(j > 0, nl[np.maximum(j - 1, 0)] + 1, pos)
+        if (np.diff(ls) == 0).any():
+            return None  # (two records in one line)
+        le = nl[k] + 1
+        if (le - ls).max() > MAX_LINE_CHARS:
             return None
-        if any(b"iteration" in x or b"# run outcome" in x for x in lines):
+        ls_l, le_l = ls.tolist(), le.tolist()
+        text = b"".join(map(block.__getitem__, map(slice, ls_l, le_l)))
+        # (No line holds what one holding newline-free words does not, and no word spans two.)
+        if text.translate(None, _PRINTABLE_NL) or b"iteration" in text or b"# run outcome" in text:
             return None
+        same = _same_text(block, ls, st)
+        if same is not None:
+            heads = {same}
+        else:
+            heads = set(map(block.__getitem__, map(slice, ls_l, st.tolist())))
         keys: dict[bytes, str] = {}
-        for head in {x[: m.start() - s] for x, m, s in zip(lines, ms, ls, strict=True)}:
+        for head in heads:
             # The text before ``steps:`` must hold all of the line's launcher prefixes (the line
             # path looks for the pattern after them).
             key, c = self._line_key(head + b"steps:\n", 0, len(head) + 6)
             if c < 0 or c > len(head):
                 return None
             keys[head] = key
+        n = len(ms)
+        step, loss, secs, sps = zip(*map(_GROUPS, ms), strict=True)
+        if max(map(len, step)) > 18:
+            return None  # (a step number of 19 digits or more: not a step line)
         try:
-            step = [int(x) for x in map(_GROUP1, ms)]
-            loss, secs = (
-                np.array(list(map(float, map(g, ms))), dtype=float) for g in (_GROUP2, _GROUP3)
-            )
-            sps = np.array(
-                [np.nan if x is None else float(x) for x in map(_GROUP4, ms)], dtype=float
-            )
-        except ValueError:
+            step_a = np.fromiter(map(int, step), dtype=np.int64, count=n)
+            loss_a = np.fromiter(map(float, loss), dtype=float, count=n)
+            secs_a = np.fromiter(map(float, secs), dtype=float, count=n)
+            if None in sps:
+                sps_a = np.array([np.nan if x is None else float(x) for x in sps], dtype=float)
+            else:
+                sps_a = np.fromiter(map(float, sps), dtype=float, count=n)
+        except (ValueError, OverflowError):
             return None  # (a value ``float`` does not read, such as ``1,5``: ``to_float`` does)
-        for a in (loss, secs, sps):
+        for a in (loss_a, secs_a, sps_a):
             a[~np.isfinite(a)] = np.nan  # (``to_float``: None)
-        return [
-            (s, e, keys[x[: m.start() - s]], st, lo, it, sp)
-            for s, e, x, m, st, lo, it, sp in zip(
-                ls, le, lines, ms, step, _nones(loss), _nones(secs * 1000.0), _nones(sps),
-                strict=True,
-            )
-        ]  # fmt: skip
+        if same is not None:
+            key_l = [keys[same]] * n
+        else:
+            key_l = [keys[block[s:t]] for s, t in zip(ls_l, st.tolist(), strict=True)]
+        return _StepLines(ls, le, key_l, step_a, loss_a, secs_a * 1000.0, sps_a)
 
     def _mem_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _MemLines:
         """Megatron ``memory (MB) |`` reports of [pos, T) the bulk path knows: in bulk

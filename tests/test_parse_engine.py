@@ -1301,6 +1301,10 @@ _STEPS_FORMS = {
     "two records": (
         "node0: steps: {i} loss: 3.5 iter time (s): 0.2 steps: {i} loss: 3.5 iter time (s): 0.3",
     ),
+    "a step of 19 digits or more": (
+        "node0: steps: 9{i:019d} loss: 3.5 iter time (s): 0.25",
+        "node0: steps: {i:019d} loss: 3.5 iter time (s): 0.25",
+    ),
 }
 
 
@@ -1327,8 +1331,8 @@ def test_pipeline_step_lines_of_every_step_are_read_in_bulk(tmp_path, monkeypatc
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (run,) = _three_ways(path)
     steps = run["pipeline_steps"]
-    if forms not in ("an iteration line", "two records"):  # (the line path reads those so)
-        assert [s["step"] for s in steps] == list(range(1, n + 1))
+    if forms not in ("an iteration line", "two records", "a step of 19 digits or more"):
+        assert [s["step"] for s in steps] == list(range(1, n + 1))  # (the others: as read)
     assert steps[1] == {"step": 2, "loss": 3.02, "iter_ms": 202.0, "samples_per_s": 34.2,
                         "line": 7}  # fmt: skip
     read = _read_by(path, monkeypatch, "_steps_lines")
