@@ -13,6 +13,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
+import numpy as np
+
 from analysis._lines import OMPI_TAG_MARK, to_float
 from analysis.records import (
     Failure,
@@ -377,7 +379,8 @@ def _classify(message: str, default: FailureKind) -> FailureKind:
 
 def _attribute(run: _Run, pipeline: bool) -> tuple[TimerTable, list[str]]:
     """DeepSpeed/pipeline timer blocks with their iteration (see module doc)."""
-    return attribute_blocks(run.ds_blocks, run.iter_numbers, [s.step for s in run.steps], pipeline)
+    steps = run.steps.column("step").ints() if len(run.steps) else np.zeros(0, dtype=np.int64)
+    return attribute_blocks(run.ds_blocks, run.iter_numbers, steps, pipeline)
 
 
 def _summary(run: _Run) -> tuple[dict[str, Any], list[str]]:

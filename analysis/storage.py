@@ -193,7 +193,7 @@ def _attribute_piece(
 def attribute_blocks(
     blocks: DeepSpeedBlocks,
     iter_numbers: Mapping[str, Sequence[int]],
-    steps: list[int],
+    steps: np.ndarray,
     pipeline: bool,
 ) -> tuple[TimerTable, list[str]]:
     """The DeepSpeed blocks with their iteration (``analysis.parse`` module doc), as a table.
@@ -228,13 +228,13 @@ def attribute_blocks(
     # counted on from one: int32 holds them when that sum does (half the bytes).
     top = n + max(
         [abs(int(x)) for v in numbers_of.values() if len(v) for x in (v.min(), v.max())]
-        + [abs(int(x)) for x in steps]
+        + [int(np.abs(steps).max(initial=0))]
         + [abs(last or 0)]
     )
     out = np.zeros(n, dtype=np.int32 if top < 2**31 else np.int64)
     none = np.ones(n, dtype=bool)
     mismatch = False
-    steps_arr = np.array(steps, dtype=np.int64)
+    steps_arr = np.asarray(steps, dtype=np.int64)
     rows = ni = in_group = np.zeros(0, dtype=np.int64)
     for g, (_source, names, _shape) in enumerate(table.groups):
         in_group = gid == g
