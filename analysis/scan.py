@@ -56,6 +56,7 @@ from analysis.scan_bytes import (
     SPARSE_BYTES,
     SPARSE_LINES,
     Keywords,
+    _BareBlocks,
     _BlockPattern,
     _group_values,
     _IterPattern,
@@ -151,12 +152,11 @@ _MEM_IDLE = 2
 
 class _Spans:
     """Spans of bytes that do not overlap (the lines timer blocks took: a line each, or the
-    lines of a block printed in one piece), as (start, end) pairs in any order."""
+    lines of a block printed in one piece), as starts and ends in any order."""
 
-    def __init__(self, spans: list[tuple[int, int]]) -> None:
-        a = np.array(spans, dtype=np.int64).reshape(-1, 2)
-        order = np.argsort(a[:, 0], kind="stable")
-        self.starts, self.ends = a[order, 0], a[order, 1]
+    def __init__(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        order = np.argsort(starts, kind="stable")
+        self.starts, self.ends = starts[order], ends[order]
 
     def holds(self, at: Any) -> np.ndarray:
         """Whether each position of ``at`` falls in a span."""
@@ -400,7 +400,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
             )
             + pos
         )
-        T, blocks, headers, bodies = self._timer_blocks(block, pos, limit, nl)
+        T, bare, blocks, headers, bodies = self._timer_blocks(block, pos, limit, nl)
         if self.open_at_limit and can_grow and pos >= T:
             return None  # look at more bytes (nothing was added)
         self.open_block = T if self.open_at_limit else -1
@@ -421,8 +421,17 @@ class _Bulk(_BulkShapes, _BulkReaders):
         if len(run.steps):
             steps = self._steps_lines(block, pos, T, nl)
         its = self._iteration_lines(block, pos, T, nl)
-        if bodies:  # lines a timer block took are not read as anything else
-            taken = _Spans(bodies)
+        # The blocks' starts and closes; their header and body lines.
+        b_start = np.concatenate([bare.hs, np.array([b[0] for b in blocks], dtype=np.int64)])
+        b_close = np.concatenate([bare.close, np.array([b[1] for b in blocks], dtype=np.int64)])
+        hdr = np.array(headers, dtype=np.int64).reshape(-1, 2)
+        body = np.array(bodies, dtype=np.int64).reshape(-1, 2)
+        lines_s = np.concatenate([bare.hs, bare.body, hdr[:, 0], body[:, 0]])
+        lines_e = np.concatenate([bare.body, bare.close, hdr[:, 1], body[:, 1]])
+        if len(bare) or bodies:  # lines a timer block took are not read as anything else
+            taken = _Spans(
+                np.concatenate([bare.body, body[:, 0]]), np.concatenate([bare.close, body[:, 1]])
+            )
             ds.keep &= ~taken.holds(ds.ls)
             mem = mem.select(~taken.holds(mem.ls))
             if alloc:
@@ -434,14 +443,10 @@ class _Bulk(_BulkShapes, _BulkReaders):
 
         # The first line the line path must read: one holding a keyword among the others.
         k = ds.keep
-        others = headers + bodies
-        others += [(x[0], x[1]) for x in alloc]
-        span_s = np.concatenate(
-            [ds.ls[k], mem.ls, its.ls, steps.ls, np.array([x[0] for x in others], dtype=np.int64)]
-        )
-        span_e = np.concatenate(
-            [ds.le[k], mem.le, its.le, steps.le, np.array([x[1] for x in others], dtype=np.int64)]
-        )
+        alloc_s = np.array([x[0] for x in alloc], dtype=np.int64)
+        alloc_e = np.array([x[1] for x in alloc], dtype=np.int64)
+        span_s = np.concatenate([ds.ls[k], mem.ls, its.ls, steps.ls, lines_s, alloc_s])
+        span_e = np.concatenate([ds.le[k], mem.le, its.le, steps.le, lines_e, alloc_e])
         R = self._first_keyword(block, pos, T, span_s, span_e)
         if R is not None:
             T = min(T, R)
@@ -477,17 +482,20 @@ class _Bulk(_BulkShapes, _BulkReaders):
                     break
             new_its = its.select(np.array(new, dtype=np.int64))
         # Timer blocks must close before T.
-        changed = True
-        while changed:
-            changed = False
-            for b in blocks:
-                if b[0] < T < b[1]:
-                    T, changed = b[0], True
+        while True:
+            across = (b_start < T) & (b_close > T)
+            if not across.any():
+                break
+            T = int(b_start[across].min())
         if pos >= T:
             return pos
         if len(new_its) and new_its.ls[-1] >= T:
             new_its = new_its.select(new_its.ls < T)
-        blocks = [b for b in blocks if b[0] < T]
+        if len(b_start) and b_start[-1] >= T:
+            kept, nb = b_start < T, len(bare)
+            bare = bare.select(kept[:nb])
+            blocks = list(compress(blocks, kept[nb:].tolist()))
+            b_start, b_close = b_start[kept], b_close[kept]
         mem = mem.select(mem.ls < T)
         alloc = [x for x in alloc if x[0] < T]
         steps = steps.select(steps.ls < T)
@@ -495,12 +503,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
 
         # Lines taken: a timer block counts its lines (64 ranks' ``--timing-log-option all``
         # block is one record of 130 lines, which the line path would read one by one).
-        block_lines = 0
-        if blocks:
-            bounds = np.array([(b[0], b[1]) for b in blocks], dtype=np.int64)
-            block_lines = int(
-                (np.searchsorted(nl, bounds[:, 1]) - np.searchsorted(nl, bounds[:, 0])).sum()
-            )
+        block_lines = int((np.searchsorted(nl, b_close) - np.searchsorted(nl, b_start)).sum())
         self.taken = (
             len(new_its) + int(ds.keep.sum()) + len(mem) + block_lines + len(alloc) + len(steps)
         )
@@ -623,17 +626,20 @@ class _Bulk(_BulkShapes, _BulkReaders):
                 cols_m[f] = np.array(values, dtype=np.int64) if None not in values else values
             cols_m.update(mem.values)
             run.memory.add_columns(len(mem), cols_m)
-        if blocks:
+        if len(b_start):
             # The line path keeps a state per stream, created on its first block: the order
             # in which open blocks are closed at the end of the file.
             from analysis.parse_rules import _Stream
 
-            for b in blocks:
-                if b[3] not in self.core.streams:
-                    self.core.streams[b[3]] = _Stream(key=b[3])
+            keys = [bare.pattern.key] if len(bare) and bare.pattern is not None else []
+            for key in dict.fromkeys(keys + [b[3] for b in blocks]):
+                if key not in self.core.streams:
+                    self.core.streams[key] = _Stream(key=key)
             self._add_blocks(
+                bare,
                 blocks,
-                lines_at([b[0] for b in blocks]),
+                b_close,
+                lines_at(b_start),
                 (it_pos, it_num, it_sid, it_ids),
                 last_of,
                 last_before,
@@ -689,28 +695,39 @@ class _Bulk(_BulkShapes, _BulkReaders):
 
     def _add_blocks(
         self,
+        bare: _BareBlocks,
         blocks: list[tuple[int, int, dict[str, Any] | None, str, Any]],
+        closes: np.ndarray,
         hlines: np.ndarray,
         its: tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]],
         last_of: dict[str, int],
         last_before: int | None,
     ) -> None:
-        """Add Megatron timer blocks: the iteration is the last one of the block's stream
-        read when it closed, else the last one of the run (``_Core._last_iter``)."""
+        """Add Megatron timer blocks, ``bare``'s then ``blocks`` (``closes``, ``hlines``: the
+        closes and header line numbers of both, in that order): the iteration is the last one
+        of the block's stream read when it closed, else the last one of the run
+        (``_Core._last_iter``)."""
         from analysis.records import TimerBlock, _shape
 
         it_pos, it_num, it_sid, it_ids = its
         table = self.core.run.megatron_blocks
-        closes = np.array([b[1] for b in blocks], dtype=np.int64)
+        nb = len(bare)
         # The last iteration of the run before each close (-1 with none: last_before).
         kb = np.searchsorted(it_pos, closes)
         it_of = np.where(kb > 0, it_num[np.maximum(kb - 1, 0)], -1) if len(it_num) else kb * 0 - 1
         known = kb > 0
-        keys = [b[3] for b in blocks]
-        for key in set(keys):
+        bare_key = [bare.pattern.key] if nb and bare.pattern is not None else []
+        streams = {k: i for i, k in enumerate(dict.fromkeys(bare_key + [b[3] for b in blocks]))}
+        sid = np.concatenate(
+            [
+                np.zeros(nb, dtype=np.int64),
+                np.fromiter((streams[b[3]] for b in blocks), dtype=np.int64, count=len(blocks)),
+            ]
+        )
+        for key, i in streams.items():
             if key not in it_ids and key not in last_of:
                 continue
-            rows = np.array([i for i, k in enumerate(keys) if k == key], dtype=np.int64)
+            rows = np.flatnonzero(sid == i)
             if key in it_ids:
                 mine = it_sid == it_ids[key]
                 j = np.searchsorted(it_pos[mine], closes[rows])
@@ -721,19 +738,23 @@ class _Bulk(_BulkShapes, _BulkReaders):
             if key in last_of and len(rows):
                 it_of[rows] = last_of[key]
                 known[rows] = True
-        its_l = [
-            i if k else last_before for i, k in zip(it_of.tolist(), known.tolist(), strict=True)
-        ]
-        # Each group (names, shape) -> the blocks in it, in the order read, and the values of
-        # those that no learned pattern read.  Most blocks are of one pattern: found at once.
+        # Each group (names, shape) -> the blocks in it, in the order read (``bare``'s first),
+        # and the values of those that no learned pattern read.  Most blocks are of one
+        # pattern: found at once.
         fl = [b[4] for b in blocks]
-        names0 = next((f[0] for f in fl if f is not None and f[0]), None)
         by_group: dict[tuple[Any, ...], list[int]] = {}
         nums_of: dict[int, list[float]] = {}
+        flat0 = bare.pattern.flat if nb and bare.pattern is not None else None
+        if flat0 is not None and flat0[0]:
+            names0: Any = flat0[0]
+            by_group[flat0] = list(range(nb))
+        else:
+            names0 = next((f[0] for f in fl if f is not None and f[0]), None)
         if names0 is not None:
             mask = [f is not None and f[0] is names0 for f in fl]
-            first = mask.index(True)
-            by_group[(names0, fl[first][1])] = list(compress(range(len(fl)), mask))
+            if True in mask:
+                group = by_group.setdefault((names0, fl[mask.index(True)][1]), [])
+                group += [nb + i for i in compress(range(len(fl)), mask)]
             rest = [i for i, m in enumerate(mask) if not m]
         else:
             rest = list(range(len(fl)))
@@ -748,26 +769,37 @@ class _Bulk(_BulkShapes, _BulkReaders):
                 key = (tuple(values), _shape(values))
             else:
                 continue
-            by_group.setdefault(key, []).append(i)
-            nums_of[i] = nums
+            by_group.setdefault(key, []).append(nb + i)
+            nums_of[nb + i] = nums
         for (names, shape), idx in by_group.items():
             idx.sort()  # (a pattern's blocks and blocks read line by line of the same group)
-            nums_g = [fl[i][2] if i not in nums_of else nums_of[i] for i in idx]  # type: ignore[index]
-            its_g = [its_l[i] for i in idx]
-            if None in its_g:
-                for nums, it, i in zip(nums_g, its_g, idx, strict=True):
+            at = np.array(idx, dtype=np.int64)
+            n_bare = int(np.searchsorted(at, nb))  # (``bare``'s come first)
+            more = [fl[i - nb][2] if i not in nums_of else nums_of[i] for i in idx[n_bare:]]  # type: ignore[index]
+            if n_bare:
+                nums_g = bare.nums[at[:n_bare]]
+                if more:
+                    nums_g = np.concatenate([nums_g, np.array(more, dtype=float)])
+            else:
+                nums_g = np.array(more, dtype=float)
+            if last_before is None and not known[at].all():
+                for row, it, i in zip(nums_g.tolist(), it_of[at].tolist(), idx, strict=True):
                     table.append(
                         TimerBlock(
-                            "megatron", _group_values(names, shape, nums), None, it, int(hlines[i])
+                            "megatron",
+                            _group_values(names, shape, row),
+                            None,
+                            it if known[i] else None,
+                            int(hlines[i]),
                         )
                     )
                 continue
             table.add_rows(
                 table.group("megatron", names, shape),
-                np.array(nums_g, dtype=float),
+                nums_g.reshape(len(idx), -1),
                 None,
-                np.array(its_g, dtype=np.int64),
-                hlines[np.array(idx, dtype=np.int64)],
+                np.where(known[at], it_of[at], last_before if last_before is not None else 0),
+                hlines[at],
             )
 
     def _ds_offset(self, block: bytes, ls: int, end: int) -> None:

@@ -745,6 +745,41 @@ class _StepLines:
         )
 
 
+class _BareBlocks:
+    """Timer blocks of one stream without launcher prefixes that one learned pattern read at
+    once (``_BlockPattern.read_bare``), column-wise, in file order."""
+
+    def __init__(
+        self,
+        hs: np.ndarray,
+        body: np.ndarray,
+        close: np.ndarray,
+        pattern: _BlockPattern | None,
+        nums: np.ndarray,
+    ) -> None:
+        self.hs, self.body, self.close = hs, body, close
+        """Header starts, body starts (past the header's newline), closes (past the body)."""
+        self.pattern = pattern
+        """The pattern that read them: their stream key and their ``flat`` names and shape."""
+        self.nums = nums
+        """One row of the flat values each."""
+
+    @classmethod
+    def empty(cls) -> _BareBlocks:
+        """None."""
+        none = np.zeros(0, dtype=np.int64)
+        return cls(none, none, none, None, np.zeros((0, 0)))
+
+    def __len__(self) -> int:
+        return len(self.hs)
+
+    def select(self, which: np.ndarray) -> _BareBlocks:
+        """The blocks at ``which`` (a mask)."""
+        return _BareBlocks(
+            self.hs[which], self.body[which], self.close[which], self.pattern, self.nums[which]
+        )
+
+
 class _DSLines:
     """DeepSpeed lines of a segment: starts, ends, ranks, which are taken, values by group."""
 
@@ -978,15 +1013,17 @@ class _BlockPattern:
 
     def read_bare(
         self, block: bytes, hs: np.ndarray, T: int, nl: np.ndarray
-    ) -> list[tuple[int, int, None, str, Any] | None]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``read`` of the blocks of a stream without launcher prefixes at the header lines
-        ``hs`` (``nl``: the newlines up to T), in a few passes: (header start, close, None,
-        key, flat) of each that is this block printed in one piece, of values that convert,
+        ``hs`` (``nl``: the newlines up to T), in a few passes: (taken, close, values) of
+        each, taken when it is this block printed in one piece, of values that convert,
         closed for certain by the line right after it (a line without prefixes that ends in
-        a printable byte no timer line ends with), else None (``read`` reads it)."""
+        a printable byte no timer line ends with), else not (``read`` reads it); the values
+        (a row of ``flat``'s numbers each) of those taken."""
         n = len(hs)
+        none = (np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64), np.zeros((n, 0)))
         if self.flat is None or self.key or not n:
-            return [None] * n
+            return none
         ms = list(map(self.rx.match, repeat(block), hs.tolist(), repeat(T)))
         matched = np.array([m is not None for m in ms], dtype=bool)
         hit = list(compress(ms, matched.tolist())) if not matched.all() else ms
@@ -994,7 +1031,7 @@ class _BlockPattern:
         try:
             nums = np.array(list(map(float, chain.from_iterable(map(_GROUPS, hit)))), dtype=float)
         except ValueError:
-            return [None] * n  # (which one: ``read`` finds it)
+            return none  # (which one: ``read`` finds it)
         nums = nums.reshape(len(hit), k)
         q = np.fromiter(map(_END, hit), dtype=np.int64, count=len(hit))
         j = np.minimum(np.searchsorted(nl, q), len(nl) - 1)
@@ -1012,17 +1049,13 @@ class _BlockPattern:
             & ((c >= 0x20) & (c < 0x7F) | (c == 0x09))
             & _CLOSES[buf[le - 1]]
         )
-        names, shape = self.flat
-        flat = zip(repeat(names), repeat(shape), nums.tolist())
-        got = zip(hs[matched].tolist(), q.tolist(), repeat(None), repeat(self.key), flat)
-        out: list[tuple[int, int, None, str, Any] | None] = [None] * n
-        if good.all() and len(hit) == n:
-            return list(got)
-        at = np.flatnonzero(matched)
-        for i, g, x in zip(at.tolist(), good.tolist(), got, strict=True):
-            if g:
-                out[i] = x
-        return out
+        if len(hit) == n:
+            return good, q, nums
+        taken = np.zeros(n, dtype=bool)
+        close = np.zeros(n, dtype=np.int64)
+        values = np.zeros((n, k))
+        taken[matched], close[matched], values[matched] = good, q, nums
+        return taken, close, values
 
     def _own_lines(
         self, bulk: _Bulk, block: bytes, first: int, q: int

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from itertools import repeat
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,6 +40,7 @@ from analysis.scan_bytes import (
     _RANK_RE,
     _STEPS_LIT,
     _WORD,
+    _BareBlocks,
     _ds_heads,
     _ds_values,
     _ds_values_fast,
@@ -501,37 +501,47 @@ class _BulkReaders:
         self, block: bytes, pos: int, T: int, nl: np.ndarray
     ) -> tuple[
         int,
+        _BareBlocks,
         list[tuple[int, int, dict[str, Any] | None, str, Any]],
         list[tuple[int, int]],
         list[tuple[int, int]],
     ]:
         """Megatron timer blocks of [pos, T): the header, then the lines of its stream while
         they are timer lines; the first other line of the stream closes it.  Returns (T, the
-        blocks as (header start, close, values, stream, flat values: ``_BlockPattern.read``),
-        header lines, body lines); T moves to the header of a block that does not close
-        before it.  A block printed in one piece
-        like one read before is read by one match of that block's pattern.  ``nl``: where the
-        newlines of [pos, T) are (a header is a line that ends in ``_HEAD_LIT``: the line path
-        reads no other as one)."""
+        first blocks when one pattern read them at once, the other blocks as (header start,
+        close, values, stream, flat values: ``_BlockPattern.read``), their header lines,
+        their body lines); T moves to the header of a block that does not close before it.
+        A block printed in one piece like one read before is read by one match of that
+        block's pattern.  ``nl``: where the newlines of [pos, T) are (a header is a line that
+        ends in ``_HEAD_LIT``: the line path reads no other as one)."""
         blocks: list[tuple[int, int, dict[str, Any] | None, str, Any]] = []
         headers: list[tuple[int, int]] = []
         bodies: list[tuple[int, int]] = []
+        bare = _BareBlocks.empty()
         hs, he = _lines_ending(block, pos, nl, _HEAD_LIT)
         pre: list[Any] = []  # each header's block as ``_BlockPattern.read_bare`` read it
         if len(hs) >= _BARE_MANY:
             # Many headers of one text (one stream without prefixes, a block each iteration):
-            # those one pattern reads, read at once; the first run of them taken as they are.
-            head = _same_text(block, np.asarray(hs), np.asarray(he) + 1)
+            # those one pattern reads, read at once; the first run of them kept as columns.
+            hs_a, he_a = np.asarray(hs), np.asarray(he)
+            head = _same_text(block, hs_a, he_a + 1)
             tmpls = self.block_tmpls.get(head, ()) if head is not None else ()
             if tmpls:  # (the one ``read`` tries first: what it reads is what the loop takes)
-                pre = tmpls[0].read_bare(block, np.asarray(hs), T, nl)
-                n = pre.index(None) if None in pre else len(pre)
-                blocks = pre[:n]
-                first = [e + 1 for e in he[:n]]
-                headers = list(zip(hs[:n], first, strict=True))
-                # (A block has lines: its pattern ends past the header's newline.)
-                bodies = list(zip(first, map(itemgetter(1), blocks), strict=True))
-                hs, he, pre = hs[n:], he[n:], pre[n:]
+                tp = tmpls[0]
+                taken, close, nums = tp.read_bare(block, hs_a, T, nl)
+                n = int(np.argmin(taken)) if not taken.all() else len(hs)
+                bare = _BareBlocks(hs_a[:n], he_a[:n] + 1, close[:n], tp, nums[:n])
+                if taken[n:].any():
+                    assert tp.flat is not None  # (else none is taken)
+                    names, shape = tp.flat
+                    pre = [
+                        (ls, c, None, tp.key, (names, shape, row)) if t else None
+                        for ls, c, t, row in zip(
+                            hs[n:], close[n:].tolist(), taken[n:].tolist(), nums[n:].tolist(),
+                            strict=True,
+                        )
+                    ]  # fmt: skip
+                hs, he = hs[n:], he[n:]
         for i, (ls, e) in enumerate(zip(hs, he, strict=True)):
             if pre and pre[i] is not None:
                 blocks.append(pre[i])
@@ -554,7 +564,7 @@ class _BulkReaders:
                 got = self._read_block(block, ls, e, c, key, kind, T)
             if got is _OPEN or got is _LONG:  # not closed here: the line path reads it
                 self.open_at_limit = got is _OPEN
-                return ls, blocks, headers, bodies
+                return ls, bare, blocks, headers, bodies
             close, values, mine, key, flat = got  # type: ignore[misc]
             blocks.append((ls, close, values, key, flat))
             headers.append((ls, e + 1))
@@ -563,8 +573,8 @@ class _BulkReaders:
         tail = int(nl[-1]) + 1 if len(nl) else pos
         if block.find(_HEAD_LIT, tail, T) >= 0:
             self.open_at_limit = True
-            return tail, blocks, headers, bodies
-        return T, blocks, headers, bodies
+            return tail, bare, blocks, headers, bodies
+        return T, bare, blocks, headers, bodies
 
     def _read_block(
         self, block: bytes, ls: int, e: int, c: int, key: str, kind: str, T: int
