@@ -5,7 +5,7 @@ sight) and turns them into patterns: a mixin of ``analysis.scan._Bulk``.
 from __future__ import annotations
 
 import re
-from itertools import compress
+from itertools import compress, repeat
 from operator import itemgetter, methodcaller
 from typing import TYPE_CHECKING
 
@@ -244,13 +244,28 @@ class _BulkShapes:
         newline = np.asarray(nls, dtype=np.int64)
         free = np.ones(len(line_of), dtype=bool)
         lo, hi = line_of[0], nls[-1] + 1
+        dense = 2 * int((newline - starts).sum()) > hi - lo
         for tp in self.it_tmpls:
             if not free.any():
                 break
             # One search through the lines: a match holds no newline but the one it ends
             # with, so each is in one line, the first of the pattern in that line (as a search
             # of the line alone finds), and in a line that ends in ``|``: one of ``lines``.
-            found = list(tp.fast.finditer(block, lo, hi))
+            # When those are a small part of the text, a search of each instead.
+            if dense:
+                found = list(tp.fast.finditer(block, lo, hi))
+            else:
+                at = np.flatnonzero(free).tolist()
+                found = [
+                    m
+                    for m in map(
+                        tp.fast.search,
+                        repeat(block),
+                        map(line_of.__getitem__, at),
+                        [nls[i] + 1 for i in at],
+                    )
+                    if m is not None
+                ]
             if not found:
                 continue
             spans = np.array(list(map(_SPAN, found)), dtype=np.int64).reshape(-1, 2)

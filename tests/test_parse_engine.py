@@ -1020,20 +1020,22 @@ def test_lines_holding_other_keywords_read_as_the_line_path_reads_them(tmp_path,
 _LINE_ENDS = {"bare": "", "CR": "\r", "space": " ", "tabs": " \t \t", "many spaces": " " * 9}
 
 
+@pytest.mark.parametrize("others", [1, 30])
 @pytest.mark.parametrize("form", sorted(_LINE_ENDS))
 def test_iteration_lines_with_whitespace_after_the_last_bar_are_read_in_bulk(
-    tmp_path, monkeypatch, form
+    tmp_path, monkeypatch, form, others
 ):
     """Iteration lines that end in whitespace after their last ``|`` (a CR of a log written on
     Windows, trailing spaces: the few the bulk path steps back over one by one, and more) are
-    read in bulk, as the line path reads them."""
+    read in bulk, as the line path reads them; among few other lines (a search of the text
+    finds them) and among many (a search of each line that ends in ``|``)."""
     n, end = _LONG_RUN, _LINE_ENDS[form]
 
     def lines_of(i: int, total: int = n + 10) -> list[str]:
         return [
             _iteration_line(i, total) + end,
             f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
-            "node0: NCCL INFO chatter",
+            *[f"node0: NCCL INFO chatter of channel {c:02d}/{others}" for c in range(others)],
         ]
 
     run = _long_run(tmp_path / "ends.log", lines_of)
