@@ -69,7 +69,7 @@ _STEPS_LINE_RE = re.compile(
 """``parse_rules._STEPS_RE`` on a line of printable ASCII without carriage returns (its
 whitespace then spaces and tabs; ``_BulkReaders._steps_fast``)."""
 _PRINTABLE_NL = _PRINTABLE + b"\n"
-_SPAN = re.Match.span
+_START, _END = re.Match.start, re.Match.end
 _GROUPS = re.Match.groups
 
 _BARE_MANY = 16
@@ -270,12 +270,12 @@ class _BulkReaders:
         ms = list(_STEPS_LINE_RE.finditer(block, pos, T))
         if not ms:
             return _StepLines.of_rows([])
-        spans = np.array(list(map(_SPAN, ms)), dtype=np.int64).reshape(-1, 2)
-        st = spans[:, 0]
+        st = np.fromiter(map(_START, ms), dtype=np.int64, count=len(ms))
+        en = np.fromiter(map(_END, ms), dtype=np.int64, count=len(ms))
         # The line of each (no match holds a newline): from the newline before its start to
         # the one after its end, which must be there (the line whole).
         j = np.searchsorted(nl, st)
-        k = np.searchsorted(nl, spans[:, 1])
+        k = np.searchsorted(nl, en)
         if not len(nl) or k[-1] >= len(nl):
             return None  # (a line not whole)
         ls = np.where(j > 0, nl[np.maximum(j - 1, 0)] + 1, pos)

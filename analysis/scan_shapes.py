@@ -33,7 +33,7 @@ from analysis.scan_bytes import (
     _same_text,
 )
 
-_SPAN = re.Match.span
+_START, _END = re.Match.start, re.Match.end
 _GROUPS = re.Match.groups
 
 
@@ -268,8 +268,8 @@ class _BulkShapes:
                 ]
             if not found:
                 continue
-            spans = np.array(list(map(_SPAN, found)), dtype=np.int64).reshape(-1, 2)
-            st, ends = spans[:, 0], spans[:, 1]
+            st = np.fromiter(map(_START, found), dtype=np.int64, count=len(found))
+            ends = np.fromiter(map(_END, found), dtype=np.int64, count=len(found))
             line = np.searchsorted(starts, st, side="right") - 1
             mine = newline[line] + 1 == ends
             mine &= free[line]
