@@ -925,6 +925,11 @@ class _BlockPattern:
             names
         ):
             self.flat = (names, tuple(2 if how == "pair" else 0 for how, _n in named))  # type: ignore[misc]
+        # A block of only "rank" lines (``--timing-log-option all``): each run's (min, max) in
+        # two vector reductions.
+        self.runs: np.ndarray | None = None
+        if self.plan and all(how == "rank" for how, *_r in self.plan):
+            self.runs = np.array([a for _h, _n, a, _b in self.plan], dtype=np.intp)
 
     def read(self, bulk: _Bulk, block: bytes, ls: int, T: int) -> Any:
         """(close, values, [span of its body lines], stream, flat) of the block at ``ls``,
@@ -939,15 +944,37 @@ class _BlockPattern:
             m = self.apart.match(block, ls, T) if self.apart is not None else None
             if m is None:
                 return None
-        try:
-            nums = list(map(float, m.groups()))
-        except ValueError:
-            return None
-        if not all(map(math.isfinite, nums)):
-            return None
         values: dict[str, Any] | None = None
         flat = None
-        if self.flat is not None:
+        nums: Any = None
+        if self.runs is not None:
+            try:
+                arr = np.fromiter(map(float, m.groups()), dtype=float, count=self.rx.groups)
+            except ValueError:
+                return None
+            if not np.isfinite(arr).all():
+                return None
+            if arr.all():  # (no zero: the one value on which min() and NumPy could differ)
+                lo_a = np.minimum.reduceat(arr, self.runs).tolist()
+                hi_a = np.maximum.reduceat(arr, self.runs).tolist()
+                values = {}
+                for (_h, name, _a, _b), lo, hi in zip(self.plan, lo_a, hi_a, strict=True):
+                    if name in values:
+                        lo0, hi0 = values[name]
+                        lo, hi = min(lo0, lo), max(hi0, hi)
+                    values[name] = (lo, hi)
+            else:
+                nums = arr.tolist()
+        else:
+            try:
+                nums = list(map(float, m.groups()))
+            except ValueError:
+                return None
+            if not all(map(math.isfinite, nums)):
+                return None
+        if nums is None:
+            pass
+        elif self.flat is not None:
             flat = (*self.flat, nums)
         else:
             values = {}

@@ -1161,6 +1161,34 @@ def _rank_ms(i: int, t: int, r: int) -> str:
     return f"{100 + 3 * t + (r * 37 + i * 11) % (30 + 7 * t)}.{(r + i) % 10}"
 
 
+def test_rank_blocks_with_zeros_of_both_signs_read_as_the_line_path_reads_them(tmp_path):
+    """``times across ranks`` of a timer that did not run, printed ``0.00`` by some ranks and
+    ``-0.00`` by others: the (min, max) the bulk path keeps are the line path's, each zero's
+    sign too (``min`` keeps the first of equal values; NumPy's reduction need not)."""
+    n, rs = 300, range(64)
+    lines = [" 0: training ...", "63: training ..."]
+    for i in range(1, n + 1):
+        lines += [
+            f" 0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
+            _iteration_line(i, n + 10, prefix="63: "),
+            "63: times across ranks (ms):",
+            "63:   forward-backward:",
+            *[f"63:      rank {r:2d}: {_rank_ms(i, 0, r)}" for r in rs],
+            "63:   optimizer:",
+            # (-0.00 first or last: NumPy's reduction and ``min`` keep other ones.)
+            *[f"63:      rank {r:2d}: {'-0.00' if r == i % 2 * 63 else '0.00'}" for r in rs],
+        ]
+    path = tmp_path / "zeros.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    (line,) = [r.to_dict() for r in parse.parse_file(path, bulk=False)]
+    got = [t["values_ms"] for t in run["timers"] if t["source"] == "megatron"]
+    want = [t["values_ms"] for t in line["timers"] if t["source"] == "megatron"]
+    assert len(got) == n
+    assert repr(got) == repr(want)  # (``==`` takes -0.0 for 0.0)
+    assert {repr(v["optimizer"][0]) for v in got} == {"0.0", "-0.0"}
+
+
 # Lines inside every 7th block of the 64-rank log: none; another rank's (srun prints a long
 # block in pieces, between which other ranks' lines come); one of the block's own rank with
 # its label spelled otherwise (the line path reads it as the block's own: it closes it); one
