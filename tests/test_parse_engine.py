@@ -1161,6 +1161,16 @@ def _rank_ms(i: int, t: int, r: int) -> str:
     return f"{100 + 3 * t + (r * 37 + i * 11) % (30 + 7 * t)}.{(r + i) % 10}"
 
 
+def _all_ranks_head(i: int, n: int) -> list[str]:
+    """Rank 0's DeepSpeed line, then the last rank's iteration line ``i`` of a run of ``n``
+    and the header of its ``times across ranks`` block."""
+    return [
+        f" 0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
+        _iteration_line(i, n + 10, prefix="63: "),
+        "63: times across ranks (ms):",
+    ]
+
+
 def test_rank_blocks_with_zeros_of_both_signs_read_as_the_line_path_reads_them(tmp_path):
     """``times across ranks`` of a timer that did not run, printed ``0.00`` by some ranks and
     ``-0.00`` by others: the (min, max) the bulk path keeps are the line path's, each zero's
@@ -1169,9 +1179,7 @@ def test_rank_blocks_with_zeros_of_both_signs_read_as_the_line_path_reads_them(t
     lines = [" 0: training ...", "63: training ..."]
     for i in range(1, n + 1):
         lines += [
-            f" 0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
-            _iteration_line(i, n + 10, prefix="63: "),
-            "63: times across ranks (ms):",
+            *_all_ranks_head(i, n),
             "63:   forward-backward:",
             *[f"63:      rank {r:2d}: {_rank_ms(i, 0, r)}" for r in rs],
             "63:   optimizer:",
@@ -1213,11 +1221,7 @@ def test_blocks_of_every_rank_are_read_in_bulk(tmp_path, monkeypatch, inside):
     n, ranks = 300, 64
     lines = [" 0: training ...", "63: training ..."]
     for i in range(1, n + 1):
-        lines += [
-            f" 0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
-            _iteration_line(i, n + 10, prefix="63: "),
-            "63: times across ranks (ms):",
-        ]
+        lines += _all_ranks_head(i, n)
         # (A timer printed twice in a block: the line path takes the min and max of both.)
         for t, name in enumerate(("forward-backward", "optimizer", "forward-backward")):
             lines.append(f"63:   {name}:")
