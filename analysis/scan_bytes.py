@@ -898,6 +898,8 @@ class _BlockPattern:
         """The same block with other streams' lines between its lines (``_Bulk._learn``)."""
         self.prefix = prefix
         """The launcher prefixes its lines start with (those of the other lines do not)."""
+        self.not_own = re.compile(b"\n(?!" + re.escape(prefix) + b")") if prefix else None
+        """A newline not followed by ``prefix`` (``_own_lines``)."""
         self.kind = kind
         self.recipe = recipe
         self.key = key
@@ -1091,16 +1093,20 @@ class _BlockPattern:
         lines that start with its prefixes (the pattern takes no other line of its own);
         None when another is of its stream after all, or over-long."""
         mine: list[tuple[int, int]] = []
-        s = first
-        prefix, key = self.prefix, self.key
-        while s < q:
+        key = self.key
+        # The other lines: the first if it does not start with the prefixes, then each after a
+        # newline not followed by them (the last newline, before q, ends the block's lines).
+        starts = [] if block.startswith(self.prefix, first) else [first]
+        if self.not_own is not None:
+            starts += [m.end() for m in self.not_own.finditer(block, first, q - 1)]
+        at = first
+        for s in starts:
             e = block.find(b"\n", s, q)
-            if block.startswith(prefix, s):
-                if mine and mine[-1][1] == s:
-                    mine[-1] = (mine[-1][0], e + 1)
-                else:
-                    mine.append((s, e + 1))
-            elif e - s > MAX_LINE_CHARS or bulk._line_key(block, s, e)[0] == key:
+            if e - s > MAX_LINE_CHARS or bulk._line_key(block, s, e)[0] == key:
                 return None
-            s = e + 1
+            if s > at:
+                mine.append((at, s))
+            at = e + 1
+        if q > at:
+            mine.append((at, q))
         return mine
