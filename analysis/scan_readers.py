@@ -68,6 +68,8 @@ _STEPS_LINE_RE = re.compile(
 )
 """``parse_rules._STEPS_RE`` on a line of printable ASCII without carriage returns (its
 whitespace then spaces and tabs; ``_BulkReaders._steps_fast``)."""
+_STEPS_AT_RE = re.compile(rb"steps:")
+"""Where ``_STEPS_LINE_RE`` can start."""
 _PRINTABLE_NL = _PRINTABLE + b"\n"
 _START, _END = re.Match.start, re.Match.end
 _GROUPS = re.Match.groups
@@ -267,15 +269,22 @@ class _BulkReaders:
         return), one record long, with ``steps:`` after its launcher prefixes, no
         ``iteration`` or run outcome, and values ``float()`` reads; None otherwise (then they
         are read one by one)."""
-        ms = list(_STEPS_LINE_RE.finditer(block, pos, T))
-        if not ms:
+        # Each match starts at a ``steps:``: when every one starts a match, the matches' groups
+        # are in the order of those (no match holds a newline, so its line is the one it starts
+        # in).  Else the matches are looked at one by one.
+        found = _STEPS_LINE_RE.findall(block, pos, T)
+        if not found:
             return _StepLines.of_rows([])
-        st = np.fromiter(map(_START, ms), dtype=np.int64, count=len(ms))
-        en = np.fromiter(map(_END, ms), dtype=np.int64, count=len(ms))
-        # The line of each (no match holds a newline): from the newline before its start to
-        # the one after its end, which must be there (the line whole).
+        n = len(found)
+        st = np.fromiter(map(_START, _STEPS_AT_RE.finditer(block, pos, T)), dtype=np.int64)
+        if len(st) != n:
+            ms = list(_STEPS_LINE_RE.finditer(block, pos, T))
+            found = list(map(_GROUPS, ms))
+            st = np.fromiter(map(_START, ms), dtype=np.int64, count=n)
+        # The line of each: from the newline before its start to the one after it, which must
+        # be there (the line whole).
         j = np.searchsorted(nl, st)
-        k = np.searchsorted(nl, en)
+        k = j
         if not len(nl) or k[-1] >= len(nl):
             return None  # (a line not whole)
         ls = np.where(j > 0, nl[np.maximum(j - 1, 0)] + 1, pos)
@@ -302,16 +311,15 @@ class _BulkReaders:
             if c < 0 or c > len(head):
                 return None
             keys[head] = key
-        n = len(ms)
-        step, loss, secs, sps = zip(*map(_GROUPS, ms), strict=True)
+        step, loss, secs, sps = zip(*found, strict=True)
         if max(map(len, step)) > 18:
             return None  # (a step number of 19 digits or more: not a step line)
         try:
             step_a = np.fromiter(map(int, step), dtype=np.int64, count=n)
             loss_a = np.fromiter(map(float, loss), dtype=float, count=n)
             secs_a = np.fromiter(map(float, secs), dtype=float, count=n)
-            if None in sps:
-                sps_a = np.array([np.nan if x is None else float(x) for x in sps], dtype=float)
+            if None in sps or b"" in sps:  # (no samples/sec: None from a match, b"" from findall)
+                sps_a = np.array([float(x) if x else np.nan for x in sps], dtype=float)
             else:
                 sps_a = np.fromiter(map(float, sps), dtype=float, count=n)
         except (ValueError, OverflowError):

@@ -1335,6 +1335,7 @@ _STEPS_FORMS = {
     "two records": (
         "node0: steps: {i} loss: 3.5 iter time (s): 0.2 steps: {i} loss: 3.5 iter time (s): 0.3",
     ),
+    "no iter time": ("node0: steps: {i} loss: 3.5000 samples/sec: 32.000",),
     "a step of 19 digits or more": (
         "node0: steps: 9{i:019d} loss: 3.5 iter time (s): 0.25",
         "node0: steps: {i:019d} loss: 3.5 iter time (s): 0.25",
@@ -1365,7 +1366,12 @@ def test_pipeline_step_lines_of_every_step_are_read_in_bulk(tmp_path, monkeypatc
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (run,) = _three_ways(path)
     steps = run["pipeline_steps"]
-    if forms not in ("an iteration line", "two records", "a step of 19 digits or more"):
+    if forms not in (
+        "an iteration line",
+        "two records",
+        "a step of 19 digits or more",
+        "no iter time",
+    ):
         assert [s["step"] for s in steps] == list(range(1, n + 1))  # (the others: as read)
     assert steps[1] == {"step": 2, "loss": 3.02, "iter_ms": 202.0, "samples_per_s": 34.2,
                         "line": 7}  # fmt: skip
