@@ -817,6 +817,8 @@ class _IterPattern:
     ``fields``' pieces (in piece order): what ``_iteration_patterns`` reads."""
     pieces: tuple[int, ...]
     """The pieces ``fast`` has a group of, in order."""
+    whole: re.Pattern[bytes]
+    """``fast`` with a group of the whole match first (``findall`` then gives its length)."""
 
 
 _ALLOC_AFTER = 4

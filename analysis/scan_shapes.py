@@ -174,8 +174,9 @@ class _BulkShapes:
         m = rx.match(text + b"\n")
         if m is None:  # a value not in plain decimals: such lines are read one by one
             return
+        fast += rb"[ \t]*\r?\n"
         self.it_tmpls.append(
-            _IterPattern(rx, fields, re.compile(fast + rb"[ \t]*\r?\n"), tuple(used))
+            _IterPattern(rx, fields, re.compile(fast), tuple(used), re.compile(b"(" + fast + b")"))
         )
 
     @staticmethod
@@ -251,34 +252,45 @@ class _BulkShapes:
             # One search through the lines: a match holds no newline but the one it ends
             # with, so each is in one line, the first of the pattern in that line (as a search
             # of the line alone finds), and in a line that ends in ``|``: one of ``lines``.
-            # When those are a small part of the text, a search of each instead.
-            if dense:
-                found = list(tp.fast.finditer(block, lo, hi))
+            # When every one of them holds a match, the matches are theirs in order: their
+            # groups come as tuples (``findall``, no match object each), the whole match first
+            # (its length: where it starts).  When those lines are a small part of the text, a
+            # search of each instead.
+            rows = tp.whole.findall(block, lo, hi) if dense and free.all() else []
+            if rows and len(rows) == len(line_of):
+                whole, *groups = zip(*rows, strict=True)
+                line = np.arange(len(rows))
+                ends = newline + 1
+                st = ends - np.fromiter(map(len, whole), dtype=np.int64, count=len(rows))
             else:
-                at = np.flatnonzero(free).tolist()
-                found = [
-                    m
-                    for m in map(
-                        tp.fast.search,
-                        repeat(block),
-                        map(line_of.__getitem__, at),
-                        [nls[i] + 1 for i in at],
-                    )
-                    if m is not None
-                ]
-            if not found:
-                continue
-            st = np.fromiter(map(_START, found), dtype=np.int64, count=len(found))
-            ends = np.fromiter(map(_END, found), dtype=np.int64, count=len(found))
-            line = np.searchsorted(starts, st, side="right") - 1
-            mine = newline[line] + 1 == ends
-            mine &= free[line]
-            if not mine.all():
-                found = list(compress(found, mine.tolist()))
-                line, st, ends = line[mine], st[mine], ends[mine]
-            n = len(found)
-            if not n:
-                continue
+                if dense:
+                    found = list(tp.fast.finditer(block, lo, hi))
+                else:
+                    at = np.flatnonzero(free).tolist()
+                    found = [
+                        m
+                        for m in map(
+                            tp.fast.search,
+                            repeat(block),
+                            map(line_of.__getitem__, at),
+                            [nls[i] + 1 for i in at],
+                        )
+                        if m is not None
+                    ]
+                if not found:
+                    continue
+                st = np.fromiter(map(_START, found), dtype=np.int64, count=len(found))
+                ends = np.fromiter(map(_END, found), dtype=np.int64, count=len(found))
+                line = np.searchsorted(starts, st, side="right") - 1
+                mine = newline[line] + 1 == ends
+                mine &= free[line]
+                if not mine.all():
+                    found = list(compress(found, mine.tolist()))
+                    line, st, ends = line[mine], st[mine], ends[mine]
+                if not found:
+                    continue
+                groups = list(zip(*map(_GROUPS, found), strict=True))
+            n = len(line)
             ls = starts[line]
             # Most often every line's text before ``iteration`` is the same: looked at once.
             head = _same_text(block, ls, st)
@@ -292,7 +304,6 @@ class _BulkShapes:
             if not ok.any():
                 continue
             # The groups: number, total and the value of each piece a field is read from.
-            groups = list(zip(*map(_GROUPS, found), strict=True))
             col = {piece: 2 + k for k, piece in enumerate(tp.pieces)}
             cols = []
             for piece, f, kind, factor in tp.fields:
