@@ -284,13 +284,12 @@ class _BulkReaders:
         # The line of each: from the newline before its start to the one after it, which must
         # be there (the line whole).
         j = np.searchsorted(nl, st)
-        k = j
-        if not len(nl) or k[-1] >= len(nl):
+        if not len(nl) or j[-1] >= len(nl):
             return None  # (a line not whole)
         ls = np.where(j > 0, nl[np.maximum(j - 1, 0)] + 1, pos)
         if (np.diff(ls) == 0).any():
             return None  # (two records in one line)
-        le = nl[k] + 1
+        le = nl[j] + 1
         if (le - ls).max() > MAX_LINE_CHARS:
             return None
         ls_l, le_l = ls.tolist(), le.tolist()
