@@ -267,6 +267,18 @@ class _Bulk(_BulkShapes, _BulkReaders):
             pat = self.body_res[raw] = re.compile(re.escape(raw) + b"(?:" + inner + rb")\n")
         return pat
 
+    def _kept_key(self, block: bytes, s: int, e: int) -> tuple[str, int]:
+        """``_line_key`` of the line ``block[s:e]`` as (key, offset of its content or -1),
+        kept by the line's bytes (a stream's lines repeat)."""
+        line = block[s:e]
+        got = self.line_keys.get(line)
+        if got is None:
+            k, c = self._line_key(block, s, e)
+            if len(self.line_keys) >= 4096:
+                self.line_keys.clear()
+            got = self.line_keys[line] = (k, c - s if c >= 0 else -1)
+        return got
+
     def _next_of_stream(
         self, block: bytes, key: str, q: int, end: int
     ) -> tuple[int, int, int] | None:
@@ -286,7 +298,6 @@ class _Bulk(_BulkShapes, _BulkReaders):
                     + rb"\]<std(?:out|err)>:)"
                 )
             p = q - 1
-            keys = self.line_keys
             while True:
                 m = pat.search(block, p, end)
                 if m is None:
@@ -295,14 +306,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
                 e = block.find(b"\n", s, end)
                 if e < 0:
                     return None
-                # (A stream's lines repeat: the key of each, as _line_key finds it, is kept.)
-                line = block[s:e]
-                got = keys.get(line)
-                if got is None:
-                    k, c = self._line_key(block, s, e)
-                    if len(keys) >= 4096:
-                        keys.clear()
-                    got = keys[line] = (k, c - s if c >= 0 else -1)
+                got = self._kept_key(block, s, e)
                 if got[0] == key:
                     return s, e, s + got[1] if got[1] >= 0 else -1
                 p = e
@@ -427,10 +431,10 @@ class _Bulk(_BulkShapes, _BulkReaders):
         hdr = np.array(headers, dtype=np.int64).reshape(-1, 2)
         body = np.array(bodies, dtype=np.int64).reshape(-1, 2)
         lines_s = np.concatenate([bare.hs, bare.body, hdr[:, 0], body[:, 0]])
-        lines_e = np.concatenate([bare.body, bare.close, hdr[:, 1], body[:, 1]])
+        lines_e = np.concatenate([bare.body, bare.end, hdr[:, 1], body[:, 1]])
         if len(bare) or bodies:  # lines a timer block took are not read as anything else
             taken = _Spans(
-                np.concatenate([bare.body, body[:, 0]]), np.concatenate([bare.close, body[:, 1]])
+                np.concatenate([bare.body, body[:, 0]]), np.concatenate([bare.end, body[:, 1]])
             )
             ds.keep &= ~taken.holds(ds.ls)
             mem = mem.select(~taken.holds(mem.ls))

@@ -746,19 +746,22 @@ class _StepLines:
 
 
 class _BareBlocks:
-    """Timer blocks of one stream without launcher prefixes that one learned pattern read at
-    once (``_BlockPattern.read_bare``), column-wise, in file order."""
+    """Timer blocks of one stream that one learned pattern read at once
+    (``_BlockPattern.read_bare``, ``read_keyed``), column-wise, in file order."""
 
     def __init__(
         self,
         hs: np.ndarray,
         body: np.ndarray,
+        end: np.ndarray,
         close: np.ndarray,
         pattern: _BlockPattern | None,
         nums: np.ndarray,
     ) -> None:
-        self.hs, self.body, self.close = hs, body, close
-        """Header starts, body starts (past the header's newline), closes (past the body)."""
+        self.hs, self.body, self.end, self.close = hs, body, end, close
+        """Header starts, body starts (past the header's newline), body ends, closes (the
+        start of the stream's line that closes it: the body's end, or past other streams'
+        lines)."""
         self.pattern = pattern
         """The pattern that read them: their stream key and their ``flat`` names and shape."""
         self.nums = nums
@@ -768,7 +771,7 @@ class _BareBlocks:
     def empty(cls) -> _BareBlocks:
         """None."""
         none = np.zeros(0, dtype=np.int64)
-        return cls(none, none, none, None, np.zeros((0, 0)))
+        return cls(none, none, none, none, None, np.zeros((0, 0)))
 
     def __len__(self) -> int:
         return len(self.hs)
@@ -776,7 +779,12 @@ class _BareBlocks:
     def select(self, which: np.ndarray) -> _BareBlocks:
         """The blocks at ``which`` (a mask)."""
         return _BareBlocks(
-            self.hs[which], self.body[which], self.close[which], self.pattern, self.nums[which]
+            self.hs[which],
+            self.body[which],
+            self.end[which],
+            self.close[which],
+            self.pattern,
+            self.nums[which],
         )
 
 
@@ -869,6 +877,11 @@ _CLOSES_FOR_CERTAIN = frozenset(range(0x21, 0x7F)) - frozenset(b"0123456789.eE+-
 ``_TIMER_RANK_RE`` end in a number (a digit or one of ``.eE+-``) or ``)``, and
 ``_TIMER_NAME_RE`` in ``:``, each then only whitespace (a line whose last byte is whitespace
 or not ASCII is looked at in full)."""
+_HOST_LABEL_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,62}")
+"""A host label (``_PREFIXES_RE``'s, not all digits) ``read_keyed`` looks for at line
+starts."""
+_TAG_LABEL_RE = re.compile(r"default\d+|rank\d+")
+"""Labels of another launcher prefix form (``[rank3]:``) than a host's."""
 _CLOSES = np.zeros(256, dtype=bool)
 _CLOSES[list(_CLOSES_FOR_CERTAIN)] = True
 _SPACE = np.zeros(256, dtype=bool)
@@ -934,6 +947,16 @@ class _BlockPattern:
         self.runs: np.ndarray | None = None
         if self.plan and all(how == "rank" for how, *_r in self.plan):
             self.runs = np.array([a for _h, _n, a, _b in self.plan], dtype=np.intp)
+        # A stream of one host label (pdsh's ``node1: ``): its lines are those that start with
+        # the label, a colon and whitespace (``read_keyed``).
+        self.host: bytes | None = None
+        if (
+            _HOST_LABEL_RE.fullmatch(key)
+            and not _TAG_LABEL_RE.fullmatch(key)
+            and prefix[:-1] == key.encode() + b":"
+            and _SPACE[prefix[-1]]
+        ):
+            self.host = key.encode() + b":"
 
     def read(self, bulk: _Bulk, block: bytes, ls: int, T: int) -> Any:
         """(close, values, [span of its body lines], stream, flat) of the block at ``ls``,
@@ -1042,6 +1065,21 @@ class _BlockPattern:
             return s, values, mine, self.key, flat
         return _OPEN
 
+    def _match_all(
+        self, block: bytes, hs: np.ndarray, T: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """This pattern at each header line ``hs``: (matched, the end of each match, its
+        values, a row each), None when a value does not convert (``read`` finds which)."""
+        ms = list(map(self.rx.match, repeat(block), hs.tolist(), repeat(T)))
+        matched = np.array([m is not None for m in ms], dtype=bool)
+        hit = list(compress(ms, matched.tolist())) if not matched.all() else ms
+        try:
+            nums = np.array(list(map(float, chain.from_iterable(map(_GROUPS, hit)))), dtype=float)
+        except ValueError:
+            return None
+        q = np.fromiter(map(_END, hit), dtype=np.int64, count=len(hit))
+        return matched, q, nums.reshape(len(hit), self.rx.groups)
+
     def read_bare(
         self, block: bytes, hs: np.ndarray, T: int, nl: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -1055,16 +1093,11 @@ class _BlockPattern:
         none = (np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64), np.zeros((n, 0)))
         if self.flat is None or self.key or not n:
             return none
-        ms = list(map(self.rx.match, repeat(block), hs.tolist(), repeat(T)))
-        matched = np.array([m is not None for m in ms], dtype=bool)
-        hit = list(compress(ms, matched.tolist())) if not matched.all() else ms
+        got = self._match_all(block, hs, T)
+        if got is None:
+            return none
+        matched, q, nums = got
         k = self.rx.groups
-        try:
-            nums = np.array(list(map(float, chain.from_iterable(map(_GROUPS, hit)))), dtype=float)
-        except ValueError:
-            return none  # (which one: ``read`` finds it)
-        nums = nums.reshape(len(hit), k)
-        q = np.fromiter(map(_END, hit), dtype=np.int64, count=len(hit))
         j = np.minimum(np.searchsorted(nl, q), len(nl) - 1)
         le = nl[j]  # (past the last newline: not whole, not taken)
         buf = np.frombuffer(block, dtype=np.uint8)
@@ -1080,13 +1113,90 @@ class _BlockPattern:
             & ((c >= 0x20) & (c < 0x7F) | (c == 0x09))
             & _CLOSES[buf[le - 1]]
         )
-        if len(hit) == n:
+        if len(q) == n:
             return good, q, nums
         taken = np.zeros(n, dtype=bool)
         close = np.zeros(n, dtype=np.int64)
         values = np.zeros((n, k))
         taken[matched], close[matched], values[matched] = good, q, nums
         return taken, close, values
+
+    def read_keyed(
+        self, bulk: _Bulk, block: bytes, hs: np.ndarray, pos: int, T: int, nl: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``read`` of the blocks of a stream of one host label (``host``) at the header lines
+        ``hs`` (``nl``: the newlines of [pos, T)), in a few
+        passes: (taken, close, end of the body, values) of each, taken when it is this block
+        printed in one piece (no other stream's line inside), of values that convert, and
+        closed for certain by the stream's next line (the first line after it that starts
+        with the label: it ends in a printable byte no timer line ends with, and it is the
+        stream's as ``_Bulk._line_key`` finds), else not (``read`` reads it)."""
+        n = len(hs)
+        none = (
+            np.zeros(n, dtype=bool),
+            np.zeros(n, dtype=np.int64),
+            np.zeros(n, dtype=np.int64),
+            np.zeros((n, 0)),
+        )
+        host = self.host
+        if self.flat is None or host is None or not n or not len(nl):
+            return none
+        starts = _line_starts(pos, nl)
+        if int(starts[-1]) > len(block) - max(8, len(host) + 3):
+            return none  # (a line too near the end of the text for a look at its start)
+        got = self._match_all(block, hs, T)
+        if got is None or not len(got[1]):
+            return none
+        matched, q, nums = got
+        k = self.rx.groups
+        # The lines that start with the label, a colon and whitespace: the only ones that can
+        # be the stream's (``_PREFIXES_RE``: a host label starts its line).
+        buf = np.frombuffer(block, dtype=np.uint8)
+        w = len(host)
+        if w <= 8:  # (one word a line)
+            word = _words(block)[starts] & np.uint64((1 << (8 * w)) - 1)
+            same = word == np.uint64(int.from_bytes(host, "little"))
+        else:
+            same = np.ones(len(starts), dtype=bool)
+            for i, byte in enumerate(host):
+                same &= buf[starts + i] == byte
+        own = np.flatnonzero(same & _SPACE[buf[starts + w]])
+        j = np.searchsorted(own, np.searchsorted(starts, q))
+        found = j < len(own)
+        line = own[np.minimum(j, max(len(own) - 1, 0))] if len(own) else j * 0
+        s = starts[line] if len(own) else q
+        le = nl[line] if len(own) else q
+        # Its key is the stream's for certain when the byte after the label's whitespace can
+        # start no other launcher prefix (``read_bare``'s test) and is plain ASCII; else as
+        # ``_Bulk._line_key`` finds it.
+        top = len(block) - 1
+        c, c1 = buf[np.minimum(s + w + 1, top)], buf[np.minimum(s + w + 2, top)]
+        sure = (~_PREFIX_START[c] | (_SPACE[c] & ~_SPACE_OR_DIGIT[c1])) & (
+            (c >= 0x20) & (c < 0x7F) | (c == 0x09)
+        )
+        good = found & (le - s <= MAX_LINE_CHARS) & (le > s + w + 1) & np.isfinite(nums).all(axis=1)
+        certain = _CLOSES[buf[le - 1]]
+        for i in np.flatnonzero(good & ~(sure & certain)).tolist():
+            a, e = int(s[i]), int(le[i])
+            text = block[a:e]
+            # (As ``read``: a block of another kind than "times" is closed for certain by a
+            # line whose text after its last ``: `` holds a byte no timer line's does there.)
+            if not certain[i] and (
+                self.kind == "times"
+                or not text.rpartition(b": ")[2]
+                .translate(None, _TIMER_TAIL)
+                .translate(None, _NOT_ASCII)
+            ):
+                good[i] = False
+                continue
+            if not sure[i]:
+                good[i] = bulk._kept_key(block, a, e)[0] == self.key
+        taken = np.zeros(n, dtype=bool)
+        close = np.zeros(n, dtype=np.int64)
+        end = np.zeros(n, dtype=np.int64)
+        values = np.zeros((n, k))
+        taken[matched], close[matched], end[matched], values[matched] = good, s, q, nums
+        return taken, close, end, values
 
     def _own_lines(
         self, bulk: _Bulk, block: bytes, first: int, q: int

@@ -535,25 +535,29 @@ class _BulkReaders:
             tmpls = self.block_tmpls.get(head, ()) if head is not None else ()
             if tmpls:  # (the one ``read`` tries first: what it reads is what the loop takes)
                 tp = tmpls[0]
-                taken, close, nums = tp.read_bare(block, hs_a, T, nl)
+                if tp.key:
+                    taken, close, end, nums = tp.read_keyed(self, block, hs_a, pos, T, nl)
+                else:
+                    taken, close, nums = tp.read_bare(block, hs_a, T, nl)
+                    end = close
                 n = int(np.argmin(taken)) if not taken.all() else len(hs)
-                bare = _BareBlocks(hs_a[:n], he_a[:n] + 1, close[:n], tp, nums[:n])
+                bare = _BareBlocks(hs_a[:n], he_a[:n] + 1, end[:n], close[:n], tp, nums[:n])
                 if taken[n:].any():
                     assert tp.flat is not None  # (else none is taken)
                     names, shape = tp.flat
                     pre = [
-                        (ls, c, None, tp.key, (names, shape, row)) if t else None
-                        for ls, c, t, row in zip(
-                            hs[n:], close[n:].tolist(), taken[n:].tolist(), nums[n:].tolist(),
-                            strict=True,
+                        ((ls, c, None, tp.key, (names, shape, row)), b) if t else None
+                        for ls, c, b, t, row in zip(
+                            hs[n:], close[n:].tolist(), end[n:].tolist(), taken[n:].tolist(),
+                            nums[n:].tolist(), strict=True,
                         )
                     ]  # fmt: skip
                 hs, he = hs[n:], he[n:]
         for i, (ls, e) in enumerate(zip(hs, he, strict=True)):
             if pre and pre[i] is not None:
-                blocks.append(pre[i])
+                blocks.append(pre[i][0])
                 headers.append((ls, e + 1))
-                bodies.append((e + 1, pre[i][1]))
+                bodies.append((e + 1, pre[i][1]))  # (its lines: to the end of its body)
                 continue
             got = None
             for tmpl in self.block_tmpls.get(block[ls : e + 1], ()):

@@ -1197,6 +1197,81 @@ def test_rank_blocks_with_zeros_of_both_signs_read_as_the_line_path_reads_them(t
     assert {repr(v["optimizer"][0]) for v in got} == {"0.0", "-0.0"}
 
 
+def _blocks_read_at_once(
+    path: Path, lines: list[str], monkeypatch: pytest.MonkeyPatch, n: int, reader: str
+) -> None:
+    """``lines`` written to ``path`` read as the line path reads them, its ``n`` Megatron
+    blocks (iteration 11's ``forward-backward`` (22.5, 34.25)), most by ``reader`` at once."""
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = _three_ways(path)
+    megatron = [t for t in run["timers"] if t["source"] == "megatron"]
+    assert len(megatron) == n
+    assert megatron[10]["values_ms"]["forward-backward"] == [22.5, 34.25]  # iteration 11
+    at_once = _read_by(
+        path,
+        monkeypatch,
+        reader,
+        owner=scan_bytes._BlockPattern,
+        count=lambda got: int(got[0].sum()),  # (taken, ..., values)
+    )
+    assert at_once > n * 0.6, f"{at_once} of {n} blocks read at once"
+
+
+# What comes after every 7th block of node1 in a pdsh log (rank 0's DeepSpeed line of node0 and
+# then node1's next iteration line come after every block): node1's lines that close it for
+# certain or may not, node0's lines, lines of no stream that look like node1's.
+_AFTER_HOST_BLOCK = {
+    "nothing": None,
+    "its NCCL line ending in a digit": "node1: node1:1070:1100 [0] NCCL INFO via NET/Socket/0",
+    "its line after a tab": "node1:\tNCCL INFO Connected all rings",
+    "its timer line": "node1:     optimizer-inner ........................: (1.25, 2.5)",
+    # (node1|node2's line does not close node1's block: the timer line after it goes on it.)
+    "its line with a second label, then its timer line": "node1: node2: NCCL INFO ring\n"
+    "node1:     optimizer-inner ........................: (1.25, 2.5)",
+    "its line with an srun label, then its timer line": "node1:  12: NCCL INFO ring\n"
+    "node1:     optimizer-inner ........................: (1.25, 2.5)",
+    "its line that is not ASCII": "node1: \u00e9tape NCCL INFO",
+    "its line of digits": "node1: 12345",
+    "its empty line": "node1: ",
+    "a line indented before its label": "  node1: NCCL INFO Connected all rings",
+    # (Another host of a label as long as node1's, then node1's timer line: it goes on.)
+    "another host's line, then its timer line": "node9: (shared) NCCL INFO ring\n"
+    "node1:     optimizer-inner ........................: (1.25, 2.5)",
+    "node0's timer line": "node0:     optimizer-inner ........................: (1.25, 2.5)",
+    "node0's line inside the block": "node0: NCCL INFO Connected all rings",
+}
+
+
+@pytest.mark.parametrize("host", ["node1", "gpu-node-0012.cluster"])
+@pytest.mark.parametrize("after", sorted(_AFTER_HOST_BLOCK))
+def test_blocks_of_one_host_are_read_at_once(tmp_path, monkeypatch, after, host):
+    """Two nodes through pdsh: node1's iteration line and ``(min, max)`` block, node0's
+    DeepSpeed line, every iteration.  node1's blocks of a step are read at once (one pattern,
+    its next line found among the lines that start with its label), up to one whose next line
+    may not close it for certain or may not be node1's; each reads as the line path reads it."""
+    n = 8000
+    lines = ["node0: training ...", "node1: training ..."]
+    for i in range(1, n + 1):
+        block = [
+            "node1: (min, max) time across ranks (ms):",
+            f"node1:     forward-backward .......................: (2{i % 9}.5, 3{i % 7}.25)",
+            f"node1:     optimizer ..............................: ({i % 5}.5, 9.{i % 10})",
+        ]
+        extra = _AFTER_HOST_BLOCK[after] if i % 7 == 0 else None
+        if extra is not None and after == "node0's line inside the block":
+            block.insert(2, extra)
+            extra = None
+        lines += [
+            _iteration_line(i, n + 10, prefix="node1: "),
+            *block,
+            f"node0: [Rank 0] time (ms) | fwd: {10 + i % 7}.5 | bwd: 20.25 | step: 3.0",
+            *([extra] if extra is not None else []),
+        ]
+    # (A label longer than a word, too; node9 as long as it.)
+    lines = [x.replace("node1", host).replace("node9", host[:-1] + "9") for x in lines]
+    _blocks_read_at_once(tmp_path / "pdsh.log", lines, monkeypatch, n, "read_keyed")
+
+
 # Lines inside every 7th block of the 64-rank log: none; another rank's (srun prints a long
 # block in pieces, between which other ranks' lines come); one of the block's own rank with
 # its label spelled otherwise (the line path reads it as the block's own: it closes it); one
@@ -1298,20 +1373,7 @@ def test_blocks_of_one_bare_stream_are_read_at_once(tmp_path, monkeypatch, after
                 lines[-1] = lines[-1].replace("9.", "1e999")
             else:
                 lines.append(_AFTER_BARE_BLOCK[after])
-    path = tmp_path / "node1.log"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (run,) = _three_ways(path)
-    megatron = [t for t in run["timers"] if t["source"] == "megatron"]
-    assert len(megatron) == n
-    assert megatron[10]["values_ms"]["forward-backward"] == [22.5, 34.25]  # iteration 11
-    at_once = _read_by(
-        path,
-        monkeypatch,
-        "read_bare",
-        owner=scan_bytes._BlockPattern,
-        count=lambda got: int(got[0].sum()),  # (taken, closes, values)
-    )
-    assert at_once > n * 0.6, f"{at_once} of {n} blocks read at once"
+    _blocks_read_at_once(tmp_path / "node1.log", lines, monkeypatch, n, "read_bare")
 
 
 # PipelineEngine step lines of other forms, every 11th step.
