@@ -9,7 +9,6 @@ import re
 import warnings
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import methodcaller
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -891,8 +890,8 @@ _PREFIX_START = _SPACE_OR_DIGIT.copy()
 _PREFIX_START[list(b"[ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")] = True
 """Bytes a launcher prefix (``_PREFIXES_RE``) can start with: whitespace (``\\s``), a digit, a
 letter, ``[``."""
-_GROUPS = methodcaller("groups")
-_END = methodcaller("end")
+_START, _END, _GROUPS = re.Match.start, re.Match.end, re.Match.groups
+"""A match's start, end and groups, as functions of it (``map`` over matches)."""
 
 
 class _BlockPattern:

@@ -23,6 +23,7 @@ from analysis.scan_bytes import (
     _DS_LIT,
     _DS_PROBES,
     _FAST_MEM_PIECE_RE,
+    _GROUPS,
     _HEAD_LIT,
     _HEADS,
     _IT_RE,
@@ -38,6 +39,7 @@ from analysis.scan_bytes import (
     _OPEN,
     _PRINTABLE,
     _RANK_RE,
+    _START,
     _STEPS_LIT,
     _WORD,
     _BareBlocks,
@@ -71,8 +73,6 @@ whitespace then spaces and tabs; ``_BulkReaders._steps_fast``)."""
 _STEPS_AT_RE = re.compile(rb"steps:")
 """Where ``_STEPS_LINE_RE`` can start."""
 _PRINTABLE_NL = _PRINTABLE + b"\n"
-_START, _END = re.Match.start, re.Match.end
-_GROUPS = re.Match.groups
 
 _BARE_MANY = 16
 """Timer block headers in a step from which they are read at once (``_BlockPattern.read_bare``)."""

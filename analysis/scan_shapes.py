@@ -18,11 +18,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 from analysis.scan_bytes import (
     _DIGITS,
+    _END,
     _FAST_PIECE_RE,
+    _GROUPS,
     _IT_RE,
     _MEM_FIELDS,
     _MEM_HEAD_RE,
     _NAME_RE,
+    _START,
     _VALUE,
     _BlockPattern,
     _finite,
@@ -32,10 +35,6 @@ from analysis.scan_bytes import (
     _printable,
     _same_text,
 )
-
-_START, _END = re.Match.start, re.Match.end
-_GROUPS = re.Match.groups
-
 
 if TYPE_CHECKING:  # pragma: no cover
     pass
