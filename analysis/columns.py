@@ -504,8 +504,8 @@ class Column:
         self._n, self._const, self._scale, self._last = 0, None, -1, 0
 
     def _store_np(self, vals: np.ndarray, none: np.ndarray) -> None:
-        """Store values (None where ``none``) in the most compact exact array (column empty)."""
-        present = vals[~none] if none.any() else vals
+        """Store values (None where ``none``) in the most compact exact array (column empty);
+        ints may come in any signed width (no int64 copy of an int32 array is made)."""
         if self.kind == "i":
             if self._delta and len(vals) and not -(2**62) < vals.min() <= vals.max() < 2**62:
                 self._delta = False  # differences could overflow: plain values
@@ -519,16 +519,20 @@ class Column:
                     self._arr = array(code)
                     for a in range(0, len(vals), _PIECE):
                         d = _diff(vals[a : a + _PIECE], int(vals[a - 1]) if a else 0)
-                        self._arr.frombytes(d.astype(code).tobytes())
+                        self._arr.frombytes(_buf(d.astype(code)))
                     self._last = int(vals[-1]) if len(vals) else 0
                     return
                 self._delta = False  # differences too large: plain values
-            code = _code_for(int(present.min(initial=0)), int(present.max(initial=0)))
-            assert code is not None  # values are int64 here
-            out = vals.astype(code)
-            out[none] = _MIN[code]
-            self._arr = array(code, out.tobytes())
+            lo, hi = _present_range(vals, none)
+            code = _code_for(lo, hi)
+            assert code is not None  # values are int64 or narrower here
+            self._arr = array(code)
+            for a in range(0, len(vals), _PIECE):  # (no whole-length copy in between)
+                out = vals[a : a + _PIECE].astype(code)
+                out[none[a : a + _PIECE]] = _MIN[code]
+                self._arr.frombytes(_buf(out))
             return
+        present = vals[~none] if none.any() else vals
         d = _scale_of(present)
         if d is not None:
             scaled = np.rint(present * 10.0**d)
@@ -536,10 +540,12 @@ class Column:
             if code is not None:
                 out = np.full(len(vals), _MIN[code], dtype=code)
                 out[~none] = scaled.astype(code)
-                self._arr = array(code, out.tobytes())
+                self._arr = array(code)
+                self._arr.frombytes(_buf(out))
                 self._scale = d
                 return
-        self._arr = array("d", np.where(none, math.nan, vals).astype(float).tobytes())
+        self._arr = array("d")
+        self._arr.frombytes(_buf(np.where(none, math.nan, vals).astype(float)))
 
     def extend(self, values: Iterable[Any]) -> None:
         """Add several values."""
@@ -683,7 +689,10 @@ class Column:
         if not len(self):
             self._reset()
             self._delta = False  # (a delta column holds no None)
-            self._store_np(np.asarray(values, dtype=np.int64), none)
+            vals = np.asarray(values)
+            if vals.dtype.kind != "i":  # (signed ints are stored from their own width)
+                vals = vals.astype(np.int64)
+            self._store_np(vals, none)
             return
         if self._list is None and (
             self._arr is not None or self._const is None or self._fits(self._const)
@@ -722,13 +731,37 @@ class Column:
         elif self._arr is None:
             out._const, out._n = self._const, len(order)
         elif self._delta:
-            vals = self.small_ints()[order]  # (the running sums let go at once)
-            out._store_np(vals, np.zeros(len(order), dtype=bool))
+            full = self.small_ints()  # the running sums, once
+            if full.dtype != np.int32 or not out._take_deltas(full, order):
+                out._store_np(full[order], np.zeros(len(order), dtype=bool))
         else:
             raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
-            out._arr = array(self._arr.typecode, raw[order].tobytes())
+            out._arr = array(self._arr.typecode)
+            for a in range(0, len(order), _PIECE):  # (no whole-length copy in between)
+                out._arr.frombytes(_buf(raw[order[a : a + _PIECE]]))
             out._scale = self._scale
         return out
+
+    def _take_deltas(self, full: np.ndarray, order: np.ndarray) -> bool:
+        """Store (empty delta column) the differences of ``full[order]`` a piece at a time:
+        no whole-length copy of the values taken; False when they need more than 4 bytes."""
+        lo = hi = 0
+        before = 0
+        for a in range(0, len(order), _PIECE):
+            part = full[order[a : a + _PIECE]]
+            d = _diff(part, before)
+            lo, hi, before = min(lo, int(d.min())), max(hi, int(d.max())), int(part[-1])
+        code = _code_for(lo, hi)
+        if code is None:
+            return False
+        self._arr = array(code)
+        before = 0
+        for a in range(0, len(order), _PIECE):
+            part = full[order[a : a + _PIECE]]
+            self._arr.frombytes(_buf(_diff(part, before).astype(code)))
+            before = int(part[-1])
+        self._last = before
+        return True
 
     def concat(self, other: Column) -> None:
         """Append every value of ``other`` (same kind)."""
@@ -797,6 +830,22 @@ def json_text(v: Any) -> str:
     if type(v) is int:
         return int.__repr__(v)
     return json.dumps(v, allow_nan=False, default=str)
+
+
+def _buf(values: np.ndarray) -> memoryview:
+    """The bytes of an array, for ``array.frombytes`` (no copy when it is contiguous)."""
+    return memoryview(np.ascontiguousarray(values)).cast("B")
+
+
+def _present_range(vals: np.ndarray, none: np.ndarray) -> tuple[int, int]:
+    """(min, max) of 0 and the values not marked None, a piece at a time: no whole-length
+    copy of the present values."""
+    lo = hi = 0
+    for a in range(0, len(vals), _PIECE):
+        part = vals[a : a + _PIECE][~none[a : a + _PIECE]]
+        if len(part):
+            lo, hi = min(lo, int(part.min())), max(hi, int(part.max()))
+    return lo, hi
 
 
 def _diff(values: np.ndarray, before: int) -> np.ndarray:

@@ -618,15 +618,18 @@ class TimerTable(_Rows[TimerBlock]):
         if (lines[1:] >= lines[:-1]).all():
             return
         index = np.int32 if n < 2**31 else np.int64  # half the bytes of the whole-length arrays
-        order, inverse = _merge_order(lines, index)
+        order = _merge_order(lines, index)
         del lines
         gid = self.small_group_ids()
+        moved = gid[order]  # the group of each block in the new order
+        del gid
         for g, grp in enumerate(self._groups):
-            at = inverse[gid == g]  # where the group's blocks go
-            if len(at) > 1 and not (at[1:] > at[:-1]).all():  # else their order stays
-                within = np.argsort(at, kind="stable")
+            if not _in_order(order, moved, g):  # else the group's values keep their order
+                rows = order[moved == g]  # its blocks' old places, in the new order
+                within = np.searchsorted(self._gid.rows_equal(g), rows)
                 grp.cols = [c.take(within) for c in grp.cols]
-        del gid, inverse
+                del rows, within
+        del moved
         self._gid = self._gid.take(order)
         self._rank = self._rank.take(order)
         self._iteration = self._iteration.take(order)
@@ -714,39 +717,42 @@ class TimerTable(_Rows[TimerBlock]):
         return sum(c.nbytes for c in cols)
 
 
-def _merge_order(keys: np.ndarray, index: type) -> tuple[np.ndarray, np.ndarray]:
-    """The stable sort of ``keys`` as (order, inverse: where each goes), in ``index`` ints.
-    Keys in two sorted runs (the Megatron blocks, then the DeepSpeed ones, each in file order)
-    are merged by binary search a piece at a time; others go through ``np.argsort``, whose
-    stable sort of millions of keys needs several int64 arrays of their length."""
+def _merge_order(keys: np.ndarray, index: type) -> np.ndarray:
+    """The stable sort of ``keys`` (the old place of each key in the new order), in ``index``
+    ints.  Keys in two sorted runs (the Megatron blocks, then the DeepSpeed ones, each in file
+    order) are merged by binary search a piece at a time; others go through ``np.argsort``,
+    whose stable sort of millions of keys needs several int64 arrays of their length."""
     n = len(keys)
     falls = np.flatnonzero(keys[1:] < keys[:-1])
     if len(falls) != 1:
-        order = np.argsort(keys, kind="stable")
-        order = order.astype(index)
-        inverse = np.empty(n, dtype=index)
-        inverse[order] = np.arange(n, dtype=index)
-        return order, inverse
+        return np.argsort(keys, kind="stable").astype(index)
     m = int(falls[0]) + 1
     first, second = keys[:m], keys[m:]
-    inverse = np.empty(n, dtype=index)
+    order = np.empty(n, dtype=index)
     # A key of the first run goes after the second run's smaller keys, one of the second
     # after the first run's keys up to its own (ties keep the file order).
     for a in range(0, m, _BLOCKS_AT_A_TIME):
         part = first[a : a + _BLOCKS_AT_A_TIME]
-        inverse[a : a + len(part)] = np.searchsorted(second, part, "left") + np.arange(
-            a, a + len(part)
-        )
+        at = np.searchsorted(second, part, "left") + np.arange(a, a + len(part))
+        order[at] = np.arange(a, a + len(part), dtype=index)
     for b in range(0, n - m, _BLOCKS_AT_A_TIME):
         part = second[b : b + _BLOCKS_AT_A_TIME]
-        inverse[m + b : m + b + len(part)] = np.searchsorted(first, part, "right") + np.arange(
-            b, b + len(part)
-        )
-    order = np.empty(n, dtype=index)
-    for a in range(0, n, _BLOCKS_AT_A_TIME):
-        at = inverse[a : a + _BLOCKS_AT_A_TIME]
-        order[at] = np.arange(a, a + len(at), dtype=index)
-    return order, inverse
+        at = np.searchsorted(first, part, "right") + np.arange(b, b + len(part))
+        order[at] = np.arange(m + b, m + b + len(part), dtype=index)
+    return order
+
+
+def _in_order(order: np.ndarray, moved: np.ndarray, g: int) -> bool:
+    """Whether the blocks of group ``g`` keep their relative order under ``order`` (``moved``:
+    the group of each block in the new order), looked at a piece at a time."""
+    last = -1
+    for a in range(0, len(order), _BLOCKS_AT_A_TIME):
+        rows = order[a : a + _BLOCKS_AT_A_TIME][moved[a : a + _BLOCKS_AT_A_TIME] == g]
+        if len(rows):
+            if rows[0] < last or (len(rows) > 1 and not (rows[1:] > rows[:-1]).all()):
+                return False
+            last = int(rows[-1])
+    return True
 
 
 # -- column views for consumers (tables and plain lists alike) -------------------------------
