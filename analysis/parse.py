@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from analysis._lines import Demux, demux_tagged, strip_prefix
-from analysis._malloc import return_freed_memory
+from analysis._malloc import reading, return_freed_memory
 from analysis.columns import Column, json_text
 from analysis.parse_machine import _Core
 from analysis.parse_merge import merge_runs
@@ -188,7 +188,8 @@ def parse_stream(fh: BinaryIO, source: str, bulk: bool = True) -> list[ParsedRun
             fh.seek(0)
             if tagged:  # mpirun --tag-output splits lines across ranks: put them back first
                 fh = _Demuxed(fh)  # type: ignore[assignment]
-        drive_file(core, _KW, fh, bulk=bulk)
+        with reading():
+            drive_file(core, _KW, fh, bulk=bulk)
     except OSError as exc:
         core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
     return core.finish()

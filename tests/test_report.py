@@ -294,6 +294,44 @@ with open("/proc/self/statm") as f:
 """
 
 
+_READING = """
+import contextlib, resource, sys
+sys.path.insert(0, sys.argv[2])
+from analysis._malloc import reading, return_freed_memory
+import numpy as np
+assert return_freed_memory()
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+with reading() if sys.argv[1] == "reading" else contextlib.nullcontext():
+    for _ in range(300):  # a step's arrays: 1 MiB, written, freed
+        a = np.ones(1 << 17)
+        del a
+    kept = [np.ones(1 << 16) for _ in range(100)]  # 100 x 512 KiB, freed before the end
+    pin = np.ones(1 << 14)  # above them in the heap, kept: they are no top to trim
+    del kept
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+with open("/proc/self/statm") as f:
+    print(faults, int(f.read().split()[1]) * 4096 // 2**20)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the mmap threshold is glibc's")
+def test_a_log_is_read_without_fresh_pages_for_each_block_and_gives_them_back_after():
+    """While a log is read (``reading``), middle-sized blocks freed and allocated again come
+    from the heap (no page faults for each), and the heap's free pages are given back after."""
+    repo = str(Path(__file__).resolve().parents[1])
+    got = {}
+    for how in ("fixed", "reading"):
+        out = subprocess.run(
+            [sys.executable, "-c", _READING, how, repo], capture_output=True, text=True, check=True
+        ).stdout.split()
+        got[how] = (int(out[0]), int(out[1]))
+    faults, rss = got["fixed"]
+    faults_reading, rss_reading = got["reading"]
+    assert faults > 300 * 256 * 0.9, got  # every 1 MiB block mapped afresh: 256 pages each
+    assert faults_reading < faults / 4, got
+    assert rss_reading < rss + 20, got  # the 50 MiB freed in the heap went back
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the mmap threshold is glibc's")
 def test_the_analysis_gives_freed_columns_back_to_the_system():
     """After a large block is freed, glibc keeps the freed 1 MiB columns of a phase resident;
