@@ -34,7 +34,7 @@ from analysis.formulas import (  # noqa: F401  (STEADY_RULE and gpt_parameters: 
 )
 from analysis.load import LoadedRun
 from analysis.problems import Problem
-from analysis.records import ParsedRun, blocks_of, record_values
+from analysis.records import ParsedRun, RecordTable, blocks_of, record_values
 from analysis.run_record import RunRecord
 from analysis.run_setup import RunSetup
 from analysis.timers import (
@@ -106,15 +106,22 @@ def describe(samples: Sequence[float] | np.ndarray) -> Stats:
     if n > _EXACT_UP_TO:
         a = np.asarray(samples, dtype=float)
         mean, median = math.fsum(a) / n, float(np.median(a))
-        std = float(np.std(a, ddof=1))
     else:
         values = [float(x) for x in samples]
         mean, median = statistics.fmean(values), statistics.median(values)
         if n < 2:
             return Stats(1, mean, median, None, None, None)
-        std = statistics.stdev(values)
+    std = sample_std(samples)
     half = t95(n - 1) * std / math.sqrt(n)
     return Stats(n, mean, median, std, mean - half, mean + half)
+
+
+def sample_std(samples: Sequence[float] | np.ndarray) -> float:
+    """Sample standard deviation (n - 1) of two or more values: ``statistics.stdev`` up to
+    ``_EXACT_UP_TO`` values, numpy above."""
+    if len(samples) > _EXACT_UP_TO:
+        return float(np.std(np.asarray(samples, dtype=float), ddof=1))
+    return statistics.stdev([float(x) for x in samples])
 
 
 @dataclass(frozen=True)
@@ -421,6 +428,16 @@ def _peak_memory(parsed: ParsedRun) -> tuple[float | None, float | None, int | N
     return peak, reserved, rank, after
 
 
+def _last_number(records: Sequence[Any], name: str) -> int | None:
+    """The largest iteration (or step) number of the records, None when there is none (a
+    table's column is read as it is stored: no record object per row)."""
+    if not len(records):
+        return None
+    if isinstance(records, RecordTable):
+        return int(records.column(name).ints().max())
+    return max(getattr(r, name) for r in records)
+
+
 def compute(run: LoadedRun) -> RunMetrics:
     """All per-run figures (cross-run ones, speedup and inferred bandwidth, are None here)."""
     s, p = run.setup, run.parsed
@@ -499,8 +516,9 @@ def compute(run: LoadedRun) -> RunMetrics:
     if p is None:
         na["iter_ms_mean"] = "no log"
         return RunMetrics(**row)
-    numbers = [i.iteration for i in p.iterations] or [st.step for st in p.pipeline_steps]
-    row["last_iteration"] = max(numbers) if numbers else None
+    row["last_iteration"] = _last_number(p.iterations, "iteration")
+    if row["last_iteration"] is None:
+        row["last_iteration"] = _last_number(p.pipeline_steps, "step")
 
     steady, why = steady_state(p)
     if steady is None:
@@ -552,7 +570,7 @@ def compute(run: LoadedRun) -> RunMetrics:
         n = min(len(x) for x in parts)
         per_iter = (parts[0][:n] + parts[1][:n]) + parts[2][:n]  # as (a + b) + c per iteration
         if len(per_iter) >= 2:
-            row["iter_ms_std"] = statistics.stdev(per_iter)
+            row["iter_ms_std"] = sample_std(per_iter)
             row["iter_ms_std_source"] = (
                 f"std of per-iteration DeepSpeed fwd+bwd+step over {len(per_iter)} iterations "
                 "(timed part of each iteration)"

@@ -132,6 +132,7 @@ def test_model_state_per_zero_stage(stage: int, precision: str, bytes_per_param:
 
 def test_compute_dp2_row():
     row = metrics.compute(loaded())
+    assert row.last_iteration == 30
     assert row.iter_ms_mean == pytest.approx(209.84)
     assert row.samples_per_s == pytest.approx(8 / 0.20984)
     assert row.tokens_per_s == pytest.approx(8 / 0.20984 * 128)
@@ -346,6 +347,17 @@ def test_megatron_timers_column_wise_equal_block_by_block(tmp_path):
                 assert str(list(got[k])) == str(want[k])
 
 
+def test_last_iteration_is_the_largest_number_of_a_table_or_a_list():
+    """The last iteration of a run whose lines are out of order (a resumed run) is the
+    largest number, read from a table's column or from plain records."""
+    from analysis.records import PipelineStep, PipelineStepTable
+
+    steps = [PipelineStep(n, None, 1.0, None, line=i) for i, n in enumerate([40, 90, 10, 50])]
+    assert metrics._last_number(PipelineStepTable(steps), "step") == 90
+    assert metrics._last_number(steps, "step") == 90
+    assert metrics._last_number(PipelineStepTable(), "step") is None
+
+
 def test_describe_of_many_samples_agrees_with_the_exact_statistics():
     """Past ``_EXACT_UP_TO`` samples (a log-interval-1 run of millions of iterations),
     ``describe`` works on an array: the mean and median as ``statistics`` gives them, the
@@ -363,6 +375,8 @@ def test_describe_of_many_samples_agrees_with_the_exact_statistics():
     assert got.median == statistics.median(values)
     std = statistics.stdev(values)
     assert got.std == pytest.approx(std, rel=1e-12)
+    assert metrics.sample_std(x) == got.std  # (the per-iteration spread is taken the same way)
+    assert metrics.sample_std(x[:1000]) == statistics.stdev(values[:1000])  # exact below
     half = metrics.t95(len(values) - 1) * std / math.sqrt(len(values))
     assert (got.ci_lo, got.ci_hi) == pytest.approx((got.mean - half, got.mean + half), rel=1e-15)
 
