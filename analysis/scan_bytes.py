@@ -883,6 +883,9 @@ _TAG_LABEL_RE = re.compile(r"default\d+|rank\d+")
 """Labels of another launcher prefix form (``[rank3]:``) than a host's."""
 _CLOSES = np.zeros(256, dtype=bool)
 _CLOSES[list(_CLOSES_FOR_CERTAIN)] = True
+_VECTOR_VALUES = 32
+"""Values of a block of "rank" lines from which ``_BlockPattern.read`` reduces them with
+NumPy."""
 _SPACE = np.zeros(256, dtype=bool)
 _SPACE[list(b" \t\n\r\x0b\x0c")] = True
 _SPACE_OR_DIGIT = _SPACE | _IS_DIGIT
@@ -941,10 +944,15 @@ class _BlockPattern:
             names
         ):
             self.flat = (names, tuple(2 if how == "pair" else 0 for how, _n in named))  # type: ignore[misc]
-        # A block of only "rank" lines (``--timing-log-option all``): each run's (min, max) in
-        # two vector reductions.
+        # A block of only "rank" lines (``--timing-log-option all``), of many values: each
+        # run's (min, max) in two vector reductions (for a few values, NumPy's calls cost more
+        # than Python's ``min`` and ``max``).
         self.runs: np.ndarray | None = None
-        if self.plan and all(how == "rank" for how, *_r in self.plan):
+        if (
+            self.plan
+            and all(how == "rank" for how, *_r in self.plan)
+            and self.plan[-1][3] >= _VECTOR_VALUES
+        ):
             self.runs = np.array([a for _h, _n, a, _b in self.plan], dtype=np.intp)
         # A stream of one host label (pdsh's ``node1: ``): its lines are those that start with
         # the label, a colon and whitespace (``read_keyed``).

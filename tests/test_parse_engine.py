@@ -1229,11 +1229,14 @@ def _all_ranks_head(i: int, n: int) -> list[str]:
     ]
 
 
-def test_rank_blocks_with_zeros_of_both_signs_read_as_the_line_path_reads_them(tmp_path):
+@pytest.mark.parametrize("ranks", [64, 4])
+def test_rank_blocks_with_zeros_of_both_signs_read_as_the_line_path_reads_them(tmp_path, ranks):
     """``times across ranks`` of a timer that did not run, printed ``0.00`` by some ranks and
     ``-0.00`` by others: the (min, max) the bulk path keeps are the line path's, each zero's
-    sign too (``min`` keeps the first of equal values; NumPy's reduction need not)."""
-    n, rs = 300, range(64)
+    sign too (``min`` keeps the first of equal values; NumPy's reduction need not), in blocks
+    of many values (reduced with NumPy) and of a few (with Python's ``min`` and ``max``)."""
+    assert (2 * ranks >= scan_bytes._VECTOR_VALUES) == (ranks == 64)
+    n, rs = 300, range(ranks)
     lines = [" 0: training ...", "63: training ..."]
     for i in range(1, n + 1):
         lines += [
@@ -1242,7 +1245,10 @@ def test_rank_blocks_with_zeros_of_both_signs_read_as_the_line_path_reads_them(t
             *[f"63:      rank {r:2d}: {_rank_ms(i, 0, r)}" for r in rs],
             "63:   optimizer:",
             # (-0.00 first or last: NumPy's reduction and ``min`` keep other ones.)
-            *[f"63:      rank {r:2d}: {'-0.00' if r == i % 2 * 63 else '0.00'}" for r in rs],
+            *[
+                f"63:      rank {r:2d}: {'-0.00' if r == i % 2 * (ranks - 1) else '0.00'}"
+                for r in rs
+            ],
         ]
     path = tmp_path / "zeros.log"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
