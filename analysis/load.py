@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
+import numpy as np
+
 from analysis.formulas import RATE_IN_NAME, model_table, padded_vocab_size, parse_rate
 from analysis.problems import Problem
-from analysis.records import ParsedRun
+from analysis.records import ParsedRun, int_values
 from analysis.run_record import Outcome, RunRecord, RunRecordError, from_json
 from analysis.run_setup import Precision, RunSetup
 
@@ -392,9 +394,13 @@ def _log_steps_per_print(parsed: ParsedRun, put: Callable[[str, Any, str], None]
     by the same condition as its timer totals)."""
     put("steps_per_print", _as_int(parsed.ds_config.get("steps_per_print")), "log (config dump)")
     put("steps_per_print", _as_int(parsed.ds_engine.get("steps_per_print")), "log (engine dump)")
-    steps = [st.step for st in parsed.pipeline_steps]
-    gaps = {b - a for a, b in itertools.pairwise(steps)}
-    if len(gaps) == 1 and (gap := gaps.pop()) > 0 and steps[0] % gap == 0:
+    steps = int_values(parsed.pipeline_steps, "step")
+    if isinstance(steps, np.ndarray):  # (a column of millions of steps: no int each)
+        d = np.diff(steps)
+        gaps = {int(d.min()), int(d.max())} if len(d) else set()  # (one gap: both the same)
+    else:
+        gaps = {b - a for a, b in itertools.pairwise(steps)}
+    if len(gaps) == 1 and (gap := gaps.pop()) > 0 and int(steps[0]) % gap == 0:
         put("steps_per_print", gap, f"log (every {gap} steps between {len(steps)} 'steps:' lines)")
 
 

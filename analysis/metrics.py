@@ -34,7 +34,7 @@ from analysis.formulas import (  # noqa: F401  (STEADY_RULE and gpt_parameters: 
 )
 from analysis.load import LoadedRun
 from analysis.problems import Problem
-from analysis.records import ParsedRun, RecordTable, blocks_of, record_values
+from analysis.records import ParsedRun, blocks_of, int_values, record_values
 from analysis.run_record import RunRecord
 from analysis.run_setup import RunSetup
 from analysis.timers import (
@@ -429,13 +429,11 @@ def _peak_memory(parsed: ParsedRun) -> tuple[float | None, float | None, int | N
 
 
 def _last_number(records: Sequence[Any], name: str) -> int | None:
-    """The largest iteration (or step) number of the records, None when there is none (a
-    table's column is read as it is stored: no record object per row)."""
-    if not len(records):
+    """The largest iteration (or step) number of the records, None when there is none."""
+    numbers = int_values(records, name)
+    if not len(numbers):
         return None
-    if isinstance(records, RecordTable):
-        return int(records.column(name).ints().max())
-    return max(getattr(r, name) for r in records)
+    return int(numbers.max()) if isinstance(numbers, np.ndarray) else max(numbers)
 
 
 def compute(run: LoadedRun) -> RunMetrics:

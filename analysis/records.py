@@ -765,6 +765,19 @@ def record_values(records: Sequence[Any], name: str) -> np.ndarray:
     return np.array([np.nan if (v := getattr(r, name)) is None else float(v) for r in records])
 
 
+def int_values(records: Sequence[Any], name: str) -> np.ndarray | list[int]:
+    """One int field of every record (an iteration or step number, never None): a table's
+    column as int64, read as stored (no record object per row); else, or when a number does
+    not fit 64 bits, the Python ints."""
+    if isinstance(records, RecordTable):
+        col = records.column(name)
+        try:
+            return col.ints()
+        except OverflowError:
+            return list(col)
+    return [getattr(r, name) for r in records]
+
+
 def blocks_of(timers: Sequence[TimerBlock], source: str) -> Iterator[TimerBlock]:
     """The timer blocks of one source, in order (a table reads only those)."""
     if not isinstance(timers, TimerTable):

@@ -356,6 +356,9 @@ def test_last_iteration_is_the_largest_number_of_a_table_or_a_list():
     assert metrics._last_number(PipelineStepTable(steps), "step") == 90
     assert metrics._last_number(steps, "step") == 90
     assert metrics._last_number(PipelineStepTable(), "step") is None
+    # A number past 64 bits (text the parser kept) is read as a Python int, not an overflow.
+    huge = [PipelineStep(n, None, 1.0, None) for n in (5, 2**70, 7)]
+    assert metrics._last_number(PipelineStepTable(huge), "step") == 2**70
 
 
 def test_describe_of_many_samples_agrees_with_the_exact_statistics():
@@ -396,3 +399,23 @@ def test_describe_of_two_million_samples_holds_no_python_float_each():
     finally:
         tracemalloc.stop()
     assert peak < 32 * 2**20, f"describe peaked at {peak / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("as_table", [True, False], ids=["table", "list"])
+@pytest.mark.parametrize(
+    ("steps", "want"),
+    [([10, 20, 30], 10), ([10, 20, 35], None), ([5, 15, 25], None), ([10], None), ([], None)],
+)
+def test_steps_per_print_from_step_lines_only_when_evenly_spaced(steps, want, as_table):
+    """``steps: N`` lines every k steps from a multiple of k give DeepSpeed's
+    ``steps_per_print``; lines of two spacings, or from another start, give nothing."""
+    from analysis import load
+    from analysis.records import ParsedRun, PipelineStep, PipelineStepTable
+
+    records = [PipelineStep(n, None, 1.0, None) for n in steps]
+    run = ParsedRun(pipeline_steps=PipelineStepTable(records) if as_table else records)
+    got: dict[str, object] = {}
+    load._log_steps_per_print(
+        run, lambda key, value, _src: value is None or got.setdefault(key, value)
+    )
+    assert got.get("steps_per_print") == want
