@@ -17,10 +17,9 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from analysis import comm
 from analysis.formulas import (  # noqa: F401  (STEADY_RULE and gpt_parameters: re-exported)
@@ -46,6 +45,9 @@ from analysis.timers import (
     pipeline_wait,
     untimed_pipeline_work,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 _T95 |= {9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131}
@@ -752,6 +754,8 @@ def _measured_bandwidth(
 
 def to_frame(rows: list[RunMetrics]) -> pd.DataFrame:
     """The one DataFrame, columns and dtypes from ``SCHEMA``."""
+    import pandas as pd  # (here: the logs are parsed before pandas takes its 40 MiB)
+
     records = [{f.name: getattr(r, f.name) for f in fields(RunMetrics)} for r in rows]
     frame = pd.DataFrame.from_records(records, columns=list(SCHEMA))
     return frame.astype(SCHEMA)

@@ -294,6 +294,17 @@ with open("/proc/self/statm") as f:
 """
 
 
+def test_the_report_parses_the_logs_before_it_imports_pandas():
+    """pandas takes 40 MiB: imported once the logs are parsed (for the one DataFrame), it is
+    not resident at the parse's peak (the 64-rank stress log's report: 380 -> 343 MiB)."""
+    repo = str(Path(__file__).resolve().parents[1])
+    code = "import sys; import analysis.report; print('pandas' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo
+    ).stdout
+    assert out.strip() == "False"
+
+
 _READING = """
 import contextlib, resource, sys
 sys.path.insert(0, sys.argv[2])
