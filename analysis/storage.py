@@ -237,11 +237,9 @@ def attribute_blocks(
     steps_arr = np.asarray(steps, dtype=np.int64)
     rows = ni = in_group = np.zeros(0, dtype=np.int64)
     for g, (_source, names, _shape) in enumerate(table.groups):
-        in_group = gid == g
         if n_steps is not None:
-            group_rows = _rows(in_group)
-            for a in range(0, len(group_rows), _PIECE):
-                rows = group_rows[a : a + _PIECE]
+            for a in range(0, n, _PIECE):  # (a piece of the blocks at a time: no whole-length
+                rows = np.flatnonzero(gid[a : a + _PIECE] == g) + a  # array of the group's)
                 ns = n_steps[rows]
                 if names and names[0].startswith("pipe_"):
                     ok = ns > 0
@@ -251,6 +249,7 @@ def attribute_blocks(
                     out[rows[ok]] = steps_arr[ns[ok]]
                 none[rows[ok]] = False
             continue
+        in_group = gid == g
         for sid in np.unique(stream[in_group]).tolist():
             rows = _rows(in_group & (stream == sid))
             numbers = numbers_of.get(sid, np.zeros(0, dtype=np.int64))
