@@ -612,7 +612,8 @@ class Column:
                 arr.frombytes(v.tobytes())
                 return
             f = 10.0**self._scale
-            scaled = np.rint(v * f)
+            with np.errstate(over="ignore"):  # (a value past the doubles: inf, not stored so)
+                scaled = np.rint(v * f)
             code = arr.typecode
             if scaled.min() > _MIN[code] and scaled.max() <= _MAX[code] and (scaled / f == v).all():
                 arr.frombytes(scaled.astype(code).tobytes())
