@@ -10,8 +10,8 @@ returnable.  Other C libraries, and other systems, are left as they are.
 
 A fixed threshold has a cost where a phase allocates and frees many middle-sized blocks: the
 reading of a log (its chunks of megabytes, and the arrays of each of its steps) then maps fresh
-pages for each, and the page faults took as much CPU as a third of the parse (a 1 GB log of
-64 ranks: 6.8 s of system time of 21 s).  ``reading`` raises the threshold while a log is
+pages for each, and the page faults took a third of the report's CPU (on a 1 GB log of 64
+ranks, 6.8 s of system time in 20.9 s).  ``reading`` raises the threshold while a log is
 read, so those blocks come from the heap and are used again, then sets it back and gives the
 heap's free pages back (``malloc_trim``) before the records are sorted and merged.
 """
