@@ -510,17 +510,9 @@ class Column:
             if self._delta and len(vals) and not -(2**62) < vals.min() <= vals.max() < 2**62:
                 self._delta = False  # differences could overflow: plain values
             if self._delta:  # the differences, a piece at a time (no int64 copy of them all)
-                lo = hi = 0
-                for a in range(0, len(vals), _PIECE):
-                    d = _diff(vals[a : a + _PIECE], int(vals[a - 1]) if a else 0)
-                    lo, hi = min(lo, int(d.min())), max(hi, int(d.max()))
-                code = _code_for(lo, hi)
-                if code is not None:
-                    self._arr = array(code)
-                    for a in range(0, len(vals), _PIECE):
-                        d = _diff(vals[a : a + _PIECE], int(vals[a - 1]) if a else 0)
-                        self._arr.frombytes(_buf(d.astype(code)))
-                    self._last = int(vals[-1]) if len(vals) else 0
+                if self._store_deltas(
+                    lambda: (vals[a : a + _PIECE] for a in range(0, len(vals), _PIECE))
+                ):
                     return
                 self._delta = False  # differences too large: plain values
             lo, hi = _present_range(vals, none)
@@ -609,14 +601,14 @@ class Column:
         arr = self._arr
         if arr is not None and not negzero and not np.isnan(v).any():
             if arr.typecode == "d":
-                arr.frombytes(v.tobytes())
+                arr.frombytes(_buf(v))
                 return
             f = 10.0**self._scale
             with np.errstate(over="ignore"):  # (a value past the doubles: inf, not stored so)
                 scaled = np.rint(v * f)
             code = arr.typecode
             if scaled.min() > _MIN[code] and scaled.max() <= _MAX[code] and (scaled / f == v).all():
-                arr.frombytes(scaled.astype(code).tobytes())
+                arr.frombytes(_buf(scaled.astype(code)))
                 return
         if self._list is None and (
             self._arr is not None or self._const is None or self._fits(self._const)
@@ -653,12 +645,12 @@ class Column:
                 if min(v.min(), self._last) > -(2**62) and max(v.max(), self._last) < 2**62:
                     d = _diff(v, self._last)
                     if d.min() > _MIN[code] and d.max() <= _MAX[code]:
-                        arr.frombytes(d.astype(code).tobytes())
+                        arr.frombytes(_buf(d.astype(code)))
                         self._last = int(v[-1])
                         self._prefix = None
                         return
             elif v.min() > _MIN[code] and v.max() <= _MAX[code]:
-                arr.frombytes(v.astype(code).tobytes())
+                arr.frombytes(_buf(v.astype(code)))
                 return
         if (
             self._list is None
@@ -704,7 +696,7 @@ class Column:
                 code = arr.typecode
                 present = v[~none]
                 if not len(present) or (present.min() > _MIN[code] and present.max() <= _MAX[code]):
-                    arr.frombytes(np.where(none, _MIN[code], v).astype(code).tobytes())
+                    arr.frombytes(_buf(np.where(none, _MIN[code], v).astype(code)))
                     return
             cur, cur_none = self._current()  # else stored anew, plain (a None: no deltas)
             vals, mask = np.concatenate([cur, v]), np.concatenate([cur_none, none])
@@ -733,7 +725,12 @@ class Column:
             out._const, out._n = self._const, len(order)
         elif self._delta:
             full = self.small_ints()  # the running sums, once
-            if full.dtype != np.int32 or not out._take_deltas(full, order):
+
+            def taken() -> Iterator[np.ndarray]:
+                return (full[order[a : a + _PIECE]] for a in range(0, len(order), _PIECE))
+
+            # (int32 values: their differences fit 64 bits; else the checks of ``_store_np``)
+            if full.dtype != np.int32 or not out._store_deltas(taken):
                 out._store_np(full[order], np.zeros(len(order), dtype=bool))
         else:
             raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
@@ -743,13 +740,12 @@ class Column:
             out._scale = self._scale
         return out
 
-    def _take_deltas(self, full: np.ndarray, order: np.ndarray) -> bool:
-        """Store (empty delta column) the differences of ``full[order]`` a piece at a time:
-        no whole-length copy of the values taken; False when they need more than 4 bytes."""
-        lo = hi = 0
-        before = 0
-        for a in range(0, len(order), _PIECE):
-            part = full[order[a : a + _PIECE]]
+    def _store_deltas(self, pieces: Callable[[], Iterator[np.ndarray]]) -> bool:
+        """Store (empty delta column) the differences of the values ``pieces()`` gives, in
+        order, a piece at a time (two passes: their range, then the bytes; no whole-length
+        copy); False when one needs more than 8 bytes."""
+        lo = hi = before = 0
+        for part in pieces():
             d = _diff(part, before)
             lo, hi, before = min(lo, int(d.min())), max(hi, int(d.max())), int(part[-1])
         code = _code_for(lo, hi)
@@ -757,8 +753,7 @@ class Column:
             return False
         self._arr = array(code)
         before = 0
-        for a in range(0, len(order), _PIECE):
-            part = full[order[a : a + _PIECE]]
+        for part in pieces():
             self._arr.frombytes(_buf(_diff(part, before).astype(code)))
             before = int(part[-1])
         self._last = before
@@ -808,7 +803,7 @@ class Column:
             return False
         diffs = raw.astype(code)
         diffs[0] = first
-        mine.frombytes(diffs.tobytes())
+        mine.frombytes(_buf(diffs))
         self._last = other._last
         self._prefix = None
         return True

@@ -113,7 +113,7 @@ def describe(samples: Sequence[float] | np.ndarray) -> Stats:
         mean, median = statistics.fmean(values), statistics.median(values)
         if n < 2:
             return Stats(1, mean, median, None, None, None)
-    std = sample_std(samples)
+    std = sample_std(a if n > _EXACT_UP_TO else values)  # (converted once)
     half = t95(n - 1) * std / math.sqrt(n)
     return Stats(n, mean, median, std, mean - half, mean + half)
 

@@ -883,9 +883,6 @@ _TAG_LABEL_RE = re.compile(r"default\d+|rank\d+")
 """Labels of another launcher prefix form (``[rank3]:``) than a host's."""
 _CLOSES = np.zeros(256, dtype=bool)
 _CLOSES[list(_CLOSES_FOR_CERTAIN)] = True
-_VECTOR_VALUES = 32
-"""Values of a block of "rank" lines from which ``_BlockPattern.read`` reduces them with
-NumPy."""
 _SPACE = np.zeros(256, dtype=bool)
 _SPACE[list(b" \t\n\r\x0b\x0c")] = True
 _SPACE_OR_DIGIT = _SPACE | _IS_DIGIT
@@ -895,6 +892,11 @@ _PREFIX_START[list(b"[ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")] = 
 letter, ``[``."""
 _START, _END, _GROUPS = re.Match.start, re.Match.end, re.Match.groups
 """A match's start, end and groups, as functions of it (``map`` over matches)."""
+
+
+_VECTOR_VALUES = 32
+"""Values of a block of "rank" lines from which ``_BlockPattern.read`` reduces them with
+NumPy."""
 
 
 class _BlockPattern:
