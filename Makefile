@@ -80,13 +80,13 @@ $(VENV)/.requirements.stamp: requirements.txt
 
 setup: $(VENV)/.requirements.stamp
 	@echo "setup: $(VENV) is up to date with requirements.txt"
-	$(PYTHON) -m launchers.upstream setup $(if $(ALLOW_NO_UPSTREAM),|| echo "setup: continuing without upstream (ALLOW_NO_UPSTREAM set): upstream tests will be skipped")
-	$(if $(filter cuda,$(DEVICE)),$(PYTHON) -m launchers.gpu setup)
+	$(PYTHON) -m launchers.config.upstream setup $(if $(ALLOW_NO_UPSTREAM),|| echo "setup: continuing without upstream (ALLOW_NO_UPSTREAM set): upstream tests will be skipped")
+	$(if $(filter cuda,$(DEVICE)),$(PYTHON) -m launchers.config.gpu setup)
 
 # GPU prerequisites only: NVIDIA apex with its C++/CUDA extensions from APEX_REPO (a URL, local
 # path or mirror) at the pinned commit, when a CUDA toolkit of torch's CUDA version is present.
 setup-gpu: $(VENV)/.requirements.stamp
-	$(PYTHON) -m launchers.gpu setup
+	$(PYTHON) -m launchers.config.gpu setup
 
 # Every node of HOSTS, through the path the run will use (pdsh/ssh, or the lab's namespaces).
 doctor:
@@ -135,7 +135,7 @@ bench:
 
 # Collective bandwidth (all-reduce, all-gather, reduce-scatter, send/recv) on an emulated lab.
 netbench:
-	$(PYTHON) -m launchers.netbench --lab $(LAB_NODES) --link $(or $(NET),100mbit)
+	$(PYTHON) -m launchers.lab.netbench --lab $(LAB_NODES) --link $(or $(NET),100mbit)
 
 clean-lab:
 	$(PYTHON) -m launchers.lab down --all

@@ -24,7 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis import load, metrics, repeats
+from analysis.metrics import repeats
+from analysis.metrics import rows as metrics
+from analysis.runs import load
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class Target:
     """What a matrix measured for one strategy: the mean over its repeats and their spread."""
 
     mean_ms: float
-    """ms/iteration over the repeats (geometric mean, ``analysis.repeats``)."""
+    """ms/iteration over the repeats (geometric mean, ``analysis.metrics.repeats``)."""
     ci_lo: float | None
     """Lower bound of the 95% interval (between-run with 2+ repeats, else within-run)."""
     ci_hi: float | None

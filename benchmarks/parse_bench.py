@@ -51,7 +51,7 @@ PERL = (
 _CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[2])
-from analysis.parse import parse_file
+from analysis.parse.reader import parse_file
 c0, w0 = time.process_time(), time.perf_counter()
 runs = parse_file(sys.argv[1])
 cpu, wall = time.process_time() - c0, time.perf_counter() - w0

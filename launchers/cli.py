@@ -18,9 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from launchers.hostfile import HostfileError, load_hostfile, parse_hostfile_text
-from launchers.lab import lab_launcher
-from launchers.presets import (
+from launchers.config.hostfile import HostfileError, load_hostfile, parse_hostfile_text
+from launchers.config.presets import (
     CORE_STRATEGIES,
     PresetError,
     expand_strategies,
@@ -29,16 +28,10 @@ from launchers.presets import (
     parse_overrides,
     resolve_spec,
 )
-from launchers.project import DS_CONFIG_NAME
-from launchers.render import (
-    LAUNCH_NAME,
-    node_commands,
-    planned_run_dir,
-    render_files,
-    render_run_dir,
-)
-from launchers.sbatch import SBATCH_NAME, check_inside_allocation, render_sbatch
-from launchers.session import (
+from launchers.config.project import DS_CONFIG_NAME
+from launchers.config.spec import DEVICES, LAUNCHER_MODES, Cluster, RunSpec, SpecError, spec_hash
+from launchers.lab.cluster import lab_launcher
+from launchers.lab.session import (
     LabSession,
     failed,
     interleaved,
@@ -46,7 +39,14 @@ from launchers.session import (
     lab_session,
     run_specs,
 )
-from launchers.spec import DEVICES, LAUNCHER_MODES, Cluster, RunSpec, SpecError, spec_hash
+from launchers.run.render import (
+    LAUNCH_NAME,
+    node_commands,
+    planned_run_dir,
+    render_files,
+    render_run_dir,
+)
+from launchers.run.sbatch import SBATCH_NAME, check_inside_allocation, render_sbatch
 
 HOSTFILE_DIR = Path(__file__).resolve().parent.parent / "hostfiles"
 """Hostfiles shipped with the project (``list`` shows them)."""
@@ -74,7 +74,7 @@ def preflight(spec: RunSpec, allow_other_upstream: bool = False) -> list[str]:
     lines may differ from what the launchers and the parser expect) unless
     ``allow_other_upstream``; then it is a warning, and run.json records the commit.
     """
-    from launchers.upstream import check_upstream
+    from launchers.config.upstream import check_upstream
 
     status = check_upstream(Path(spec.paths.upstream_dir))
     if not status.present:
@@ -262,7 +262,7 @@ def _executor_timeout(args: argparse.Namespace) -> float | None:
     it (the lab's jobs get TIMEOUT as their time limit; the executor stays a backstop)."""
     if args.timeout is None or not (args.net and args.launcher == "slurm"):
         return args.timeout
-    from launchers.lab_slurm import KILL_WAIT_S
+    from launchers.lab.slurm import KILL_WAIT_S
 
     return args.timeout + 60 + 2 * KILL_WAIT_S  # Slurm's minute rounding and its kill wait
 
@@ -283,7 +283,7 @@ def _mem_limit(args: argparse.Namespace, specs: Sequence[RunSpec]) -> int | None
     """
     if args.mem_limit is None:
         return None
-    from launchers.memlimit import MemoryCgroup, parse_size
+    from launchers.run.memlimit import MemoryCgroup, parse_size
 
     try:
         size = parse_size(args.mem_limit)
@@ -384,8 +384,8 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
 
 
 def _doctor_gate(args: argparse.Namespace, strategies: Sequence[str]) -> Callable[..., Any]:
-    """``launchers.doctor.check_before_run`` for a multi-node run or a matrix, unless skipped."""
-    from launchers.doctor import check_before_run, needs_doctor
+    """``doctor.check.check_before_run`` for a multi-node run or a matrix, unless skipped."""
+    from launchers.doctor.check import check_before_run, needs_doctor
 
     def gate(specs: Sequence[RunSpec], logs: Path, session: LabSession | None) -> None:
         matrix = args.command in ("matrix", "demo") or len(strategies) > 1
@@ -451,7 +451,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     status = cmd_matrix(args)
     if args.dry_run:
         return status
-    from analysis.report import main as report_main
+    from analysis.report.build import main as report_main
 
     out = Path(args.logs) / "report"
     print()
@@ -574,7 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     matrix.set_defaults(func=cmd_matrix)
 
-    from launchers.doctor import add_parser as add_doctor
+    from launchers.doctor.check import add_parser as add_doctor
 
     add_doctor(sub)
 
@@ -597,9 +597,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = build_parser().parse_args(argv)
-    from launchers.doctor import DoctorError
-    from launchers.lab import LabError
-    from launchers.memlimit import LimitError
+    from launchers.doctor.check import DoctorError
+    from launchers.lab.cluster import LabError
+    from launchers.run.memlimit import LimitError
 
     try:
         return args.func(args)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from launchers import cli
-from launchers.presets import CONFIG_DIR, PresetError, load_models, resolve_spec
-from launchers.spec import Cluster, Host
-from launchers.upstream import PINNED_COMMIT, check_upstream
+from launchers.config.presets import CONFIG_DIR, PresetError, load_models, resolve_spec
+from launchers.config.spec import Cluster, Host
+from launchers.config.upstream import PINNED_COMMIT, check_upstream
 
 BAD = Path(__file__).parent / "fixtures" / "bad"
 UPSTREAM_PRESENT = check_upstream().present
@@ -352,9 +352,11 @@ REMOTE_CASES = [
 def test_values_that_cannot_reach_remote_ranks_are_refused_naming_field_and_character(
     tmp_path: Path, monkeypatch, capsys, spawned, launcher: str, given: dict, match: str
 ) -> None:
-    from launchers.spec import PLACEHOLDER_PATHS
+    from launchers.config.spec import PLACEHOLDER_PATHS
 
-    monkeypatch.setattr("launchers.presets.default_paths", lambda env=None: PLACEHOLDER_PATHS)
+    monkeypatch.setattr(
+        "launchers.config.presets.default_paths", lambda env=None: PLACEHOLDER_PATHS
+    )
     argv = [*run_args("hostfiles/2node"), "--launcher", launcher]
     if "set" in given:
         argv += ["--set", given["set"]]

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from analysis import comm
-from analysis.run_setup import RunSetup
+from analysis.runs.setup import RunSetup
+from analysis.theory import comm
 
 TINY = dict(
     model="tiny",

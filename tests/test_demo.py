@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launchers import cli, session
+from launchers import cli
+from launchers.lab import session
 
 
 def test_lab_unavailable_when_not_root(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,7 +45,7 @@ def test_demo_falls_back_to_local_ranks_and_says_so(
 
     monkeypatch.setattr(cli, "lab_available", lambda ssh: (False, "not root (test)"))
     monkeypatch.setattr(cli, "cmd_matrix", fake_matrix)
-    monkeypatch.setattr("analysis.report.main", fake_report)
+    monkeypatch.setattr("analysis.report.build.main", fake_report)
     args = cli.build_parser().parse_args(["demo", "--logs", str(tmp_path)])
     assert args.net == "100mbit"  # the default: 2 emulated nodes at 100 Mbit/s
     assert args.func(args) == 0

@@ -27,13 +27,15 @@ from typing import Any
 
 import pytest
 
-from launchers import _doctor_probe, doctor, gpu
 from launchers.cli import main as cli_main
-from launchers.hostfile import parse_hostfile_text
-from launchers.presets import default_paths, resolve_spec
-from launchers.project import megatron_args
-from launchers.spec import PLACEHOLDER_PATHS
-from launchers.upstream import PINNED_COMMIT, check_upstream
+from launchers.config import gpu
+from launchers.config.hostfile import parse_hostfile_text
+from launchers.config.presets import default_paths, resolve_spec
+from launchers.config.project import megatron_args
+from launchers.config.spec import PLACEHOLDER_PATHS
+from launchers.config.upstream import PINNED_COMMIT, check_upstream
+from launchers.doctor import check as doctor
+from launchers.doctor import probe as _doctor_probe
 
 ROOT = Path(__file__).resolve().parents[1]
 PATHS = default_paths()
@@ -437,7 +439,7 @@ def test_probe_finds_headers_under_cuda_home_or_cpath(monkeypatch, tmp_path: Pat
 
 
 def _lab_reason() -> str:
-    from launchers.session import lab_available
+    from launchers.lab.session import lab_available
 
     ok, why = lab_available(ssh=True)
     if not ok:
@@ -454,7 +456,7 @@ lab_only = pytest.mark.skipif(bool(_lab_reason()), reason=_lab_reason() or "lab 
 
 @pytest.fixture(scope="module")
 def lab():
-    from launchers.session import lab_session
+    from launchers.lab.session import lab_session
 
     with lab_session(2, "1gbit", ssh=True) as session:
         yield session
@@ -462,7 +464,7 @@ def lab():
 
 def _sshd_pid(session: Any, index: int) -> int:
     """The node's sshd: the one process its namespace holds between runs."""
-    from launchers.session import namespace_pids
+    from launchers.lab.session import namespace_pids
 
     pids = namespace_pids(session.lab.nodes[index].namespace)
     assert len(pids) >= 1, "the node's sshd is not running"
@@ -585,7 +587,7 @@ def test_lab_node_unreachable_over_ssh(lab) -> None:
 @pytest.mark.root
 def test_lab_without_ssh_is_checked_inside_its_namespaces() -> None:
     """``--launcher no_ssh`` labs start each node with ``ip netns exec``: the doctor does too."""
-    from launchers.session import lab_session
+    from launchers.lab.session import lab_session
 
     with lab_session(2, "none", ssh=False) as session:
         route = doctor.route_for("no_ssh", session)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from launchers.session import lab_available
-from launchers.upstream import check_upstream, tiny_data
+from launchers.config.upstream import check_upstream, tiny_data
+from launchers.lab.session import lab_available
 
 ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM = check_upstream()
@@ -53,7 +53,7 @@ def check_completed_run(run_dir: Path, *, logs: tuple[str, ...]) -> dict:
     assert outcome["status"] == "completed", outcome
     assert outcome["last_iteration"] == outcome["train_iters"] == 8
     assert doc["provenance"]["upstream"] == {"commit": UPSTREAM.commit, "patch": None}
-    from analysis.parse import merge_runs, parse_file
+    from analysis.parse.reader import merge_runs, parse_file
 
     parsed = merge_runs([parse_file(run_dir / name)[-1] for name in logs])
     losses = [it.lm_loss for it in sorted(parsed.iterations, key=lambda it: it.iteration)]
@@ -109,7 +109,7 @@ def test_lab_runs_complete(tmp_path, strategy, launcher):
     assert net["link_mbit"] == 1000.0 and net["transport"] in ("ssh", "netns-exec")
     per = net["per_iteration"]
     assert per is not None, net.get("per_iteration_reason")
-    # ZeRO-2 moves ~15.75 MB per iteration, PP ~0.79 MB (analysis.comm); the wire adds headers.
+    # ZeRO-2 moves ~15.75 MB per iteration, PP ~0.79 MB (theory.comm); the wire adds headers.
     expected = 15_754_752 if strategy == "zero2" else 786_432
     assert 0.95 * expected < per["max_tx_bytes"] < 1.25 * expected, per
     assert (

@@ -24,7 +24,7 @@ REL = 1e-6
 def _parse_file(path: Path) -> list[Any]:
     # Imported here so that a missing parser fails each test with its reason instead of
     # aborting collection of the whole module.
-    parse = importlib.import_module("analysis.parse")
+    parse = importlib.import_module("analysis.parse.reader")
     with parse.strict():
         return parse.parse_file(path)
 

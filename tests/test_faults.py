@@ -23,8 +23,12 @@ from typing import Any
 
 import pytest
 
-from launchers import execute
-from launchers.execute import (
+from launchers.config.hostfile import parse_hostfile_text
+from launchers.config.presets import resolve_spec
+from launchers.config.upstream import check_upstream
+from launchers.lab.session import failed, run_specs
+from launchers.run import execute
+from launchers.run.execute import (
     LimitError,
     LogFailure,
     MemoryCgroup,
@@ -33,11 +37,7 @@ from launchers.execute import (
     update_run_json,
     write_json_atomic,
 )
-from launchers.hostfile import parse_hostfile_text
-from launchers.presets import resolve_spec
-from launchers.render import render_run_dir
-from launchers.session import failed, run_specs
-from launchers.upstream import check_upstream
+from launchers.run.render import render_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -290,7 +290,7 @@ def test_a_launcher_that_cannot_start_is_recorded_not_left_running(tmp_path) -> 
 _SIGNAL_DRIVER = """
 import sys
 from pathlib import Path
-from launchers import execute
+from launchers.run import execute
 try:
     execute.run(Path(sys.argv[1]), stall_s=60, show_progress=False)
 except KeyboardInterrupt:
@@ -317,7 +317,7 @@ def test_signal_stops_every_process_and_records_interrupted(tmp_path, sig) -> No
     assert outcome["reason"] == f"interrupted by signal {sig.name}"
     assert outcome["last_iteration"] == 2
     assert log.read_text().splitlines()[-1].startswith("# run outcome: interrupted kind=cancelled")
-    from analysis.parse import parse_file
+    from analysis.parse.reader import parse_file
 
     parsed = parse_file(log)[-1]
     assert parsed.failure is not None and parsed.failure.kind == "cancelled"
@@ -463,7 +463,8 @@ def test_matrix_goes_on_past_a_failure_and_skips_completed_twins(tmp_path, capsy
 def test_matrix_cli_exits_non_zero_when_a_run_failed(tmp_path, monkeypatch, capsys) -> None:
     if not check_upstream().ok:
         pytest.skip("upstream absent or not at the pinned commit: the CLI's preflight refuses")
-    from launchers import cli, render
+    from launchers import cli
+    from launchers.run import render
 
     monkeypatch.setattr(render, "render_run_dir", _fake_render)
     argv = ["matrix", "--model", "tiny", "--strategies", "baseline,zero1", "--device", "cpu",
@@ -478,7 +479,7 @@ def test_matrix_cli_exits_non_zero_when_a_run_failed(tmp_path, monkeypatch, caps
 
 
 def _lab_ready() -> str | None:
-    from launchers.session import lab_available
+    from launchers.lab.session import lab_available
 
     ok, why = lab_available(ssh=True)
     if not ok:
@@ -574,7 +575,7 @@ def seconds_until_recorded(run_dir: Path, bound_s: float) -> float:
 
 
 def namespace_ranks(namespace: str) -> list[int]:
-    from launchers.session import _cmdline, namespace_pids
+    from launchers.lab.session import _cmdline, namespace_pids
 
     # The ranks, not the node's launcher (deepspeed.launcher.launch names the script too).
     return [
@@ -635,7 +636,7 @@ def test_real_killed_node_is_recorded_and_the_matrix_goes_on(tmp_path, start_cli
 def test_real_cut_link_ends_as_hang_within_the_stall_bound(tmp_path, start_cli) -> None:
     if why := _lab_ready():
         pytest.skip(why)
-    from launchers.lab import PREFIX, port_name
+    from launchers.lab.cluster import PREFIX, port_name
 
     logs = tmp_path / "logs"
     run = ["run", "--model", "tiny", "--strategy", "baseline", "--net", "1gbit"]
@@ -736,7 +737,7 @@ UNREADABLE = {
 
 @pytest.mark.parametrize("case", list(UNREADABLE))
 def test_parser_never_raises_on_unreadable_logs(tmp_path, case: str) -> None:
-    from analysis.parse import parse_file
+    from analysis.parse.reader import parse_file
 
     files, _ = UNREADABLE[case]
     for name, data in files.items():
@@ -749,7 +750,7 @@ def test_parser_never_raises_on_unreadable_logs(tmp_path, case: str) -> None:
 
 
 def test_report_lists_every_run_it_could_not_read_with_the_reason(tmp_path) -> None:
-    from analysis.report import main as report_main
+    from analysis.report.build import main as report_main
 
     logs = tmp_path / "logs"
     for case, (files, _) in UNREADABLE.items():

@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from analysis import comm, formulas, load, metrics, run_setup
-from launchers.hostfile import parse_hostfile_text
-from launchers.presets import PresetError, load_models, load_strategies, resolve_spec
-from launchers.project import ds_config, megatron_args
-from launchers.render import read_run_record, render_run_dir
-from launchers.spec import PLACEHOLDER_PATHS, SpecError
+from analysis.metrics import rows as metrics
+from analysis.runs import load
+from analysis.runs import setup as run_setup
+from analysis.theory import comm, formulas
+from launchers.config.hostfile import parse_hostfile_text
+from launchers.config.presets import PresetError, load_models, load_strategies, resolve_spec
+from launchers.config.project import ds_config, megatron_args
+from launchers.config.spec import PLACEHOLDER_PATHS, SpecError
+from launchers.run.render import read_run_record, render_run_dir
 
 FOUR_RANKS = parse_hostfile_text("n0 slots=2\nn1 slots=2\n", "hostfiles/two-by-two")
 CASES = [(m, s) for m in load_models() for s in load_strategies()]

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from analysis.run_record import Outcome, Upstream, from_json
+from analysis.runs.record import Outcome, Upstream, from_json
 from launchers.cli import main as cli_main
-from launchers.hostfile import load_hostfile, parse_hostfile_text
-from launchers.presets import CORE_STRATEGIES, load_strategies, resolve_spec
-from launchers.project import ds_config, launcher_command, megatron_args, script_index
-from launchers.render import load_run_spec, read_run_record, render_run_dir
-from launchers.spec import PLACEHOLDER_PATHS, RunPaths, RunSpec, SpecError, spec_hash
+from launchers.config.hostfile import load_hostfile, parse_hostfile_text
+from launchers.config.presets import CORE_STRATEGIES, load_strategies, resolve_spec
+from launchers.config.project import ds_config, launcher_command, megatron_args, script_index
+from launchers.config.spec import PLACEHOLDER_PATHS, RunPaths, RunSpec, SpecError, spec_hash
+from launchers.run.render import load_run_spec, read_run_record, render_run_dir
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "launch"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launchers.hostfile import HostfileError, load_hostfile, parse_hostfile_text
+from launchers.config.hostfile import HostfileError, load_hostfile, parse_hostfile_text
 
 REPO = Path(__file__).resolve().parent.parent
 ALLOWED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

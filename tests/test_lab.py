@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.formulas import parse_rate
-from launchers import lab as labmod
-from launchers.lab import (
+from analysis.theory.formulas import parse_rate
+from launchers.lab import cluster as labmod
+from launchers.lab.cluster import (
     Lab,
     LabError,
     LinkShape,
@@ -441,7 +441,7 @@ def test_a_pkill_in_one_node_reaches_no_other_node(lab100: Lab) -> None:
 
 @pytest.mark.root
 def test_session_sweep_stops_leftovers_and_spares_the_sshd(lab100: Lab) -> None:
-    from launchers.session import LabSession
+    from launchers.lab.session import LabSession
 
     stray = subprocess.Popen(
         lab100.ssh_argv(1, [sys.executable, "-c", "import time; time.sleep(60)"])
@@ -591,7 +591,7 @@ def test_teardown_after_exception_leaves_nothing() -> None:
 
 HOLDER = """
 import sys, time
-from launchers.lab import Lab
+from launchers.lab.cluster import Lab
 with Lab(nodes=2) as lab:
     print(lab.id, flush=True)
     time.sleep(60)

@@ -7,10 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from analysis import metrics, speedup, timers
-from analysis.load import LoadedRun
-from analysis.records import Iteration, Memory, ParsedRun, TimerBlock
-from analysis.run_setup import RunSetup
+from analysis.metrics import rows as metrics
+from analysis.metrics import speedup, timers
+from analysis.parse.records import Iteration, Memory, ParsedRun, TimerBlock
+from analysis.runs.load import LoadedRun
+from analysis.runs.setup import RunSetup
 
 # dp2.log: "elapsed time per iteration (ms)" and "TFLOPs" at iterations 5..30 (log interval 5).
 DP2_WINDOWS = [(5, 201.6), (10, 186.6), (15, 219.0), (20, 211.9), (25, 217.7), (30, 214.0)]
@@ -246,7 +247,7 @@ def test_pipeline_engine_timers_per_iteration_wait_and_named_remainder(tmp_path)
     gradients = 51,511,296 bytes between the two nodes."""
     from pathlib import Path
 
-    from analysis import load
+    from analysis.runs import load
 
     src = Path(__file__).parent / "fixtures" / "external"
     for n in (0, 1):
@@ -278,7 +279,7 @@ def test_pipeline_engine_timers_per_iteration_wait_and_named_remainder(tmp_path)
 def test_pipeline_timers_without_steps_per_print_are_not_divided(tmp_path):
     """`steps:` lines at 10 and 30 do not tell steps_per_print (10 or 20 would print both) and
     there is no config: the totals cover an unknown number of steps, so no figure from them."""
-    from analysis import load
+    from analysis.runs import load
 
     text = "\n".join(
         [
@@ -310,9 +311,9 @@ def test_megatron_timers_column_wise_equal_block_by_block(tmp_path):
     import sys
     from pathlib import Path
 
-    from analysis import timers
-    from analysis.parse import parse_file
-    from analysis.records import TimerTable
+    from analysis.metrics import timers
+    from analysis.parse.reader import parse_file
+    from analysis.parse.records import TimerTable
 
     repo = Path(__file__).resolve().parents[1]
     lab = repo.parent / "shared" / "lab-logs"
@@ -350,7 +351,7 @@ def test_megatron_timers_column_wise_equal_block_by_block(tmp_path):
 def test_last_iteration_is_the_largest_number_of_a_table_or_a_list():
     """The last iteration of a run whose lines are out of order (a resumed run) is the
     largest number, read from a table's column or from plain records."""
-    from analysis.records import PipelineStep, PipelineStepTable
+    from analysis.parse.records import PipelineStep, PipelineStepTable
 
     steps = [PipelineStep(n, None, 1.0, None, line=i) for i, n in enumerate([40, 90, 10, 50])]
     assert metrics._last_number(PipelineStepTable(steps), "step") == 90
@@ -409,8 +410,8 @@ def test_describe_of_two_million_samples_holds_no_python_float_each():
 def test_steps_per_print_from_step_lines_only_when_evenly_spaced(steps, want, as_table):
     """``steps: N`` lines every k steps from a multiple of k give DeepSpeed's
     ``steps_per_print``; lines of two spacings, or from another start, give nothing."""
-    from analysis import load
-    from analysis.records import ParsedRun, PipelineStep, PipelineStepTable
+    from analysis.parse.records import ParsedRun, PipelineStep, PipelineStepTable
+    from analysis.runs import load
 
     records = [PipelineStep(n, None, 1.0, None) for n in steps]
     run = ParsedRun(pipeline_steps=PipelineStepTable(records) if as_table else records)

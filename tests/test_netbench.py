@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from analysis.formulas import ring_factor
-from launchers import lab as labmod
-from launchers._netbench_worker import parse_args
-from launchers.netbench import (
+from analysis.theory.formulas import ring_factor
+from launchers.lab import cluster as labmod
+from launchers.lab.netbench import (
     OPS,
     bandwidths,
     choose_iters,
@@ -30,6 +29,7 @@ from launchers.netbench import (
     size_sweep,
     worker_args,
 )
+from launchers.lab.netbench_worker import parse_args
 
 RESULT_KEYS = {"op", "bytes", "time_ms", "algbw_gbps", "busbw_gbps", "iters"}
 
@@ -102,7 +102,7 @@ def test_iteration_planning_by_size() -> None:
 
 def test_worker_args_round_trip() -> None:
     argv = worker_args(Path("out"), {"ops": "all_reduce", "max_bytes": "1M"})
-    assert argv[:2] == ["--module", "launchers._netbench_worker"]
+    assert argv[:2] == ["--module", "launchers.lab.netbench_worker"]
     args = parse_args([*argv[2:], "--local_rank=0"])
     assert args.ops == ["all_reduce"] and args.max_bytes == 1 << 20
     assert args.out == Path("out").resolve()
@@ -259,7 +259,7 @@ def test_session_measures_host_time_on_unshaped_links_and_shapes_them_again(
     """The host-time benchmark runs with the tbf qdiscs lifted, writes its calls' times into
     the session's netbench.json, and leaves every link shaped as it was."""
     _require_lab(ssh=True)
-    from launchers import session as sessionmod
+    from launchers.lab import session as sessionmod
 
     monkeypatch.setattr(sessionmod, "HOST_TIME_OPTIONS", {
         "ops": "all_reduce", "min_bytes": "64K", "max_bytes": "64K", "pause_ms": "20",
@@ -323,8 +323,8 @@ class _FakeUnshapeLab:
 def test_a_failed_host_time_benchmark_is_recorded_and_the_links_shaped_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from launchers import netbench as netbenchmod
-    from launchers import session as sessionmod
+    from launchers.lab import netbench as netbenchmod
+    from launchers.lab import session as sessionmod
 
     def fail(*_args: object, **_kw: object) -> dict:
         raise RuntimeError("rank 1 exited with 1")

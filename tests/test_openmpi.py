@@ -13,12 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from analysis._lines import demux_tagged
-from launchers.hostfile import load_hostfile
-from launchers.lab import Lab, LabError, LinkShape, check_launcher
-from launchers.presets import resolve_spec
-from launchers.project import RANK_ENV_SCRIPT, launcher_command, remote_environment, script_index
-from launchers.spec import PLACEHOLDER_PATHS
+from analysis.parse.lines import demux_tagged
+from launchers.config.hostfile import load_hostfile
+from launchers.config.presets import resolve_spec
+from launchers.config.project import (
+    RANK_ENV_SCRIPT,
+    launcher_command,
+    remote_environment,
+    script_index,
+)
+from launchers.config.spec import PLACEHOLDER_PATHS
+from launchers.lab.cluster import Lab, LabError, LinkShape, check_launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO_NODE = load_hostfile(ROOT / "hostfiles" / "2node")

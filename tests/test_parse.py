@@ -1,4 +1,4 @@
-"""Tests of analysis.parse against the real lab logs and realistic snippets of other formats.
+"""Tests of analysis.parse.reader against the real lab logs and realistic snippets of other formats.
 
 Expected values were read by hand from the log text (line numbers with ``grep -n``).
 """
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis import parse
-from analysis._lines import demux_tagged
-from analysis.parse import merge_runs, parse_file, parse_text, strip_prefix
+from analysis.parse import reader as parse
+from analysis.parse.lines import demux_tagged
+from analysis.parse.reader import merge_runs, parse_file, parse_text, strip_prefix
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 REPO = Path(__file__).parents[1]
@@ -706,7 +706,7 @@ def test_interrupted_marker_is_a_cancelled_run_that_a_bare_log_reports_as_interr
     assert run.interrupted and run.status == "failed" and run.failure.kind == "cancelled"
     assert run.failure.message == "interrupted by signal SIGINT"
     (tmp_path / "run.log").write_text(text)
-    from analysis import report
+    from analysis.report import build as report
 
     _runs, rows, _model = report.summarize(tmp_path, [])
     assert [r.status for r in rows] == ["interrupted"]

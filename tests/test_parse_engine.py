@@ -1,4 +1,4 @@
-"""The file reader's bulk path (``analysis.scan``) reads exactly what the line path reads.
+"""The file reader's bulk path (``analysis.parse.scan``) reads exactly what the line path reads.
 
 Every log here is parsed three ways: ``parse_file`` (bulk path), ``parse_file(bulk=False)``
 (every line through the line state machine) and ``parse_lines`` on the same lines; the runs must
@@ -21,9 +21,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from analysis import parse, scan, scan_bytes
-from analysis.columns import Column, json_text
-from analysis.parse_rules import _KW, _LATE_CONFIG_LINES
+from analysis.parse import reader as parse
+from analysis.parse import scan, scan_bytes
+from analysis.parse.columns import Column, json_text
+from analysis.parse.rules import _KW, _LATE_CONFIG_LINES
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = REPO.parent / "shared" / "lab-logs"
@@ -329,7 +330,7 @@ def _same(a, b) -> bool:
     )
 )
 def test_column_gives_back_what_was_put_in(args):
-    from analysis import columns
+    from analysis.parse import columns
 
     kind, delta, batches = args
     col = Column(kind, delta=delta)
@@ -358,7 +359,7 @@ def test_column_gives_back_what_was_put_in(args):
 
 
 def test_json_stream_equals_the_records(tmp_path):
-    """``analysis.parse --json`` writes record by record what ``to_dict`` gives."""
+    """``analysis.parse.reader --json`` writes record by record what ``to_dict`` gives."""
     import json
 
     import loggen
@@ -564,7 +565,7 @@ def _check_keyword_scan(block: bytes, data) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 4), max_size=60), st.integers(1, 7))
 def test_pieces_cover_the_keys_without_cutting_a_run(keys, piece):
-    from analysis import storage
+    from analysis.parse import storage
 
     arr = np.array(sorted(keys), dtype=np.int64)
     old = storage._PIECE
@@ -587,7 +588,7 @@ def test_attribution_in_pieces_equals_one_piece(tmp_path, monkeypatch):
     (not by a copy of the storage into empty columns, nor by joining differences)."""
     import loggen
 
-    from analysis import columns, storage
+    from analysis.parse import columns, storage
 
     logs = [*_logs(LAB), *_logs(EXTERNAL), tmp_path / "ranks.log"]
     loggen.write_ranks(logs[-1], 0.3)
@@ -624,8 +625,8 @@ def test_attribution_in_pieces_equals_one_piece(tmp_path, monkeypatch):
 def test_timer_table_sorted_by_line_is_a_stable_sort(blocks, piece):
     """Blocks of two groups, each group's own blocks in or out of line order (a block with
     no line sorts as line 0), looked at a few blocks at a time or all at once."""
-    from analysis import records
-    from analysis.records import TimerBlock, TimerTable
+    from analysis.parse import records
+    from analysis.parse.records import TimerBlock, TimerTable
 
     given_blocks = [
         TimerBlock("deepspeed", {name: float(i)}, None, i, line)
@@ -701,7 +702,7 @@ def test_iteration_heads_the_line_path_reads_otherwise(tmp_path, monkeypatch, ch
 def test_column_concat_gives_back_both(args):
     """``Column.concat`` (into an empty column, delta columns by their differences, any other
     way) holds the values of both, exactly."""
-    from analysis import columns
+    from analysis.parse import columns
 
     kind, delta, first, second = args
     a, b = Column(kind, delta=delta[0]), Column(kind, delta=delta[1])
@@ -776,7 +777,7 @@ def test_column_ints_with_a_none_mask_hold_what_extend_holds(first, second, delt
     them (as the attribution gives int32)."""
     import numpy as np
 
-    from analysis import columns
+    from analysis.parse import columns
 
     a, b = Column("i", delta=delta), Column("i", delta=delta)
     old = columns._PIECE
@@ -817,7 +818,7 @@ def test_column_take_gives_the_values_at_the_order(args):
     columns whose running sums fit int32 are taken a few at a time)."""
     import numpy as np
 
-    from analysis import columns
+    from analysis.parse import columns
 
     kind, delta, values, rnd, piece = args
     if kind == "i" and delta:
@@ -853,7 +854,7 @@ def test_small_ints_are_the_ints_in_fewer_bytes(values, delta, piece):
     """``small_ints(fill)`` holds what ``ints(fill)`` holds, whatever the storage, also when
     running sums are taken a few at a time."""
 
-    from analysis import columns
+    from analysis.parse import columns
 
     col = Column("i", delta=delta)
     col.extend(values)
@@ -874,7 +875,7 @@ def test_small_ints_are_the_ints_in_fewer_bytes(values, delta, piece):
 def test_rows_of_a_mask_found_in_pieces(mask, piece):
     import numpy as np
 
-    from analysis import storage
+    from analysis.parse import storage
 
     old = storage._PIECE
     storage._PIECE = piece
@@ -888,8 +889,8 @@ def test_rows_of_a_mask_found_in_pieces(mask, piece):
 def test_blocks_of_one_source_read_in_pieces(monkeypatch):
     """``TimerTable.blocks_of`` converts a few blocks at a time: the blocks of the source,
     in order, with their values, for one group and for several."""
-    from analysis import records
-    from analysis.records import TimerBlock, TimerTable
+    from analysis.parse import records
+    from analysis.parse.records import TimerBlock, TimerTable
 
     blocks = [
         TimerBlock(
@@ -922,7 +923,7 @@ def test_sort_order_of_two_sorted_runs_is_the_stable_argsort(first, second, sort
     order of a stable ``np.argsort``."""
     import numpy as np
 
-    from analysis import records
+    from analysis.parse import records
 
     keys = np.array((sorted(first) + sorted(second)) if sort_runs else first + second)
     old = records._BLOCKS_AT_A_TIME

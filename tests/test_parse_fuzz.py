@@ -1,6 +1,6 @@
 """Property tests: the parser never raises, and launcher prefixes never change parsed values.
 
-They run in strict mode (``analysis.parse.strict``): an exception inside a line handler
+They run in strict mode (``analysis.parse.reader.strict``): an exception inside a line handler
 propagates and fails the property instead of becoming an ``internal parser error`` problem.
 Example counts are kept small enough for CI (whole file well under 60 s on 2 cores); each test
 prints how many examples ran (``pytest -s`` shows them).
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analysis import parse
-from analysis.parse import parse_text
+from analysis.parse import reader as parse
+from analysis.parse.reader import parse_text
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 

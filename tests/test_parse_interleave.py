@@ -38,10 +38,11 @@ from typing import Any
 
 import pytest
 
-from analysis import parse, report
-from analysis._lines import split_prefix
-from analysis.formulas import RATE_IN_NAME
-from analysis.load import _NODE_SUFFIX
+from analysis.parse import reader as parse
+from analysis.parse.lines import split_prefix
+from analysis.report import build as report
+from analysis.runs.load import _NODE_SUFFIX
+from analysis.theory.formulas import RATE_IN_NAME
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 

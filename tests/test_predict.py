@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis import calibration, comm, formulas, predict
-from analysis.run_setup import RunSetup
+from analysis.predict import calibration
+from analysis.predict import cli as predict
+from analysis.runs.setup import RunSetup
+from analysis.theory import comm, formulas
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 
@@ -218,7 +220,7 @@ def test_gloo_reduce_scatter_time_uses_netbench_convention() -> None:
 
 @pytest.fixture(scope="module")
 def lab():
-    pytest.importorskip("analysis.parse")
+    pytest.importorskip("analysis.parse.reader")
     if not LAB.is_dir():
         pytest.skip(f"lab logs not found at {LAB}")
     runs, rows = predict._load(LAB)
@@ -402,7 +404,7 @@ def test_node_cpu_budget_scales_compute_per_rank() -> None:
 
 
 def test_node_cpu_budget_read_from_run_json() -> None:
-    from analysis.load import resolve_setup
+    from analysis.runs.load import resolve_setup
 
     for node_cpu, expected in [({"cpus": 0.5}, 0.5), ({"cpus": None}, None),
                                ({"cpus": 0}, None), (None, None)]:  # fmt: skip

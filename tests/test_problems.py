@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.load import discover
-from analysis.problems import UNREAD_CODES, Problem
-from analysis.report import main as report_main
+from analysis.report.build import main as report_main
+from analysis.runs.load import discover
+from analysis.runs.problems import UNREAD_CODES, Problem
 
 LAB_LOGS = Path(__file__).resolve().parent.parent.parent / "shared" / "lab-logs"
 

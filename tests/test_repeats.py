@@ -17,15 +17,16 @@ from typing import Any
 
 import pytest
 
-from analysis import repeats, report
-from analysis.metrics import RunMetrics, describe
-from analysis.repeats import repeat_sets, speedup_model
-from analysis.speedup import speedup_interval
+from analysis.metrics import repeats
+from analysis.metrics.repeats import repeat_sets, speedup_model
+from analysis.metrics.rows import RunMetrics, describe
+from analysis.metrics.speedup import speedup_interval
+from analysis.report import build as report
 from launchers import cli
-from launchers.hostfile import parse_hostfile_text
-from launchers.presets import resolve_spec
-from launchers.render import render_run_dir
-from launchers.session import Repeat, interleaved, repeat_group, run_specs
+from launchers.config.hostfile import parse_hostfile_text
+from launchers.config.presets import resolve_spec
+from launchers.lab.session import Repeat, interleaved, repeat_group, run_specs
+from launchers.run.render import render_run_dir
 
 # --------------------------------------------------------------------------- launcher
 

@@ -15,7 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_metrics import DP2_WINDOWS, SETUP, dp2_parsed, loaded
 
-from analysis import load, report, run_setup
+from analysis.report import build as report
+from analysis.runs import load
+from analysis.runs import setup as run_setup
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 GOLDEN = Path(__file__).parent / "golden" / "report"
@@ -110,7 +112,7 @@ def normalise(text: str) -> str:
 
 
 def test_golden_lab_logs(tmp_path):
-    pytest.importorskip("analysis.parse", reason="analysis.parse not available yet")
+    pytest.importorskip("analysis.parse.reader", reason="analysis.parse.reader not available yet")
     if not LAB.is_dir():
         pytest.skip(f"lab logs not found at {LAB}")
     out = tmp_path / "report"
@@ -149,7 +151,9 @@ def _run(name: str, strategy: str, status: str, windows, factor: float = 1.0, **
 
 
 def _rows(runs, baseline=None):
-    from analysis import metrics, predict, speedup
+    from analysis.metrics import rows as metrics
+    from analysis.metrics import speedup
+    from analysis.predict import cli as predict
 
     rows = speedup.compare([metrics.compute(r) for r in runs], baseline)
     model = predict.report_sections(runs, rows)
@@ -281,7 +285,7 @@ def test_main_prints_the_executive_summary(tmp_path, capsys):
 _FREED = """
 import sys
 sys.path.insert(0, sys.argv[2])
-from analysis._malloc import return_freed_memory
+from analysis.parse.malloc import return_freed_memory
 import numpy as np
 if sys.argv[1] == "fixed":
     assert return_freed_memory()
@@ -298,7 +302,7 @@ def test_the_report_parses_the_logs_before_it_imports_pandas():
     """pandas takes 40 MiB: imported once the logs are parsed (for the one DataFrame), it is
     not resident at the parse's peak (the 64-rank stress log's report: 380 -> 343 MiB)."""
     repo = str(Path(__file__).resolve().parents[1])
-    code = "import sys; import analysis.report; print('pandas' in sys.modules)"
+    code = "import sys; import analysis.report.build; print('pandas' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo
     ).stdout
@@ -308,7 +312,7 @@ def test_the_report_parses_the_logs_before_it_imports_pandas():
 _READING = """
 import contextlib, resource, sys
 sys.path.insert(0, sys.argv[2])
-from analysis._malloc import reading, return_freed_memory
+from analysis.parse.malloc import reading, return_freed_memory
 import numpy as np
 assert return_freed_memory()
 f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from analysis.run_record import (
+from analysis.runs.record import (
     SCHEMA_VERSION,
     Network,
     Outcome,
@@ -214,7 +214,7 @@ def test_to_json_leaves_out_absent_sections_and_keeps_fields_inside() -> None:
 def test_the_loader_reads_the_link_rate_through_the_record(
     network: dict[str, Any], version: int, link: float | None
 ) -> None:
-    from analysis.load import resolve_setup
+    from analysis.runs.load import resolve_setup
 
     doc: dict[str, Any] = {"network": network | {"delay_ms": 5}}
     if version == 2:
@@ -226,7 +226,7 @@ def test_the_loader_reads_the_link_rate_through_the_record(
 
 
 def test_update_run_json_validates_before_writing(tmp_path: Path) -> None:
-    from launchers.execute import update_run_json
+    from launchers.run.execute import update_run_json
 
     path = tmp_path / "run.json"
     update_run_json(tmp_path, outcome={"status": "generated"})
@@ -243,7 +243,7 @@ def test_update_run_json_validates_before_writing(tmp_path: Path) -> None:
 
 
 def test_an_unreadable_run_json_with_a_bad_update_is_left_as_it_was(tmp_path: Path) -> None:
-    from launchers.execute import update_run_json
+    from launchers.run.execute import update_run_json
 
     (tmp_path / "run.json").write_bytes(b'{"name": "tiny-b')
     with pytest.raises(RunRecordError, match=r"outcome.wall_s"):
@@ -253,7 +253,7 @@ def test_an_unreadable_run_json_with_a_bad_update_is_left_as_it_was(tmp_path: Pa
 
 
 def test_a_version_1_document_stays_version_1_when_updated(tmp_path: Path) -> None:
-    from launchers.execute import update_run_json
+    from launchers.run.execute import update_run_json
 
     (tmp_path / "run.json").write_text(json.dumps({"name": "x", "network": {"rate_mbit": 10}}))
     doc = update_run_json(tmp_path, repeat={"group": "g", "round": 1, "rounds": 2})
@@ -262,10 +262,10 @@ def test_a_version_1_document_stays_version_1_when_updated(tmp_path: Path) -> No
 
 
 def test_a_generated_run_directory_reads_back_through_the_record(tmp_path: Path) -> None:
-    from launchers.hostfile import parse_hostfile_text
-    from launchers.presets import resolve_spec
-    from launchers.render import load_run_spec, read_run_record, render_run_dir
-    from launchers.spec import PLACEHOLDER_PATHS
+    from launchers.config.hostfile import parse_hostfile_text
+    from launchers.config.presets import resolve_spec
+    from launchers.config.spec import PLACEHOLDER_PATHS
+    from launchers.run.render import load_run_spec, read_run_record, render_run_dir
 
     hosts = parse_hostfile_text("localhost slots=2\n", "hostfiles/localhost")
     spec = resolve_spec("tiny", "zero1", hosts, paths=PLACEHOLDER_PATHS, device="cpu")
@@ -277,9 +277,9 @@ def test_a_generated_run_directory_reads_back_through_the_record(tmp_path: Path)
 
 
 def test_metrics_read_identity_and_wire_bytes_from_the_record() -> None:
-    from analysis.metrics import wire_bytes
-    from analysis.repeats import identity
-    from analysis.run_setup import RunSetup
+    from analysis.metrics.repeats import identity
+    from analysis.metrics.rows import wire_bytes
+    from analysis.runs.setup import RunSetup
 
     record = from_json(V1_LAB_RUN, "run.json")
     assert identity(record) == {"spec_hash": "0f3c", "repeat_group": "r3-abc", "repeat_round": 1}

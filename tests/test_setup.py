@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launchers import upstream
-from launchers.upstream import PINNED_COMMIT, UpstreamError, check_upstream
+from launchers.config import upstream
+from launchers.config.upstream import PINNED_COMMIT, UpstreamError, check_upstream
 
 REAL = check_upstream()
 needs_upstream = pytest.mark.skipif(

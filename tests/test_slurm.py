@@ -21,14 +21,23 @@ from pathlib import Path
 
 import pytest
 
-from launchers import lab as labmod
-from launchers import lab_slurm
 from launchers.cli import main as cli_main
-from launchers.execute import Outcome
-from launchers.execute import run as execute_run
-from launchers.hostfile import load_hostfile, parse_hostfile_text
-from launchers.lab import Lab, LabError, LinkShape, check_launcher, lab_launcher
-from launchers.lab_slurm import (
+from launchers.config.hostfile import load_hostfile, parse_hostfile_text
+from launchers.config.presets import resolve_spec
+from launchers.config.project import (
+    RANK_ENV_SCRIPT,
+    launcher_command,
+    remote_environment,
+    script_index,
+    venv_bin,
+)
+from launchers.config.spec import PLACEHOLDER_PATHS, RunSpec, SpecError
+from launchers.config.upstream import check_upstream, tiny_data
+from launchers.lab import cluster as labmod
+from launchers.lab import slurm as lab_slurm
+from launchers.lab.cluster import Lab, LabError, LinkShape, check_launcher, lab_launcher
+from launchers.lab.session import LabSession, namespace_pids, steady_iter_ms
+from launchers.lab.slurm import (
     FINAL_STATES,
     SlurmCluster,
     SlurmJob,
@@ -37,20 +46,11 @@ from launchers.lab_slurm import (
     slurm_conf_text,
     slurm_session,
 )
-from launchers.presets import resolve_spec
-from launchers.project import (
-    RANK_ENV_SCRIPT,
-    launcher_command,
-    remote_environment,
-    script_index,
-    venv_bin,
-)
-from launchers.rank_env import RankEnvError, rank_environment
-from launchers.render import render_run_dir
-from launchers.sbatch import allocation, check_inside_allocation, render_sbatch, slurm_time
-from launchers.session import LabSession, namespace_pids, steady_iter_ms
-from launchers.spec import PLACEHOLDER_PATHS, RunSpec, SpecError
-from launchers.upstream import check_upstream, tiny_data
+from launchers.run.execute import Outcome
+from launchers.run.execute import run as execute_run
+from launchers.run.rank_env import RankEnvError, rank_environment
+from launchers.run.render import render_run_dir
+from launchers.run.sbatch import allocation, check_inside_allocation, render_sbatch, slurm_time
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO_NODE = load_hostfile(ROOT / "hostfiles" / "2node")
@@ -574,8 +574,8 @@ def test_time_limit_is_time_limit(slurm_lab: SlurmLabSession, tmp_path: Path) ->
 
 HOLDER = """
 import time
-from launchers.lab import Lab
-from launchers.lab_slurm import slurm_session
+from launchers.lab.cluster import Lab
+from launchers.lab.slurm import slurm_session
 with Lab(nodes=2, ssh=False) as lab, slurm_session(lab) as session:
     print("READY", lab.id, session.slurm.conf_path, flush=True)
     time.sleep(120)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from launchers.hostfile import parse_hostfile_text
-from launchers.presets import (
+from launchers.config.hostfile import parse_hostfile_text
+from launchers.config.presets import (
     PresetError,
     expand_strategies,
     load_model_file,
@@ -19,8 +19,8 @@ from launchers.presets import (
     parse_overrides,
     resolve_spec,
 )
-from launchers.project import megatron_args, to_flag
-from launchers.spec import (
+from launchers.config.project import megatron_args, to_flag
+from launchers.config.spec import (
     PLACEHOLDER_PATHS,
     RunSpec,
     SpecError,

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from launchers.hostfile import parse_hostfile_text
-from launchers.presets import load_models, load_strategies, resolve_spec
-from launchers.project import launcher_command, script_index
-from launchers.spec import PLACEHOLDER_PATHS, RunSpec
+from launchers.config.hostfile import parse_hostfile_text
+from launchers.config.presets import load_models, load_strategies, resolve_spec
+from launchers.config.project import launcher_command, script_index
+from launchers.config.spec import PLACEHOLDER_PATHS, RunSpec
 
 pytestmark = pytest.mark.upstream
 
@@ -76,7 +76,7 @@ SPECS = _specs()
 
 def _upstream_dir() -> Path | None:
     try:
-        from launchers.upstream import check_upstream
+        from launchers.config.upstream import check_upstream
     except ImportError:  # the setup module is optional for this test
         return None
     status = check_upstream()

@@ -1,0 +1,1 @@
+"""Per-run metrics (one row per run), timers and breakdowns, speedups, and repeats."""

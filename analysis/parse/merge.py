@@ -1,0 +1,144 @@
+"""A parsed run finished (timers attributed to iterations, the summary, the failure) and the
+per-node files of one run merged into one ``ParsedRun``.
+"""
+
+from __future__ import annotations
+
+from analysis.parse.records import Failure, ParsedRun, PipelineStep, PipelineStepTable
+from analysis.parse.rules import _attribute, _is_pipeline, _num_parameters, _Run, _summary
+from analysis.parse.storage import DeepSpeedBlocks, merge_attribution, merge_iterations
+
+
+def _finish(run: _Run) -> ParsedRun:
+    """Turn the filled state into a ParsedRun: config, attribution, status."""
+    config, problems = _summary(run)
+    ds_blocks, attr_problems = _attribute(run, _is_pipeline(config, bool(run.steps)))
+    had_ds_blocks = bool(run.ds_blocks)
+    timers = run.megatron_blocks
+    timers.extend(ds_blocks, move=True)
+    del ds_blocks
+    run.ds_blocks = DeepSpeedBlocks()  # they are in ``timers`` now: let the rest go
+    timers.sort_by_line()
+    out = ParsedRun(
+        iterations=run.iterations,
+        memory=run.memory,
+        memory_other=run.memory_other,
+        timers=timers,
+        pipeline_steps=run.steps,
+        config=config,
+        ds_config=run.ds_config,
+        ds_engine=run.ds_engine,
+        versions=run.versions,
+        problems=run.problems + problems + attr_problems,
+        further_failures=list(run.further_failures),
+        sources=[run.source],
+        first_line=run.first_line,
+    )
+    train_iters = config.get("train_iters")
+    reached = run.reached_final or (
+        isinstance(train_iters, int) and run.max_iter >= train_iters > 0
+    )
+    all_exited = run.exited_ok > 0 and run.exited_ok >= run.spawned
+    if run.failure is not None:
+        out.status, out.failure = "failed", run.failure
+    elif reached or all_exited:
+        out.status = "completed"
+    if run.outcome is not None:
+        status, kind, reason, line = run.outcome
+        out.interrupted = status == "interrupted"
+        if out.interrupted:
+            status = "failed"
+        if out.failure is not None and (status != "failed" or kind != out.failure.kind):
+            out.problems.append(
+                f"line {out.failure.line}: superseded by the run outcome marker at line {line}: "
+                f"{out.failure.kind}: {out.failure.message}"
+            )
+        out.status = status  # type: ignore[assignment]
+        out.failure = (
+            Failure(kind=kind or "other", message=reason, line=line)  # type: ignore[arg-type]
+            if status == "failed"
+            else None
+        )
+    if not (
+        run.iterations
+        or run.steps
+        or had_ds_blocks
+        or run.megatron_blocks
+        or run.memory
+        or run.memory_other
+        or run.failure
+        or run.outcome
+        or run.args
+        or run.world
+    ):
+        out.problems.append("no training output recognised")
+    return out
+
+
+# -- entry points -----------------------------------------------------------------------------
+
+
+def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
+    """Merge the ParsedRuns of one training run read from several per-node files.
+
+    Records are united (iterations deduplicated by number, pipeline steps by step), config
+    keys take the first known value, the parameter count is recomputed from the union of the
+    per-rank counts, and unattributed DeepSpeed blocks (node 0 prints them, the last node the
+    iteration lines) are attributed when their count equals the final iteration number.
+    Status: failed if any part failed (its failure is kept), completed if the iteration lines
+    reached train_iters or every part completed, incomplete otherwise.
+    """
+    if not runs:
+        return ParsedRun(problems=["nothing to merge"])
+    if len(runs) == 1:
+        return runs[0]
+    out = ParsedRun(first_line=runs[0].first_line)
+    seen_steps: dict[int, PipelineStep] = {}
+    for part in runs:
+        for st in part.pipeline_steps:
+            seen_steps.setdefault(st.step, st)
+        out.memory.extend(part.memory)
+        out.memory_other.extend(part.memory_other)
+        out.timers.extend(part.timers)
+        for key, value in part.config.items():
+            if out.config.get(key) is None:
+                out.config[key] = value
+        by_rank = out.config.get("num_parameters_by_rank")
+        if isinstance(part.config.get("num_parameters_by_rank"), dict):
+            merged = dict(by_rank) if isinstance(by_rank, dict) else {}
+            merged.update(part.config["num_parameters_by_rank"])
+            out.config["num_parameters_by_rank"] = merged
+        for key, value in part.ds_config.items():
+            out.ds_config.setdefault(key, value)
+        for key, value in part.ds_engine.items():
+            out.ds_engine.setdefault(key, value)
+        for key, value in part.versions.items():
+            out.versions.setdefault(key, value)
+        src = ",".join(part.sources)
+        out.problems.extend(f"{src}: {p}" for p in part.problems)
+        out.further_failures.extend(part.further_failures)
+        out.sources.extend(part.sources)
+    out.iterations = merge_iterations(p.iterations for p in runs)
+    out.pipeline_steps = PipelineStepTable(sorted(seen_steps.values(), key=lambda s: s.step))
+    by_rank = out.config.get("num_parameters_by_rank")
+    if isinstance(by_rank, dict):
+        out.config["num_parameters"], why = _num_parameters(out.config, by_rank)
+        if why:
+            out.problems.append(why)
+    pipeline = _is_pipeline(out.config, bool(out.pipeline_steps))
+    last_it = out.iterations[-1].iteration if out.iterations else None
+    out.problems.extend(merge_attribution(out.timers, last_it, pipeline))  # type: ignore[arg-type]
+    failed = next((p for p in runs if p.status == "failed"), None)
+    train_iters = out.config.get("train_iters")
+    last = out.iterations[-1].iteration if out.iterations else None
+    if failed is not None:
+        out.status, out.failure = "failed", failed.failure
+        out.interrupted = any(p.interrupted for p in runs)
+    elif (isinstance(train_iters, int) and last is not None and last >= train_iters) or all(
+        p.status == "completed" for p in runs
+    ):
+        out.status = "completed"
+    return out
+
+
+# -- CLI --------------------------------------------------------------------------------------

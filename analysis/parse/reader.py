@@ -1,0 +1,337 @@
+"""Parse Megatron / Megatron-DeepSpeed / DeepSpeed training logs into typed records.
+
+``parse_lines`` is the core; ``parse_text`` and ``parse_file`` (streaming, chunked, fast path
+for noise) wrap it; ``merge_runs`` joins the per-node files of one run.  Nothing here raises on
+log content: what cannot be read becomes a line in ``ParsedRun.problems``.
+
+How a file is read
+  Until a run's training starts (first iteration, ``steps:`` or DeepSpeed timer line, or
+  Megatron's ``training ...``), after it ends (final iteration, launcher exit, failure), and
+  while a multi-line block is open (argument dump, traceback, JSON dump), every line is
+  parsed.  In between, only lines holding one of ``_KEYWORDS`` are parsed; a line without one
+  of a stream (launcher prefix) whose Megatron timer block is open only continues or closes
+  that block.  ``iteration`` is a keyword of
+  its own (``iteration=N`` lines have no ``|``) only until the run's first iteration line:
+  once that line holds ``|``, the run's iteration lines are found by ``|``.  A new run that
+  starts in the middle of training output without any of those lines is still split off
+  when the iteration counter goes back.  ``analysis.parse.scan`` is the file reader: it finds
+  keyword lines with ``bytes.find`` over whole chunks (what makes a 1 GB log of NCCL chatter
+  cheap) and reads the frequent lines of a training phase in bulk, with the same result.
+
+Attribution of DeepSpeed ``wall_clock_breakdown`` lines to iterations
+  The plain engine prints one line per optimizer step and per timer group, before Megatron's
+  iteration line of that step; with ``--log-interval L``, the L blocks of one group printed
+  before ``iteration N`` are iterations N-L+1..N.  When the count of blocks between two
+  iteration lines does not match the difference of their numbers, the blocks stay
+  unattributed (and a problem says so).  PipelineEngine timers are printed every
+  ``steps_per_print`` steps as totals: ``pipe_*`` groups right after the ``steps: N`` line
+  (attributed to N), the others before it (attributed to the next ``steps:`` line).
+
+Interleaved nodes (pdsh, srun, torchrun prefixes)
+  Lines are told apart by their launcher prefix (``split_prefix``'s stream key), and what
+  depends on the order of lines is kept per stream: a stream's set-up lines end when that
+  stream's training output begins, a boundary line (argument dump, ``using world size``,
+  launcher command) starts a new run only when its own stream already trained, failed or
+  printed the same kind of line, and timer blocks are placed among the iteration lines of
+  their own stream. Rank 0's set-up lines may come after the last rank's first iteration
+  line: while the argument dump is missing, every line is read for up to
+  ``_LATE_CONFIG_LINES`` lines after training began.
+
+Records that are not one line
+  A hard-wrapped iteration or timer record is joined back (see ``_join_wrapped``), timers
+  glued after an iteration record are read as a ``time (ms)`` line, and a traceback printed
+  as a Python list (``['Traceback (most recent call last):\n', ...]``) fails the run with the
+  list's last exception. ``strict()`` makes a handler's exception propagate (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, fields
+from itertools import chain
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from analysis.parse.columns import Column, json_text
+from analysis.parse.lines import Demux, demux_tagged, strip_prefix
+from analysis.parse.machine import _Core
+from analysis.parse.malloc import reading, return_freed_memory
+from analysis.parse.merge import merge_runs
+from analysis.parse.records import ParsedRun, RecordTable, TimerBlock, TimerTable, block_dict
+from analysis.parse.rules import _KW, _OMPI_PEEK_BYTES, _OMPI_TAG_BYTES, strict
+from analysis.parse.scan import drive_file
+
+__all__ = [
+    "merge_runs",
+    "parse_file",
+    "parse_lines",
+    "parse_stream",
+    "parse_text",
+    "strict",
+    "strip_prefix",
+]
+
+
+def parse_lines(lines: Iterable[str], source: str) -> list[ParsedRun]:
+    """Parse log lines (with or without trailing newlines) into one ParsedRun per training run.
+
+    Never raises on content; always returns at least one run.
+    """
+    core = _Core(source)
+    try:
+        for lineno, line in enumerate(demux_tagged(lines), start=1):
+            if core.active or _KW.has(line, core.run.pipe_iterations):
+                core.feed(lineno, line)
+            elif core.timer_keys and core.stream_key(line) in core.timer_keys:
+                core.feed(lineno, line, dispatch=False)
+    except (OSError, UnicodeError) as exc:
+        core.run.problems.append(f"reading stopped: {exc}")
+    return core.finish()
+
+
+def parse_text(text: str, source: str = "<text>") -> list[ParsedRun]:
+    """Parse a whole log held in a string."""
+    return parse_lines(text.splitlines(), source)
+
+
+def parse_file(path: str | Path, bulk: bool = True) -> list[ParsedRun]:
+    """Parse one log file, streaming it in chunks (memory grows with the records, not the
+    lines).  ``bulk=False`` reads every line through the line path (``analysis.parse.scan``; the
+    result is the same, only slower).
+
+    An unreadable file gives one incomplete run whose problems say why.
+    """
+    source = str(path)
+    try:
+        with open(path, "rb") as fh:
+            return parse_stream(fh, source, bulk)
+    except OSError as exc:
+        core = _Core(source)
+        core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
+        return core.finish()
+
+
+_TAG_AT_START_RE = re.compile(rb"\[\d{1,9},\d{1,6}\]<std(?:out|err)>:")
+"""An ``mpirun --tag-output`` tag (``_lines._OMPI_TAG_RE``, on bytes)."""
+
+
+class _Demuxed:
+    """The lines of an ``mpirun --tag-output`` log put back together (``demux_tagged``), as a
+    binary file read in chunks of whole lines.  A line that is one rank's whole line (its tag
+    at the start, maybe again at the end: ``python -u`` writes the text, then the newline, two
+    writes that mpirun tags each) while no rank's line is pending is passed on with the
+    repeated tag taken off, as bytes; another goes through ``Demux``, which reads the text."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh = fh
+        self.rest = b""
+        self.demux = Demux()
+        self.done = False
+
+    def seekable(self) -> bool:
+        return False
+
+    def read(self, _n: int = -1) -> bytes:
+        while not self.done:
+            chunk = self.fh.read(_OMPI_PEEK_BYTES)
+            data = self.rest + chunk
+            if not chunk:
+                self.done = True
+                self.rest = b""
+                return self._lines(data.split(b"\n") if data else [], end=True)
+            cut = data.rfind(b"\n") + 1
+            body, self.rest = data[:cut], data[cut:]
+            if body:
+                lines = body.split(b"\n")
+                lines.pop()
+                return self._lines(lines)
+        return b""
+
+    def _lines(self, lines: list[bytes], end: bool = False) -> bytes:
+        """The lines put back together, each ending in a newline (``end``: the rest of the
+        file, a last line without a newline, then what never ended)."""
+        out: list[bytes] = []
+        demux = self.demux
+        match = _TAG_AT_START_RE.match
+        for line in lines:
+            if not demux.pending:
+                if _OMPI_TAG_BYTES not in line:
+                    out.append(line)
+                    continue
+                m = match(line)
+                if m is not None:
+                    tag = m.group()
+                    rest = line[m.end() :].rstrip(b"\r")
+                    if rest.endswith(tag):
+                        rest = rest[: -len(tag)]
+                    if _OMPI_TAG_BYTES not in rest:
+                        out.append(tag + rest)
+                        continue
+            text = line.decode("utf-8", "replace") + "\n"
+            out.extend(x.rstrip("\r\n").encode() for x in demux.lines([text]))
+        if end:
+            out.extend(x.encode() for x in demux.flush())
+        out.append(b"")
+        return b"\n".join(out) if len(out) > 1 else b""
+
+
+def parse_stream(fh: BinaryIO, source: str, bulk: bool = True) -> list[ParsedRun]:
+    """Parse a log from an open binary file (``parse_file`` without the opening)."""
+    core = _Core(source)
+    try:
+        if fh.seekable():
+            tagged = _OMPI_TAG_BYTES in fh.read(_OMPI_PEEK_BYTES)
+            fh.seek(0)
+            if tagged:  # mpirun --tag-output splits lines across ranks: put them back first
+                fh = _Demuxed(fh)  # type: ignore[assignment]
+        with reading():
+            drive_file(core, _KW, fh, bulk=bulk)
+    except OSError as exc:
+        core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
+    return core.finish()
+
+
+# -- merging per-node files -------------------------------------------------------------------
+
+
+def _summary_line(run: ParsedRun) -> str:
+    its = run.iterations
+    last = f"{its[-1].iteration}/{its[-1].train_iters}" if its else "-"
+    times = [it.elapsed_ms for it in its if it.elapsed_ms is not None]
+    mean = f"{sum(times) / len(times):.1f} ms" if times else "n/a"
+    fail = (
+        f" {run.failure.kind} at line {run.failure.line}: {run.failure.message}"
+        if (run.failure)
+        else ""
+    )
+    return (
+        f"{run.status:10} iterations {len(its):4d} (last {last}) mean printed elapsed {mean}; "
+        f"timer blocks {len(run.timers)}, memory reports {len(run.memory)}, "
+        f"problems {len(run.problems)}{fail}"
+    )
+
+
+def _text_blocks(col: Column, codes: list[Any] | None = None) -> Iterator[list[str]]:
+    """A column's values as JSON texts, a block at a time (``Column.json_texts``); ``codes``:
+    the column holds indexes into these values (a table's string fields)."""
+    if codes is None:
+        yield from col.json_texts()
+        return
+    by_index = {str(i): json_text(v) for i, v in enumerate(codes)} | {"null": "null"}
+    for block in col.json_texts():
+        yield list(map(by_index.__getitem__, block))
+
+
+def _text_rows(blocks: list[Iterator[list[str]]]) -> Iterator[tuple[str, ...]]:
+    """Rows of columns given as text blocks of equal sizes."""
+    return chain.from_iterable(zip(*b, strict=True) for b in zip(*blocks, strict=True))
+
+
+def _json_records(records: Any, encode: Any) -> Iterator[str]:
+    """The elements of a record list as JSON texts (column tables row by row, without an
+    object per record)."""
+    if isinstance(records, RecordTable):
+        names = [json.dumps(f).replace("%", "%%") for f in records._names]
+        template = "{" + ", ".join(f"{n}: %s" for n in names) + "}"
+        cols = [
+            _text_blocks(records.column(n), records._codes[n] if n in records.strs else None)
+            for n in records._names
+        ]
+        for row in _text_rows(cols):
+            yield template % row
+    elif isinstance(records, TimerTable):
+        templates = []
+        for source, names, shape in records.groups:
+            parts = []
+            for n, k in zip(names, shape, strict=True):
+                value = "[" + ", ".join(["%s"] * k) + "]" if k else "%s"
+                parts.append(f"{json.dumps(n).replace('%', '%%')}: {value}")
+            src = json.dumps(source).replace("%", "%%")
+            templates.append(
+                f'{{"source": {src}, "values_ms": {{{", ".join(parts)}}}, '
+                '"rank": %s, "iteration": %s, "line": %s}'
+            )
+        readers = [
+            _text_rows([_text_blocks(c) for c in records.group_values(g)])
+            for g in range(len(templates))
+        ]
+        gids = records.group_ids()
+        step = 1 << 16
+        for g, (rank, it, line) in zip(
+            chain.from_iterable(gids[s : s + step].tolist() for s in range(0, len(gids), step)),
+            _text_rows([_text_blocks(records.column(c)) for c in ("rank", "iteration", "line")]),
+            strict=True,
+        ):
+            yield templates[g] % (*next(readers[g]), rank, it, line)
+    else:
+        for r in records:
+            yield encode(block_dict(r) if isinstance(r, TimerBlock) else asdict(r))
+
+
+def _iter_json(paths: Iterable[str]) -> Iterator[str]:
+    """The ``--json`` document in pieces: one log parsed at a time, one record a line."""
+    encode = json.JSONEncoder(allow_nan=False, default=str).encode
+    lists = ("iterations", "memory", "memory_other", "timers", "pipeline_steps", "further_failures")
+    yield '{"logs": ['
+    for i, p in enumerate(paths):
+        yield ("," if i else "") + f'\n {{"path": {encode(p)}, "runs": ['
+        for j, run in enumerate(parse_file(p)):
+            yield ("," if j else "") + "\n  {"
+            for k, f in enumerate(fields(run)):
+                value = getattr(run, f.name)
+                yield ("," if k else "") + f"\n   {encode(f.name)}: "
+                if f.name not in lists:
+                    yield encode(asdict(value) if f.name == "failure" and value else value)
+                    continue
+                yield "["
+                chunk: list[str] = []
+                first = True
+                for text in _json_records(value, encode):
+                    chunk.append(text)
+                    if len(chunk) >= 2048:
+                        yield ("" if first else ",") + "\n    " + ",\n    ".join(chunk)
+                        chunk, first = [], False
+                if chunk:
+                    yield ("" if first else ",") + "\n    " + ",\n    ".join(chunk)
+                yield "]"
+            yield "}"
+        yield "]}"
+    yield "\n]}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m analysis.parse LOG... [--json]``; exit 0 even when logs are unreadable."""
+    ap = argparse.ArgumentParser(
+        prog="python -m analysis.parse", description=__doc__.split("\n")[0]
+    )
+    ap.add_argument("logs", nargs="+", help="log files")
+    ap.add_argument("--json", action="store_true", help='print {"logs": [...]} as JSON')
+    ns = ap.parse_args(argv)
+    return_freed_memory()
+    if ns.json:
+        write = sys.stdout.write
+        for text in _iter_json(ns.logs):
+            write(text)
+        return 0
+    try:
+        from rich.console import Console
+
+        console: Any = Console(highlight=False)
+    except ImportError:  # pragma: no cover - rich is a project dependency
+        console = None
+    for p in ns.logs:
+        runs = parse_file(p)
+        header = f"{p}: {len(runs)} run(s)"
+        lines = [header] + [f"  run {i + 1}: {_summary_line(r)}" for i, r in enumerate(runs)]
+        for r in runs:
+            lines.extend(f"    problem: {x}" for x in r.problems[:5])
+        for line in lines:
+            if console is not None:
+                console.print(line, markup=False)
+            else:
+                print(line)
+    return 0

@@ -1,0 +1,859 @@
+"""Typed records that the parser produces and the metrics consume, and ``RunSetup``: what a run
+was, as ``analysis.runs.load`` resolves it from every source.
+
+These mirror the JSON contract of ``python -m analysis.parse LOG... --json`` (DESIGN.md):
+``{"logs": [{"path": str, "runs": [RUN, ...]}]}``.  ``to_dict`` on each record gives that JSON.
+All times are milliseconds and all memory figures MiB (bytes / 1024**2, which is what both
+Megatron's ``report_memory`` and DeepSpeed's ``see_memory_usage`` print under the label "MB"),
+whatever unit the log itself printed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, Generic, Literal, TypeVar, overload
+
+import numpy as np
+
+from analysis.parse.columns import Column
+
+_BLOCKS_AT_A_TIME = 1 << 16
+"""Timer blocks ``TimerTable.blocks_of`` converts to Python values at a time."""
+
+RunStatus = Literal["completed", "failed", "incomplete"]
+"""``completed``: training reached its last iteration (or the launcher said every process exited
+successfully); ``failed``: a failure was recognised; ``incomplete``: neither (log cut short)."""
+
+FailureKind = Literal[
+    "oom", "nccl", "exception", "killed", "time_limit", "cancelled", "hang", "other"
+]
+"""Closed set of failure kinds; ``nccl`` also covers gloo and other collective-backend errors."""
+
+TimerSource = Literal["megatron", "deepspeed", "pipeline"]
+"""Who printed a timer block: Megatron's ``Timers.log``, DeepSpeed's ``wall_clock_breakdown``
+(``[Rank 0] time (ms) | ...``), or DeepSpeed's PipelineEngine (also ``time (ms)`` lines, but
+totals over ``steps_per_print`` steps rather than per step)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why a run did not complete."""
+
+    kind: FailureKind
+    """Closed classification of the failure."""
+    message: str
+    """The log line (prefixes stripped) that identified the failure."""
+    line: int
+    """1-based line number of that line in the file it came from."""
+
+
+@dataclass(frozen=True, slots=True)
+class Iteration:
+    """One Megatron iteration line (or a PipelineEngine ``steps:`` line when no Megatron line)."""
+
+    iteration: int
+    """Iteration number as printed (1-based, the last iteration of the logging window)."""
+    elapsed_ms: float | None = None
+    """Mean wall time per iteration over the logging window, in ms (converted from s if needed)."""
+    samples_per_s: float | None = None
+    """Samples per second as printed."""
+    tflops: float | None = None
+    """TFLOPs per GPU as printed by Megatron (its own formula; recomputed in ``metrics.rows``)."""
+    lm_loss: float | None = None
+    """Language-model loss averaged over the window."""
+    loss_scale: float | None = None
+    """Dynamic loss scale (fp16) or 1.0."""
+    grad_norm: float | None = None
+    """Gradient norm, when printed."""
+    skipped: int | None = None
+    """Number of skipped iterations in the window."""
+    nan: int | None = None
+    """Number of NaN iterations in the window."""
+    global_batch_size: int | None = None
+    """Global batch size as printed."""
+    learning_rate: float | None = None
+    """Learning rate as printed."""
+    consumed_samples: int | None = None
+    """Consumed samples so far."""
+    consumed_tokens: int | None = None
+    """Consumed tokens so far, when printed."""
+    tokens_per_gpu_per_s: float | None = None
+    """Tokens per GPU per second as printed (Megatron-DeepSpeed's ``tgs``)."""
+    train_iters: int | None = None
+    """Total iterations planned (the N in ``iteration k/N``)."""
+    line: int | None = None
+    """1-based line number in the source file."""
+    source: str | None = None
+    """File the line came from (several files can feed one run)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """One memory report, in MiB."""
+
+    rank: int | None
+    """Global rank that printed it, if the line says."""
+    allocated_mb: float | None = None
+    """Currently allocated tensor memory (MiB)."""
+    max_allocated_mb: float | None = None
+    """Peak allocated tensor memory (MiB)."""
+    reserved_mb: float | None = None
+    """Memory reserved by the caching allocator (MiB)."""
+    max_reserved_mb: float | None = None
+    """Peak reserved memory (MiB)."""
+    kind: str = "megatron"
+    """Which report printed it: ``megatron`` (report_memory), ``deepspeed`` (MemAllocated), or
+    ``see_memory_usage`` (MA/Max_MA/CA/Max_CA in GB, converted)."""
+    after_iteration: int | None = None
+    """Iteration after which it was printed, when the line says (``(after 5 iterations)``)."""
+    line: int | None = None
+    """1-based line number in the source file."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimerBlock:
+    """One printed group of timers."""
+
+    source: TimerSource
+    """Who printed it."""
+    values_ms: dict[str, float | tuple[float, float]]
+    """Timer name -> ms; a ``(min, max)`` pair across ranks for Megatron minmax blocks."""
+    rank: int | None = None
+    """Rank that printed it (``[Rank 0]``), if stated."""
+    iteration: int | None = None
+    """Iteration the block belongs to, when it can be attributed (the next iteration line for
+    per-step DeepSpeed timers; the preceding one for Megatron blocks)."""
+    line: int | None = None
+    """1-based line number in the source file."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineStep:
+    """DeepSpeed PipelineEngine ``steps: N loss: L iter time (s): T samples/sec: S`` line."""
+
+    step: int
+    """Optimizer step count."""
+    loss: float | None
+    """Loss printed by the engine."""
+    iter_ms: float | None
+    """Per-step time in ms (the line prints seconds)."""
+    samples_per_s: float | None
+    """Samples per second as printed."""
+    line: int | None = None
+    """1-based line number in the source file."""
+
+
+@dataclass
+class ParsedRun:
+    """Everything one training run's log says. Mutable while the parser fills it."""
+
+    status: RunStatus = "incomplete"
+    """See ``RunStatus``."""
+    failure: Failure | None = None
+    """The first failure recognised, or None."""
+    further_failures: list[Failure] = field(default_factory=list)
+    """Failures recognised after the first (another rank's, a consequence), in log order; each
+    is also named in ``problems``."""
+    interrupted: bool = False
+    """The launcher's own outcome marker (``# run outcome: interrupted``) says the run was
+    cancelled by a signal (Ctrl-C, SIGTERM); ``status`` is then ``failed`` with kind
+    ``cancelled``, and a run directory's ``run.json`` says ``interrupted``."""
+    iterations: Sequence[Iteration] = field(default_factory=lambda: IterationTable())
+    """Iteration lines in file order, duplicates (same iteration from several ranks) removed
+    (an ``IterationTable``: typed columns; a plain list works too)."""
+    memory: Sequence[Memory] = field(default_factory=lambda: MemoryTable())
+    """Every Megatron ``memory (MB)`` report (``report_memory``: exact MiB, per rank)."""
+    memory_other: Sequence[Memory] = field(default_factory=lambda: MemoryTable())
+    """Coarser memory figures kept apart from ``memory``: DeepSpeed's ``MemAllocated=..GB``
+    and ``see_memory_usage`` (``MA .. GB ... Max_CA .. GB``), printed in GB rounded to 2
+    decimals (``Max_CA`` to a whole GB), so they must not feed a peak-memory figure."""
+    timers: Sequence[TimerBlock] = field(default_factory=lambda: TimerTable())
+    """Every timer block, in line order (a ``TimerTable``; a plain list works too)."""
+    pipeline_steps: Sequence[PipelineStep] = field(default_factory=lambda: PipelineStepTable())
+    """PipelineEngine step lines (a ``PipelineStepTable``; a plain list works too)."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Configuration recovered from the log: Megatron's ``arguments`` dump (typed values) and
+    summary keys ``num_layers, hidden_size, num_attention_heads, seq_length, micro_batch_size,
+    global_batch_size, tensor_model_parallel_size, pipeline_model_parallel_size,
+    data_parallel_size, zero_stage, world_size, padded_vocab_size, num_parameters``."""
+    ds_config: dict[str, Any] = field(default_factory=dict)
+    """DeepSpeed's config dump, if printed."""
+    ds_engine: dict[str, Any] = field(default_factory=dict)
+    """DeepSpeed's ``DeepSpeedEngine configuration:`` attribute dump (typed), if printed."""
+    versions: dict[str, str] = field(default_factory=dict)
+    """Versions the log states (torch, deepspeed, megatron git hash)."""
+    problems: list[str] = field(default_factory=list)
+    """What the parser could not read or had to guess, in words (never raised)."""
+    sources: list[str] = field(default_factory=list)
+    """Files that fed this run."""
+    first_line: int | None = None
+    """1-based line where this run starts in its (first) file."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict following DESIGN.md's RUN contract (plus extra keys)."""
+        d: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in (
+                "iterations",
+                "memory",
+                "memory_other",
+                "pipeline_steps",
+                "further_failures",
+            ):
+                d[f.name] = [asdict(x) for x in value]
+            elif f.name == "timers":
+                d[f.name] = [block_dict(b) for b in value]
+            elif f.name == "failure":
+                d[f.name] = asdict(value) if value is not None else None
+            else:
+                d[f.name] = _copy(value)
+        return d
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes held by the typed columns of each record table (0 for plain lists)."""
+        return {
+            name: getattr(self, name).nbytes if hasattr(getattr(self, name), "nbytes") else 0
+            for name in ("iterations", "memory", "memory_other", "timers", "pipeline_steps")
+        }
+
+
+def block_dict(block: TimerBlock) -> dict[str, Any]:
+    """A timer block as JSON-ready dict (pairs as lists)."""
+    d = asdict(block)
+    d["values_ms"] = {
+        k: (list(v) if isinstance(v, tuple) else v) for k, v in block.values_ms.items()
+    }
+    return d
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_copy(v) for v in value)
+    return value
+
+
+# -- typed column tables ----------------------------------------------------------------------
+
+R = TypeVar("R")
+
+
+class _Rows(Sequence[R], Generic[R]):
+    """Sequence behaviour shared by the column tables: rows read back as records, equality
+    with any sequence of records, ``+`` gives a list."""
+
+    def _row(self, i: int) -> R:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, i: int) -> R: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[R]: ...
+    def __getitem__(self, i: int | slice) -> R | list[R]:
+        if isinstance(i, slice):
+            return [self._row(k) for k in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"{type(self).__name__} index out of range")
+        return self._row(i)
+
+    def __reversed__(self) -> Iterator[R]:
+        for i in range(len(self) - 1, -1, -1):
+            yield self._row(i)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __add__(self, other: Iterable[Any]) -> list[Any]:
+        return [*self, *other]
+
+    def __radd__(self, other: Iterable[Any]) -> list[Any]:
+        return [*other, *self]
+
+
+class RecordTable(_Rows[R]):
+    """Records of one frozen dataclass kept as typed columns (``analysis.parse.columns``): a few
+    bytes per record instead of a Python object.  Reads give the records back, exactly."""
+
+    record: ClassVar[type]
+    """The dataclass stored."""
+    ints: ClassVar[frozenset[str]] = frozenset()
+    """Fields holding ints."""
+    delta: ClassVar[frozenset[str]] = frozenset()
+    """Int fields stored as differences (line numbers, counters)."""
+    strs: ClassVar[frozenset[str]] = frozenset()
+    """Fields holding a few distinct strings (stored as an index)."""
+
+    def __init__(self, items: Iterable[R] = ()) -> None:
+        self._names = [f.name for f in fields(self.record)]
+        self._cols = {
+            n: Column("i" if n in self.ints or n in self.strs else "f", delta=n in self.delta)
+            for n in self._names
+        }
+        self._codes: dict[str, list[Any]] = {n: [] for n in self.strs}
+        self._index: dict[str, dict[Any, int]] = {n: {} for n in self.strs}
+        self.extend(items)
+
+    def code(self, name: str, value: Any) -> int | None:
+        """Index of a string field's value (added when new)."""
+        if value is None:
+            return None
+        idx = self._index[name]
+        i = idx.get(value)
+        if i is None:
+            i = idx[value] = len(self._codes[name])
+            self._codes[name].append(value)
+        return i
+
+    def append(self, rec: R) -> None:
+        """Add one record."""
+        cols = self._cols
+        for n in self._names:
+            v = getattr(rec, n)
+            cols[n].append(self.code(n, v) if n in self.strs else v)
+
+    def extend(self, items: Iterable[R]) -> None:
+        """Add records."""
+        if isinstance(items, RecordTable) and type(items) is type(self):
+            for n in self._names:
+                if n in self.strs:
+                    codes = items._codes[n]
+                    self._cols[n].extend(
+                        None if c is None else self.code(n, codes[c]) for c in items._cols[n]
+                    )
+                else:
+                    self._cols[n].concat(items._cols[n])
+            return
+        for rec in items:
+            self.append(rec)
+
+    def add_columns(self, n: int, values: dict[str, Any]) -> None:
+        """Add ``n`` records given column-wise: a field -> float array (NaN is None) or int
+        array, or one value for all; fields not given are None."""
+        for name in self._names:
+            col = self._cols[name]
+            v = values.get(name)
+            if isinstance(v, np.ndarray):
+                if col.kind == "f":
+                    col.extend_floats(v)
+                else:
+                    col.extend_ints(v)
+            elif isinstance(v, list):
+                col.extend(self.code(name, x) for x in v) if name in self.strs else col.extend(v)
+            else:
+                if name in self.strs:
+                    v = self.code(name, v)
+                col.extend_const(v, n)
+
+    def column(self, name: str) -> Column:
+        """The typed column of one field (read it, do not change it)."""
+        return self._cols[name]
+
+    def take(self, order: np.ndarray) -> RecordTable[R]:
+        """A new table of the records at ``order`` (indices)."""
+        out = type(self)()
+        out._cols = {n: c.take(order) for n, c in self._cols.items()}
+        out._codes = {n: list(v) for n, v in self._codes.items()}
+        out._index = {n: dict(v) for n, v in self._index.items()}
+        return out
+
+    def __len__(self) -> int:
+        return len(self._cols[self._names[0]])
+
+    def _row(self, i: int) -> R:
+        vals = []
+        for n in self._names:
+            v = self._cols[n][i]
+            vals.append(self._codes[n][v] if n in self.strs and v is not None else v)
+        return self.record(*vals)
+
+    def rows(self) -> Iterator[tuple[Any, ...]]:
+        """The records as tuples of field values, in field order."""
+        its = []
+        for n in self._names:
+            col = self._cols[n]
+            if n in self.strs:
+                codes = self._codes[n]
+                its.append(None if c is None else codes[c] for c in col)
+            else:
+                its.append(iter(col))
+        return zip(*its, strict=True)
+
+    def __iter__(self) -> Iterator[R]:
+        rec = self.record
+        for row in self.rows():
+            yield rec(*row)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self)} records, {self.nbytes} bytes)"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored values."""
+        return sum(c.nbytes for c in self._cols.values())
+
+
+class IterationTable(RecordTable[Iteration]):
+    """``Iteration`` records as typed columns."""
+
+    record = Iteration
+    ints = frozenset(
+        ("iteration", "skipped", "nan", "global_batch_size", "consumed_samples",
+         "consumed_tokens", "train_iters", "line")
+    )  # fmt: skip
+    delta = frozenset(("iteration", "line", "consumed_samples", "consumed_tokens"))
+    strs = frozenset(("source",))
+
+
+class MemoryTable(RecordTable[Memory]):
+    """``Memory`` records as typed columns."""
+
+    record = Memory
+    ints = frozenset(("rank", "after_iteration", "line"))
+    delta = frozenset(("line",))
+    strs = frozenset(("kind",))
+
+
+class PipelineStepTable(RecordTable[PipelineStep]):
+    """``PipelineStep`` records as typed columns."""
+
+    record = PipelineStep
+    ints = frozenset(("step", "line"))
+    delta = frozenset(("step", "line"))
+
+
+class _Group:
+    """Timer blocks of one source and one set of names: one column per value."""
+
+    __slots__ = ("cols", "names", "shape", "source")
+
+    def __init__(self, source: str, names: tuple[str, ...], shape: tuple[int, ...]) -> None:
+        self.source = source
+        self.names = names
+        self.shape = shape  # per name: 0 = one number, k = a k-tuple
+        self.cols = [Column("f") for k in shape for _ in range(max(k, 1))]
+
+    def values(self, flat: Sequence[Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        j = 0
+        for name, k in zip(self.names, self.shape, strict=True):
+            if k:
+                out[name] = tuple(flat[j : j + k])
+                j += k
+            else:
+                out[name] = flat[j]
+                j += 1
+        return out
+
+
+def _shape(values: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(len(v) if isinstance(v, tuple) else 0 for v in values.values())
+
+
+class TimerTable(_Rows[TimerBlock]):
+    """``TimerBlock`` records as typed columns: the blocks of one source and one set of timer
+    names (one "group", e.g. DeepSpeed's ``fwd bwd bwd_inner bwd_allreduce step``) share a
+    column per timer; each block is a group index, rank, iteration and line."""
+
+    def __init__(self, items: Iterable[TimerBlock] = ()) -> None:
+        self._groups: list[_Group] = []
+        self._gindex: dict[tuple[Any, ...], int] = {}
+        self._gid = Column("i")
+        self._rank = Column("i")
+        self._iteration = Column("i", delta=True)
+        self._line = Column("i", delta=True)
+        for b in items:
+            self.append(b)
+
+    # -- groups -----------------------------------------------------------------------------
+
+    def group(self, source: str, names: tuple[str, ...], shape: tuple[int, ...]) -> int:
+        """Index of the group of ``source`` blocks with these timer names (added when new)."""
+        key = (source, names, shape)
+        g = self._gindex.get(key)
+        if g is None:
+            g = self._gindex[key] = len(self._groups)
+            self._groups.append(_Group(source, names, shape))
+        return g
+
+    @property
+    def groups(self) -> list[tuple[str, tuple[str, ...], tuple[int, ...]]]:
+        """(source, names, shape) of every group, by index."""
+        return [(g.source, g.names, g.shape) for g in self._groups]
+
+    def group_ids(self) -> np.ndarray:
+        """Group index of every block (int64)."""
+        return self._gid.ints()
+
+    def small_group_ids(self) -> np.ndarray:
+        """``group_ids`` in the narrowest width that holds them."""
+        return self._gid.small_ints()
+
+    def group_values(self, g: int) -> list[Column]:
+        """The value columns of group ``g`` (one per number, pairs give two), in block order."""
+        return self._groups[g].cols
+
+    def column(self, name: str) -> Column:
+        """``rank``, ``iteration`` or ``line`` of every block."""
+        return {"rank": self._rank, "iteration": self._iteration, "line": self._line}[name]
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def append(self, block: TimerBlock) -> None:
+        """Add one block."""
+        values = block.values_ms
+        g = self.group(block.source, tuple(values), _shape(values))
+        cols = self._groups[g].cols
+        j = 0
+        for v in values.values():
+            if isinstance(v, tuple):
+                for x in v:
+                    cols[j].append(x)
+                    j += 1
+            else:
+                cols[j].append(v)
+                j += 1
+        self._gid.append(g)
+        self._rank.append(block.rank)
+        self._iteration.append(block.iteration)
+        self._line.append(block.line)
+
+    def extend(self, items: Iterable[TimerBlock], move: bool = False) -> None:
+        """Add blocks (another table's are copied column-wise; ``move``: the value columns of
+        its groups new here are taken over, not copied: that table is not used again)."""
+        if not isinstance(items, TimerTable):
+            for b in items:
+                self.append(b)
+            return
+        remap = [self.group(g.source, g.names, g.shape) for g in items._groups]
+        for g_other, g in zip(items._groups, remap, strict=True):
+            grp = self._groups[g]
+            if move and not any(len(c) for c in grp.cols):
+                grp.cols = g_other.cols
+                g_other.cols = []
+                continue
+            for mine, theirs in zip(grp.cols, g_other.cols, strict=True):
+                mine.concat(theirs)
+        gid = items.small_group_ids()
+        to = np.array(remap, dtype=np.int64)
+        for a in range(0, len(gid), _BLOCKS_AT_A_TIME):  # (no int64 copy of millions of ids)
+            self._gid.extend_ints(to[gid[a : a + _BLOCKS_AT_A_TIME]])
+        del gid
+        for mine, theirs in (
+            (self._rank, items._rank),
+            (self._iteration, items._iteration),
+            (self._line, items._line),
+        ):
+            mine.concat(theirs)
+            if move:
+                theirs.clear()  # one column of both tables at a time
+
+    def add_rows(
+        self,
+        g: int,
+        values: np.ndarray,
+        rank: Any,
+        iteration: Any,
+        line: np.ndarray,
+    ) -> None:
+        """Add blocks of group ``g`` column-wise: ``values`` (blocks x numbers, float; NaN
+        is None); ``rank`` and ``iteration`` an int array or one value for all; lines."""
+        n = len(line)
+        if not n:
+            return
+        for j, col in enumerate(self._groups[g].cols):
+            col.extend_floats(values[:, j])
+        self._gid.extend_const(g, n)
+        for col, v in ((self._rank, rank), (self._iteration, iteration)):
+            if isinstance(v, np.ndarray):
+                col.extend_ints(v)
+            else:
+                col.extend_const(v, n)
+        self._line.extend_ints(line)
+
+    def set_source(self, g: int, source: str) -> None:
+        """Change the source of a group (the merge re-sources DeepSpeed blocks of a pipeline
+        run); a group of that source and names already present is joined."""
+        grp = self._groups[g]
+        del self._gindex[(grp.source, grp.names, grp.shape)]
+        grp.source = source
+        key = (source, grp.names, grp.shape)
+        if key in self._gindex:  # two groups now the same: keep them apart (order is kept)
+            self._gindex[(source, grp.names, grp.shape, g)] = g
+        else:
+            self._gindex[key] = g
+
+    def set_iterations(
+        self, values: list[int | None] | np.ndarray, none: np.ndarray | None = None
+    ) -> None:
+        """Replace the iteration of every block (``none`` marks None when an array)."""
+        col = Column("i", delta=True)
+        if isinstance(values, np.ndarray):
+            if none is not None:
+                col.extend_ints_masked(values, none)
+            else:
+                col.extend_ints(values)
+        else:
+            col.extend(values)
+        self._iteration = col
+
+    def sort_by_line(self) -> None:
+        """Order the blocks by line (stable), as the log printed them."""
+        n = len(self)
+        if n < 2:
+            return
+        lines = self._line.small_ints(fill=0)  # None sorts as 0, as before
+        if (lines[1:] >= lines[:-1]).all():
+            return
+        index = np.int32 if n < 2**31 else np.int64  # half the bytes of the whole-length arrays
+        order = _merge_order(lines, index)
+        del lines
+        gid = self.small_group_ids()
+        moved = gid[order]  # the group of each block in the new order
+        del gid
+        for g, grp in enumerate(self._groups):
+            if not _in_order(order, moved, g):  # else the group's values keep their order
+                rows = order[moved == g]  # its blocks' old places, in the new order
+                within = np.searchsorted(self._gid.rows_equal(g), rows)
+                grp.cols = [c.take(within) for c in grp.cols]
+                del rows, within
+        del moved
+        self._gid = self._gid.take(order)
+        self._rank = self._rank.take(order)
+        self._iteration = self._iteration.take(order)
+        self._line = self._line.take(order)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._gid)
+
+    def __iter__(self) -> Iterator[TimerBlock]:
+        readers = [zip(*grp.cols, strict=True) for grp in self._groups]
+        groups = self._groups
+        for g, rank, it, line in zip(
+            self._gid, self._rank, self._iteration, self._line, strict=True
+        ):
+            grp = groups[g]
+            yield TimerBlock(grp.source, grp.values(next(readers[g])), rank, it, line)  # type: ignore[arg-type]
+
+    def _row(self, i: int) -> TimerBlock:
+        g = self._gid[i]
+        k = int((self.group_ids()[:i] == g).sum())
+        grp = self._groups[g]
+        flat = [c[k] for c in grp.cols]
+        return TimerBlock(
+            grp.source, grp.values(flat), self._rank[i], self._iteration[i], self._line[i]
+        )  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return f"TimerTable({len(self)} blocks in {len(self._groups)} groups, {self.nbytes} bytes)"
+
+    def rows(self) -> Iterator[tuple[int, tuple[Any, ...], Any, Any, Any]]:
+        """The blocks as (group, numbers in column order, rank, iteration, line)."""
+        readers = [zip(*grp.cols, strict=True) for grp in self._groups]
+        for g, rank, it, line in zip(
+            self._gid, self._rank, self._iteration, self._line, strict=True
+        ):
+            yield g, next(readers[g]), rank, it, line
+
+    def blocks_of(self, source: str) -> Iterator[TimerBlock]:
+        """The blocks of one source, in order (only their groups are read)."""
+        gs = [g for g, grp in enumerate(self._groups) if grp.source == source]
+        if not gs:
+            return
+        gid = self.small_group_ids()  # (int8 for a few groups: no int64 copy of millions)
+        readers = {g: zip(*self._groups[g].cols, strict=True) for g in gs}
+        # Rank, iteration and line of the blocks read a piece at a time, in step with ``gid``.
+        columns = [c.pieces(_BLOCKS_AT_A_TIME) for c in (self._rank, self._iteration, self._line)]
+        for start in range(0, len(gid), _BLOCKS_AT_A_TIME):
+            part = gid[start : start + _BLOCKS_AT_A_TIME]
+            at = [next(c) for c in columns]
+            hit = np.flatnonzero(part == gs[0] if len(gs) == 1 else np.isin(part, gs))
+            if not len(hit):
+                continue
+            ranks, its, lines = (f(hit) for f in at)
+            for g, rank, it, line in zip(part[hit].tolist(), ranks, its, lines, strict=True):
+                grp = self._groups[g]
+                yield TimerBlock(grp.source, grp.values(next(readers[g])), rank, it, line)
+
+    def group_views(
+        self, source: str, names: Callable[[tuple[str, ...]], bool] | None = None
+    ) -> list[TimerGroupView]:
+        """The blocks of one source as column groups (``timer_groups``); values are read when
+        asked for."""
+        gs = [
+            g
+            for g, grp in enumerate(self._groups)
+            if grp.source == source and (names is None or names(grp.names))
+        ]
+        if not gs:
+            return []
+        out = []
+        for g in gs:  # (a long run has millions of blocks: no full-length copy of a column)
+            grp = self._groups[g]
+            rows = self._gid.rows_equal(g)
+            its = self._iteration.floats_at(rows)
+            out.append(TimerGroupView(grp.names, grp.shape, rows, its, _LazyValues(grp)))
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored values."""
+        cols = [self._gid, self._rank, self._iteration, self._line]
+        cols += [c for g in self._groups for c in g.cols]
+        return sum(c.nbytes for c in cols)
+
+
+def _merge_order(keys: np.ndarray, index: type) -> np.ndarray:
+    """The stable sort of ``keys`` (the old place of each key in the new order), in ``index``
+    ints.  Keys in two sorted runs (the Megatron blocks, then the DeepSpeed ones, each in file
+    order) are merged by binary search a piece at a time; others go through ``np.argsort``,
+    whose stable sort of millions of keys needs several int64 arrays of their length."""
+    n = len(keys)
+    falls = np.flatnonzero(keys[1:] < keys[:-1])
+    if len(falls) != 1:
+        return np.argsort(keys, kind="stable").astype(index)
+    m = int(falls[0]) + 1
+    first, second = keys[:m], keys[m:]
+    order = np.empty(n, dtype=index)
+    # A key of the first run goes after the second run's smaller keys, one of the second
+    # after the first run's keys up to its own (ties keep the file order).
+    for a in range(0, m, _BLOCKS_AT_A_TIME):
+        part = first[a : a + _BLOCKS_AT_A_TIME]
+        at = np.searchsorted(second, part, "left") + np.arange(a, a + len(part))
+        order[at] = np.arange(a, a + len(part), dtype=index)
+    for b in range(0, n - m, _BLOCKS_AT_A_TIME):
+        part = second[b : b + _BLOCKS_AT_A_TIME]
+        at = np.searchsorted(first, part, "right") + np.arange(b, b + len(part))
+        order[at] = np.arange(m + b, m + b + len(part), dtype=index)
+    return order
+
+
+def _in_order(order: np.ndarray, moved: np.ndarray, g: int) -> bool:
+    """Whether the blocks of group ``g`` keep their relative order under ``order`` (``moved``:
+    the group of each block in the new order), looked at a piece at a time."""
+    last = -1
+    for a in range(0, len(order), _BLOCKS_AT_A_TIME):
+        rows = order[a : a + _BLOCKS_AT_A_TIME][moved[a : a + _BLOCKS_AT_A_TIME] == g]
+        if len(rows):
+            if rows[0] < last or (len(rows) > 1 and not (rows[1:] > rows[:-1]).all()):
+                return False
+            last = int(rows[-1])
+    return True
+
+
+# -- column views for consumers (tables and plain lists alike) -------------------------------
+
+
+def record_values(records: Sequence[Any], name: str) -> np.ndarray:
+    """One numeric field of every record as float64 (None as NaN)."""
+    if isinstance(records, RecordTable):
+        return records.column(name).floats()
+    return np.array([np.nan if (v := getattr(r, name)) is None else float(v) for r in records])
+
+
+def int_values(records: Sequence[Any], name: str) -> np.ndarray | list[int]:
+    """One int field of every record (an iteration or step number, never None): a table's
+    column as int64, read as stored (no record object per row); else, or when a number does
+    not fit 64 bits, the Python ints."""
+    if isinstance(records, RecordTable):
+        col = records.column(name)
+        try:
+            return col.ints()
+        except OverflowError:
+            return list(col)
+    return [getattr(r, name) for r in records]
+
+
+def blocks_of(timers: Sequence[TimerBlock], source: str) -> Iterator[TimerBlock]:
+    """The timer blocks of one source, in order (a table reads only those)."""
+    if not isinstance(timers, TimerTable):
+        yield from (b for b in timers if b.source == source)
+        return
+    yield from timers.blocks_of(source)
+
+
+class _LazyValues(dict):  # type: ignore[type-arg]
+    """Name -> values of a timer group, read from its columns on first access."""
+
+    def __init__(self, grp: _Group) -> None:
+        super().__init__()
+        self.grp = grp
+
+    def __missing__(self, name: str) -> np.ndarray:
+        grp = self.grp
+        j = 0
+        for n, k in zip(grp.names, grp.shape, strict=True):
+            if n == name:
+                cols = [c.floats() for c in grp.cols[j : j + max(k, 1)]]
+                value = cols[0] if len(cols) == 1 else np.maximum.reduce(cols)
+                self[name] = value
+                return value
+            j += max(k, 1)
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class TimerGroupView:
+    """The blocks of one source and one set of timer names, column-wise."""
+
+    names: tuple[str, ...]
+    """Timer names, in printed order."""
+    shape: tuple[int, ...]
+    """Per name: 0 = one number, k = a k-tuple (Megatron's (min, max))."""
+    rows: np.ndarray
+    """Positions of the blocks among all blocks (int64), ascending."""
+    iteration: np.ndarray
+    """Iteration of each block (float64, NaN = not attributed)."""
+    values: dict[str, np.ndarray]
+    """Name -> values (float64, NaN = None); a tuple name gives ``name`` (its largest element)
+    only."""
+
+
+def timer_groups(
+    timers: Sequence[TimerBlock],
+    source: str,
+    names: Callable[[tuple[str, ...]], bool] | None = None,
+) -> list[TimerGroupView]:
+    """The blocks of one source as column groups (one per set of names, blocks in order);
+    ``names``: only the groups whose names it accepts."""
+    if isinstance(timers, TimerTable):
+        return timers.group_views(source, names)
+    by: dict[tuple[Any, ...], list[tuple[int, TimerBlock]]] = {}
+    for i, b in enumerate(timers):
+        if b.source == source and (names is None or names(tuple(b.values_ms))):
+            by.setdefault((tuple(b.values_ms), _shape(b.values_ms)), []).append((i, b))
+    out = []
+    for (names, shape), items in by.items():
+        values = {
+            n: np.array(
+                [
+                    np.nan if v is None else float(max(v) if isinstance(v, tuple) else v)
+                    for v in (b.values_ms[n] for _i, b in items)
+                ]
+            )
+            for n in names
+        }
+        out.append(
+            TimerGroupView(
+                names,
+                shape,
+                np.array([i for i, _b in items], dtype=np.int64),
+                np.array([np.nan if b.iteration is None else b.iteration for _i, b in items]),
+                values,
+            )
+        )
+    return out

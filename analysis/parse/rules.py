@@ -1,0 +1,457 @@
+"""What the log parser recognises: the keywords that wake it, the record patterns, the
+iteration-field table, the per-prefix stream and per-run state, and the helpers that join
+wrapped records and classify failures. See ``analysis.parse.reader``.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, get_args
+
+import numpy as np
+
+from analysis.parse.lines import OMPI_TAG_MARK, to_float
+from analysis.parse.records import (
+    Failure,
+    FailureKind,
+    IterationTable,
+    MemoryTable,
+    PipelineStepTable,
+    TimerTable,
+)
+from analysis.parse.scan import Keywords
+from analysis.parse.storage import DeepSpeedBlocks, IterIndex, attribute_blocks
+
+_STRICT: ContextVar[bool] = ContextVar("analysis.parse.reader strict mode", default=False)
+"""Strict mode (``strict()``): a handler's exception propagates instead of becoming a problem."""
+
+
+@contextmanager
+def strict(on: bool = True) -> Iterator[None]:
+    """Within this block, parsers created here let a handler's exception propagate.
+
+    By default the parser never raises on log content: an exception inside a line handler is a
+    bug of the parser, and it becomes a problem string (``internal parser error``) so that one
+    odd line never costs a report.  Tests run in strict mode so that such a bug fails them
+    instead of hiding behind a problem string.
+    """
+    token = _STRICT.set(on)
+    try:
+        yield
+    finally:
+        _STRICT.reset(token)
+
+
+# Substrings one of which every line that can matter during training contains (see module
+# doc).  Lines of the start-up phase need none of them: they are all parsed.
+_KEYWORDS: tuple[str, ...] = (
+    "|",  # iteration lines of every era, `time (ms) |` lines, `memory (MB) |`
+    "(ms)",  # `time across ranks (ms):` headers, NCCL watchdog `Timeout(ms)=`
+    "(s)",  # PipelineEngine `iter time (s)` (not a bare "s)": `**kwargs)` is everywhere)
+    "iteration",  # key=value iteration lines
+    "Error",  # XxxError lines: exceptions, OOM, NCCL and gloo errors
+    "*** JOB",  # slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT ... [DUE TO TIME LIMIT]
+    "*** STEP",
+    "Traceback",
+    "Kill",  # `Killed`
+    "KILL",  # SIGKILL
+    "exits",  # deepspeed launcher: `exits successfully` / `exits with return code = N`
+    "ssh exited",  # pdsh: `pdsh@h: node1: ssh exited with exit code 255` (node lost)
+    "# run outcome",
+    "MemAlloc",  # DeepSpeed ThroughputTimer memory
+    "Max_MA",  # DeepSpeed see_memory_usage
+)
+_KW = Keywords(_KEYWORDS)
+"""How the readers look for them (``analysis.parse.scan``)."""
+_LATE_CONFIG_LINES = 5_000
+"""Lines read in full after training began in one stream of an interleaved multi-node log while
+the set-up lines of another stream (Megatron's argument dump, the padded vocabulary) were still
+missing: pdsh interleaves nodes, so rank 0's set-up can come after the last rank's first
+iteration line."""
+_OMPI_TAG_BYTES = OMPI_TAG_MARK.encode()
+_OMPI_PEEK_BYTES = 1 << 20
+"""How much of a file is looked at for mpirun's ``--tag-output`` marks."""
+_TRACEBACK_MAX_LINES = 2000
+_JSON_MAX_LINES = 5000
+
+_ITER_RE = re.compile(r"(?<![\w-])iteration\s*(=?)\s*(\d+)(?:\s*/\s*(\d+))?\s*(\S?)")
+_GLUE_RE = re.compile(r"(?<![\w-])iteration\s+\d+\s*/\s*\d+")
+_RANK_RE = re.compile(r"\[Rank (\d+)\]")
+_MEM_HEAD_RE = re.compile(r"(?:\[Rank \d+\] )?(?:\(?after \d+ iterations?\)? )?memory \(MB\)")
+_AFTER_RE = re.compile(r"\(after (\d+) iterations?\)")
+_STEPS_RE = re.compile(
+    r"steps:\s*(\d+)\s+loss:\s*(\S+)(?:.*?)iter time \(s\):\s*(\S+)(?:\s+samples/sec:\s*(\S+))?"
+)
+_TIMER_HEAD_RE = re.compile(r"(\(min, max\) time|max time|times) across ranks \(ms\):")
+_TIMER_LINE_RE = re.compile(r"^\s*(\S.*?) \.*: \(?\s*([-\d.eE+]+)(?:\s*,\s*([-\d.eE+]+))?\)?\s*$")
+_TIMER_RANK_RE = re.compile(r"^\s+rank\s+(\d+):\s*([-\d.eE+]+)\s*$")
+_TIMER_NAME_RE = re.compile(r"^\s{1,3}(\S[^:]*):\s*$")
+_ARG_RE = re.compile(r"^\s+(\S+) \.+ ?(.*)$")
+_DS_LOGGER_RE = re.compile(r"^\[[^\]]*\] \[[A-Z]+\] \[[^\]]*\] ?")
+_DS_CFG_LINE_RE = re.compile(r"^\s+(\w+) (\.*) ?(.*)$")
+_MEMALLOC_RE = re.compile(r"MemAllocated=([\d.]+)\s*GB.*?MaxMemAllocated=([\d.]+)\s*GB")
+_SEE_MEM_RE = re.compile(
+    r"MA ([\d.]+) GB\s+Max_MA ([\d.]+) GB\s+CA ([\d.]+) GB\s+Max_CA ([\d.]+) GB"
+)
+_PARAMS_RE = re.compile(
+    r"number of parameters on (?:\(tensor, pipeline\) )?model parallel rank "
+    r"\(?(\d+)(?:, (\d+))?\)?: (\d+)"
+)
+_VOCAB_RE = re.compile(r"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
+_VERSION_RE = re.compile(r"^(torch|deepspeed) (?:version|info) \.+ ([^,\s]+)")
+_DS_INFO_RE = re.compile(r"DeepSpeed info: version=([^,\s]+)")
+_GIT_RE = re.compile(r"git_hash=(\S+)(?: git_branch=(\S+))?")
+_EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(_?[A-Z]\w*)(?::(?:\s.*)?)?$")
+_EXC_NAME_SUFFIX = ("Error", "Exception", "Interrupt", "Exit", "Failure", "Timeout")
+_RC_RE = re.compile(r"exits with return code = (-?\d+)")
+_SSH_RC_RE = re.compile(r"([\w.\-]+): ssh exited with exit code (\d+)")
+_OUTCOME_RE = re.compile(
+    r"# run outcome:\s*(completed|failed|incomplete|interrupted)(?:\s+kind=(\w+))?"
+    r"(?:\s+reason=(.*))?$"
+)
+_KILLED_RE = re.compile(r"\bKilled\b|\bSIGKILL\b|Signal 9\b")
+_SLURM_RE = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT")
+_OOM_RE = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|DefaultCPUAllocator|can't allocate memory"
+    r"|not enough memory|out of memory|MemoryError|Unable to allocate"
+)
+_NCCL_RE = re.compile(
+    r"NCCL error|nccl\w*Error|\bNCCL\b.*\b(?:failure|failed|timeout)|Watchdog caught collective"
+    r"|Gloo connectFullMesh failed|third_party/gloo|Connection (?:closed|reset) by peer"
+    r"|DistBackendError|ProcessGroupNCCL.*(?:timed out|Timeout)"
+)
+_FAILURE_KINDS = frozenset(get_args(FailureKind))
+
+# Iteration-line keys (normalised by norm_key) -> Iteration field.  Elapsed time is handled
+# separately because of its unit.
+_ITER_FIELDS: dict[str, str] = {
+    "lm loss": "lm_loss",
+    "loss": "lm_loss",
+    "loss scale": "loss_scale",
+    "grad norm": "grad_norm",
+    "number of skipped iterations": "skipped",
+    "skipped iterations": "skipped",
+    "skipped": "skipped",
+    "number of nan iterations": "nan",
+    "nan iterations": "nan",
+    "global batch size": "global_batch_size",
+    "batch size": "global_batch_size",
+    "learning rate": "learning_rate",
+    "lr": "learning_rate",
+    "consumed samples": "consumed_samples",
+    "consumed tokens": "consumed_tokens",
+    "samples per second": "samples_per_s",
+    "samples per sec": "samples_per_s",
+    "samples/sec": "samples_per_s",
+    "samples/s": "samples_per_s",
+    "samples per s": "samples_per_s",
+    "tflops": "tflops",
+    "tflops per gpu": "tflops",
+    "tflop/s/gpu": "tflops",
+    "throughput per gpu (tflop/s/gpu)": "tflops",
+    "model tflops": "tflops",
+    "tokens per gpu per second (tgs)": "tokens_per_gpu_per_s",
+    "tgs": "tokens_per_gpu_per_s",
+}
+_INT_FIELDS = frozenset(
+    ("skipped", "nan", "global_batch_size", "consumed_samples", "consumed_tokens")
+)
+
+# Megatron's minmax block names use dashes; DeepSpeed's use underscores.  A single-line
+# `time (ms) | ...` block without `[Rank N]` is Megatron's (older Megatron's Timers.log) when a
+# name has a dash or a space or is one of Megatron's own plain names.
+_MEGATRON_PLAIN_NAMES = frozenset(("optimizer", "allreduce", "batch generator"))
+
+_SUMMARY_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "seq_length",
+    "micro_batch_size",
+    "global_batch_size",
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "data_parallel_size",
+    "zero_stage",
+    "world_size",
+    "padded_vocab_size",
+    "num_parameters",
+)
+
+
+@dataclass
+class _Stream:
+    """Per-prefix state of an open multi-line block."""
+
+    mode: str | None = None
+    """``args``, ``timer``, ``traceback``, ``listtb`` (a traceback printed as a Python list),
+    ``json``, ``engine``, ``wrap`` (a hard-wrapped record) or None."""
+    timer_kind: str = ""
+    """Header kind of an open Megatron timer block; ``iteration`` or ``timer`` for the record
+    of an open ``wrap`` block."""
+    timer_values: dict[str, Any] = field(default_factory=dict)
+    """Values collected so far in an open timer block."""
+    timer_name: str | None = None
+    """Current timer name in a ``times across ranks`` (per-rank) block."""
+    start_line: int = 0
+    """Line where the open block started."""
+    lines: int = 0
+    """Lines consumed by the open block."""
+    buf: list[str] = field(default_factory=list)
+    """Text of an open JSON dump or of a wrapped iteration line."""
+    depth: int = 0
+    """Brace depth of an open JSON dump."""
+    chained: bool = False
+    """A ``During handling of the above exception`` line was seen after an exception."""
+    offset: int = 0
+    """Where the record starts in the first line of a ``wrap``/``listtb`` block (the lines
+    are kept whole: their widths tell a cut at a fixed width from a word wrap)."""
+    key: str = ""
+    """The stream's key (launcher prefixes)."""
+
+
+@dataclass
+class _Run:
+    """A run being filled; turned into a ParsedRun by ``_finish``."""
+
+    source: str
+    first_line: int
+    iterations: IterationTable = field(default_factory=IterationTable)
+    iter_index: IterIndex = field(init=False)
+    memory: MemoryTable = field(default_factory=MemoryTable)
+    memory_other: MemoryTable = field(default_factory=MemoryTable)
+    megatron_blocks: TimerTable = field(default_factory=TimerTable)
+    # DeepSpeed blocks: (values, rank, line, iterations seen before, pipeline steps before)
+    ds_blocks: DeepSpeedBlocks = field(default_factory=DeepSpeedBlocks)
+    steps: PipelineStepTable = field(default_factory=PipelineStepTable)
+    args: dict[str, Any] = field(default_factory=dict)
+    cmd_args: dict[str, Any] = field(default_factory=dict)
+    world: dict[str, int] = field(default_factory=dict)
+    params: dict[str, int] = field(default_factory=dict)
+    vocab: dict[str, int] = field(default_factory=dict)
+    ds_config: dict[str, Any] = field(default_factory=dict)
+    ds_engine: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    failure: Failure | None = None
+    further_failures: list[Failure] = field(default_factory=list)
+    failure_stream: str | None = None
+    outcome: tuple[str, str | None, str, int] | None = None
+    last_iter: int | None = None
+    max_iter: int = -1
+    train_iters: int | None = None
+    reached_final: bool = False
+    pipe_iterations: bool = False
+    training: bool = False
+    ended: bool = False
+    spawned: int = 0
+    exited_ok: int = 0
+    exit_codes: list[int] = field(default_factory=list)
+    iter_numbers: dict[str, array[int]] = field(default_factory=dict)
+    """Stream -> numbers of the iteration lines it printed, in order (per-stream attribution
+    of timer blocks: the position of one node's line among another's means nothing)."""
+    training_streams: set[str] = field(default_factory=set)
+    """Streams (launcher prefixes, ``split_prefix`` keys) whose training output began: their
+    set-up lines are over. Another stream's set-up lines are still read (interleaved nodes)."""
+    content_streams: set[str] = field(default_factory=set)
+    """Streams that printed training output, a failure or an exit in this run: a boundary line
+    (argument dump, ``using world size``, launcher command) of such a stream starts a new run."""
+    boundaries_seen: set[tuple[str, str]] = field(default_factory=set)
+    """(stream, boundary kind) already printed in this run: the same again is a relaunch."""
+    config_until: int = 0
+    """Line number up to which every line is read although training began (see
+    ``_LATE_CONFIG_LINES``); 0 once the set-up is complete."""
+    args_stream: str | None = None
+    """Stream that printed Megatron's argument dump (rank 0's)."""
+
+    def begin_training(self, key: str, lineno: int, content: bool = True) -> None:
+        """Stream ``key`` printed training output at ``lineno`` (``content``: a record, not
+        only Megatron's ``training ...`` line)."""
+        if not self.training and key and not self.config_complete():
+            self.config_until = lineno + _LATE_CONFIG_LINES
+        self.training = True
+        self.training_streams.add(key)
+        if content:
+            self.content_streams.add(key)
+        if self.config_complete():
+            self.config_until = 0
+
+    def config_complete(self) -> bool:
+        """Megatron's argument dump was read, and the padded vocabulary or the end of the set-up
+        of the stream that printed the dump (its own training output): the spec is known."""
+        return bool(self.args) and (bool(self.vocab) or self.args_stream in self.training_streams)
+
+    def __post_init__(self) -> None:
+        self.iter_index = IterIndex(self.iterations)
+
+
+_WRAP_MAX_LINES = 40
+"""Physical lines one hard-wrapped record may span."""
+_ELAPSED_RE = re.compile(r"elapsed|iteration[ _]time|step[ _]time|time[ _]per[ _]iteration", re.I)
+_LAST_PAIR_RE = re.compile(r"\|[^|]*:\s*[-+\d.eE]+$")
+_TAIL_PAIR_RE = re.compile(r"[\w .()/+-]*:\s*[-+\d.eE]+|[-+\d.eE]+")
+_WRAP_WIDTHS = frozenset((72, 78, 79, 80, 100, 120, 128, 132, 150, 160, 200, 240, 250, 256))
+"""Widths at which terminals, pagers and log viewers cut lines (a cut, not a word wrap)."""
+
+
+def _continues(text: str) -> bool:
+    """Whether a line can be the continuation of a hard-wrapped iteration or timer record:
+    ``key: value |`` pieces, or a last ``key: value``, and nothing that starts a record."""
+    s = text.strip()
+    if not s or s.startswith(("[", "time (ms)", "(min, max)", "steps:")) or "memory (MB)" in s:
+        return False
+    if _GLUE_RE.search(s) is not None or _ITER_RE.search(s) is not None:
+        return False
+    return "|" in s or _TAIL_PAIR_RE.fullmatch(s) is not None
+
+
+def _record_complete(text: str, timer: bool = False) -> bool:
+    """Whether a (joined) record is whole: Megatron ends an iteration line with ``|`` and a
+    timer line (``time (ms) | a: 1 | b: 2``) without; an iteration line with timers glued
+    after it ends like a timer line."""
+    if not timer:
+        m = _ITER_RE.search(text)
+        timer = m is not None and "time (ms)" in text[m.end() :]
+    body = text.rstrip()
+    if not timer:
+        # Every era prints the iteration time early in the record: without it, a line that
+        # ends with `|` was wrapped right after one.
+        return body.endswith("|") and _ELAPSED_RE.search(body) is not None
+    # A timer line is whole when its last piece is `name: value` (not `name:`, not `|`).
+    return _LAST_PAIR_RE.search(body) is not None
+
+
+def _join_wrapped(parts: list[str]) -> str:
+    """Join the physical lines of a hard-wrapped record. A cut at a fixed width (every line
+    but the last equally long, or one line of a usual terminal width) splits wherever it falls:
+    joined as is; a word wrap dropped the space at the break: joined with one. A number cut in
+    two (``lm loss: 5.86`` + ``6232E+00``) is joined as is either way."""
+    if len(parts) == 1:
+        return parts[0]
+    widths = {len(p) for p in parts[:-1]}
+    cut = len(widths) == 1 and (len(parts) > 2 or len(parts[0]) in _WRAP_WIDTHS)
+    out = parts[0]
+    for part in parts[1:]:
+        split_number = re.search(r":\s*[-+\d.eE]+$", out) and re.match(r"[\d.eE+-]", part)
+        out += part if cut or split_number or out.endswith(" ") else " " + part
+    return out
+
+
+def _elapsed_ms(key: str, value: str) -> float | None:
+    """Elapsed time in ms from a normalised key (which carries the unit) and a value."""
+    num = to_float(value.rstrip("ms").rstrip())
+    if num is None:
+        return None
+    if "(ms)" in key or key.endswith(" ms") or key == "elapsed ms":
+        return num
+    if "(s)" in key or key.endswith((" s", " sec", "(sec)")):
+        return num * 1000.0
+    if value.strip().endswith("ms"):
+        return num
+    return None
+
+
+def _tflops(value: str) -> float | None:
+    """TFLOP/s from a value with its unit (``112.9TFLOPS``, ``950.1GFLOPS``); None if no unit."""
+    m = re.fullmatch(r"\s*([-+\d.eE]+)\s*([TGP])FLOPS?(?:/s)?\s*", value, flags=re.I)
+    if m is None:
+        return None
+    num = to_float(m.group(1))
+    scale = {"T": 1.0, "G": 1e-3, "P": 1e3}[m.group(2).upper()]
+    return num * scale if num is not None else None
+
+
+def _classify(message: str, default: FailureKind) -> FailureKind:
+    """Failure kind of an exception or error message."""
+    if _OOM_RE.search(message):
+        return "oom"
+    if _NCCL_RE.search(message):
+        return "nccl"
+    if "SIGKILL" in message or "Signal 9" in message:
+        return "killed"
+    return default
+
+
+def _attribute(run: _Run, pipeline: bool) -> tuple[TimerTable, list[str]]:
+    """DeepSpeed/pipeline timer blocks with their iteration (see module doc)."""
+    steps = run.steps.column("step").ints() if len(run.steps) else np.zeros(0, dtype=np.int64)
+    return attribute_blocks(run.ds_blocks, run.iter_numbers, steps, pipeline)
+
+
+def _summary(run: _Run) -> tuple[dict[str, Any], list[str]]:
+    """The config dict: Megatron's typed args plus the summary keys (None when unknown)."""
+    problems: list[str] = []
+    config: dict[str, Any] = dict(run.args)
+    sources = (run.args, run.world, run.cmd_args)
+    for key in _SUMMARY_KEYS:
+        config[key] = next((s[key] for s in sources if s.get(key) is not None), None)
+    ds_stage = None
+    zero = run.ds_config.get("zero_optimization")
+    if isinstance(zero, dict) and isinstance(zero.get("stage"), int):
+        ds_stage = zero["stage"]
+    elif isinstance(run.ds_engine.get("zero_optimization_stage"), int):
+        ds_stage = run.ds_engine["zero_optimization_stage"]
+    if ds_stage is not None:
+        if config["zero_stage"] is not None and config["zero_stage"] != ds_stage:
+            problems.append(
+                f"zero stage: Megatron argument says {config['zero_stage']}, DeepSpeed's config "
+                f"says {ds_stage}; using DeepSpeed's"
+            )
+        config["zero_stage"] = ds_stage
+    if config["global_batch_size"] is None:
+        gbs = run.ds_config.get("train_batch_size")
+        config["global_batch_size"] = gbs if isinstance(gbs, int) else None
+    if config["micro_batch_size"] is None:
+        mbs = run.ds_config.get("train_micro_batch_size_per_gpu")
+        config["micro_batch_size"] = mbs if isinstance(mbs, int) else None
+    if run.vocab:
+        config["padded_vocab_size"] = run.vocab["padded_vocab_size"]
+        config["vocab_size"] = run.vocab["vocab_size"]
+    if run.cmd_args:
+        config["launcher_args"] = dict(run.cmd_args)
+    train_iters = run.train_iters
+    if train_iters is None:
+        for s in sources:
+            if isinstance(s.get("train_iters"), int):
+                train_iters = s["train_iters"]
+                break
+    config["train_iters"] = train_iters
+    if run.params:
+        config["num_parameters_by_rank"] = dict(run.params)
+    config["num_parameters"], why = _num_parameters(config, run.params)
+    if why:
+        problems.append(why)
+    return config, problems
+
+
+def _num_parameters(config: dict[str, Any], params: dict[str, int]) -> tuple[int | None, str]:
+    """Parameters of the model as printed, when the log states it for the whole model.
+
+    Megatron prints ``number of parameters on (tensor, pipeline) model parallel rank (t, p)``
+    per model-parallel rank.  With tp = pp = 1 that is the model's count.  With model
+    parallelism the per-rank counts do not add up to it (tensor-parallel ranks each hold the
+    replicated layer norms and biases; with pipelining the tied word embedding lives on the
+    first and the last stage), so the count is left unknown and the per-rank counts are kept
+    in ``num_parameters_by_rank``.
+    """
+    if not params:
+        return None, ""
+    tp = config.get("tensor_model_parallel_size") or 1
+    pp = config.get("pipeline_model_parallel_size") or 1
+    if tp * pp == 1 and len(params) == 1:
+        return next(iter(params.values())), ""
+    return None, (
+        f"num_parameters not derivable from the log: with tp({tp}) * pp({pp}) = {tp * pp} "
+        f"model-parallel ranks the per-rank counts {sorted(params.items())} count replicated "
+        "and tied weights more than once; see num_parameters_by_rank"
+    )
+
+
+def _is_pipeline(config: dict[str, Any], has_steps: bool) -> bool:
+    pp = config.get("pipeline_model_parallel_size")
+    return has_steps or (isinstance(pp, int) and pp > 1)

@@ -1,0 +1,339 @@
+"""How the parser keeps what it reads while a file is parsed, and the columnar steps of
+finishing and merging runs (attribution of DeepSpeed timer blocks, iteration dedup).
+
+Everything per record lives in typed columns (``analysis.parse.columns``): memory grows with the
+records, by a few bytes each, not with the lines of the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from analysis.parse.columns import Column
+from analysis.parse.records import IterationTable, TimerBlock, TimerTable
+
+
+class IterIndex:
+    """``number in index`` and ``index[number] = position`` over a run's iteration numbers,
+    without a dict entry per iteration: numbers usually only grow, so a number above the
+    largest is new; anything else is looked up in a set built on first need."""
+
+    def __init__(self, table: IterationTable) -> None:
+        self._table = table
+        self._max: int | None = None
+        self._seen: set[int] | None = None
+
+    def __contains__(self, number: int) -> bool:
+        if self._max is None or number > self._max:
+            return False
+        if number == self._max:
+            return True
+        if self._seen is None:
+            self._seen = set(self._table.column("iteration").ints().tolist())
+        return number in self._seen
+
+    def __setitem__(self, number: int, _position: int) -> None:
+        self.add(number)
+
+    def add(self, number: int) -> None:
+        """Record a number (added to the table by the caller)."""
+        if self._seen is not None:
+            self._seen.add(number)
+        if self._max is None or number > self._max:
+            self._max = number
+
+    def add_increasing(self, numbers: np.ndarray) -> None:
+        """Record numbers that are each above every number before (bulk)."""
+        if not len(numbers):
+            return
+        if self._seen is not None:
+            self._seen.update(numbers.tolist())
+        self._max = int(numbers[-1])
+
+
+class DeepSpeedBlocks:
+    """DeepSpeed ``time (ms) |`` blocks of a run being parsed, before attribution: the values
+    as a ``TimerTable`` and, per block, how many iteration lines of its own stream and how many
+    pipeline steps preceded it, and its stream (what attribution needs).  ``append`` takes the
+    parser's tuple ``(values, rank, line, iterations before, steps before, stream)``."""
+
+    def __init__(self) -> None:
+        self.table = TimerTable()
+        self.n_iter = Column("i", delta=True)
+        self.n_steps = Column("i", delta=True)
+        self.stream = Column("i")
+        self.keys: dict[str, int] = {}
+        """Stream key (launcher prefixes) -> the id stored in ``stream``."""
+
+    def stream_id(self, key: str) -> int:
+        """The id of stream ``key``."""
+        return self.keys.setdefault(key, len(self.keys))
+
+    def append(self, block: tuple[dict[str, Any], int | None, int, int, int, str]) -> None:
+        values, rank, line, n_iter, n_steps, key = block
+        self.table.append(TimerBlock("deepspeed", values, rank, None, line))
+        self.n_iter.append(n_iter)
+        self.n_steps.append(n_steps)
+        self.stream.append(self.stream_id(key))
+
+    def add_rows(
+        self,
+        names: tuple[str, ...],
+        values: np.ndarray,
+        rank: np.ndarray,
+        line: np.ndarray,
+        n_iter: np.ndarray,
+        n_steps: np.ndarray,
+        stream: np.ndarray,
+    ) -> None:
+        """Add blocks of one set of names column-wise (the file reader's bulk path)."""
+        g = self.table.group("deepspeed", names, (0,) * len(names))
+        self.table.add_rows(g, values, rank, None, line)
+        self.n_iter.extend_ints(n_iter)
+        self.n_steps.extend_ints(n_steps)
+        self.stream.extend_ints(stream)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored values."""
+        return self.table.nbytes + self.n_iter.nbytes + self.n_steps.nbytes + self.stream.nbytes
+
+
+def _runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For consecutive equal keys: the 1-based position of each element in its run, and the
+    length of its run."""
+    n = len(keys)
+    if not n:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+    lengths = np.diff(np.concatenate([starts, [n]]))
+    run_id = np.repeat(np.arange(len(starts)), lengths)
+    k = np.arange(n) - starts[run_id] + 1
+    return k, lengths[run_id]
+
+
+_PIECE = 1 << 18
+"""Blocks attributed at a time (``attribute_blocks``)."""
+
+
+def _rows(mask: np.ndarray) -> np.ndarray:
+    """``np.flatnonzero(mask)`` as int32 when the positions fit, found ``_PIECE`` at a time
+    (no int64 array of millions of positions in between)."""
+    if len(mask) >= 2**31:
+        return np.flatnonzero(mask)
+    out = np.empty(int(np.count_nonzero(mask)), dtype=np.int32)
+    k = 0
+    for a in range(0, len(mask), _PIECE):
+        part = np.flatnonzero(mask[a : a + _PIECE])
+        out[k : k + len(part)] = part + a
+        k += len(part)
+    return out
+
+
+def _pieces(keys: np.ndarray) -> Iterator[tuple[int, int]]:
+    """[a, b) ranges of about ``_PIECE`` elements that cover ``keys`` and do not cut a run of
+    equal keys."""
+    n = len(keys)
+    a = 0
+    while a < n:
+        b = a + _PIECE
+        if b >= n:
+            yield a, n
+            return
+        # Move b forward to the start of the next run.
+        j, key = b, keys[b - 1]
+        b = n
+        while j < n:
+            other = np.flatnonzero(keys[j : j + _PIECE] != key)
+            if len(other):
+                b = j + int(other[0])
+                break
+            j += _PIECE
+        yield a, b
+        a = b
+
+
+def _attribute_piece(
+    ni: np.ndarray, rows: np.ndarray, numbers: np.ndarray, out: np.ndarray, none: np.ndarray
+) -> bool:
+    """Attribute the blocks ``rows`` of one group and one stream (whole runs of equal ``ni``:
+    iteration lines of the stream before each) to the iterations ``numbers`` of the stream;
+    returns whether some count between two iteration lines did not match."""
+    k, m = _runs(ni)
+    has_prev = ni > 0
+    has_next = ni < len(numbers)
+    prev = np.where(has_prev, numbers[np.maximum(ni - 1, 0)], 0)
+    nxt = np.where(has_next, numbers[np.minimum(ni, len(numbers) - 1)], 0)
+    both = has_prev & has_next
+    match = both & (nxt - prev == m)
+    mismatch = bool((both & (nxt - prev != m)).any())
+    out[rows[match]] = (prev + k)[match]
+    none[rows[match]] = False
+    # Before the first iteration line: one block per step since the start (m == N) or since a
+    # resume one log interval earlier; anything else (a one-off set-up timer such as ZeRO-3's
+    # init_optimizer_state) stays unattributed.
+    first = ~has_prev & has_next
+    if first.any():
+        interval = int(numbers[1] - numbers[0]) if len(numbers) > 1 else None
+        ok = first & ((m == nxt) | (m == interval if interval is not None else False))
+        out[rows[ok]] = (nxt - m + k)[ok]
+        none[rows[ok]] = False
+    after = has_prev & ~has_next
+    out[rows[after]] = (prev + k)[after]
+    none[rows[after]] = False
+    return mismatch
+
+
+def attribute_blocks(
+    blocks: DeepSpeedBlocks,
+    iter_numbers: Mapping[str, Sequence[int]],
+    steps: np.ndarray,
+    pipeline: bool,
+) -> tuple[TimerTable, list[str]]:
+    """The DeepSpeed blocks with their iteration (``analysis.parse.reader`` module doc), as a table.
+
+    Positions count only within one stream (``iter_numbers``: stream -> the numbers of the
+    iteration lines it printed): blocks of one timer group (same names) and one stream between
+    two consecutive iteration lines of that stream are the iterations between them when their
+    count matches; before the first iteration line, one block per step since the start or since
+    one log interval; after the last, the next iterations.  A stream with no iteration line of
+    its own (rank 0's node beside the last rank's, interleaved in one file) has its blocks
+    attributed as ``merge_runs`` does for per-node files: when one block per iteration 1..N was
+    printed.  Pipeline blocks: ``pipe_*`` groups go to the preceding ``steps:`` line, the others
+    to the next one.
+    """
+    table = blocks.table
+    n = len(table)
+    problems: list[str] = []
+    if not n:
+        return table, problems
+    # (Pipeline blocks go by step, the others by iteration line: only one of the two is read.)
+    n_iter = blocks.n_iter.small_ints() if not pipeline else np.zeros(0, dtype=np.int32)
+    n_steps = blocks.n_steps.small_ints() if pipeline else None
+    stream = blocks.stream.small_ints()
+    numbers_of = {
+        blocks.keys[k]: np.asarray(v, dtype=np.int64)
+        for k, v in iter_numbers.items()
+        if k in blocks.keys
+    }
+    last = max((int(max(v)) for v in iter_numbers.values() if len(v)), default=None)
+    gid = table.small_group_ids()
+    # Every iteration written below is a printed number (or a step's), or one of the n blocks
+    # counted on from one: int32 holds them when that sum does (half the bytes).
+    top = n + max(
+        [abs(int(x)) for v in numbers_of.values() if len(v) for x in (v.min(), v.max())]
+        + [int(np.abs(steps).max(initial=0))]
+        + [abs(last or 0)]
+    )
+    out = np.zeros(n, dtype=np.int32 if top < 2**31 else np.int64)
+    none = np.ones(n, dtype=bool)
+    mismatch = False
+    steps_arr = np.asarray(steps, dtype=np.int64)
+    rows = ni = in_group = np.zeros(0, dtype=np.int64)
+    for g, (_source, names, _shape) in enumerate(table.groups):
+        if n_steps is not None:
+            for a in range(0, n, _PIECE):  # (a piece of the blocks at a time: no whole-length
+                rows = np.flatnonzero(gid[a : a + _PIECE] == g) + a  # array of the group's)
+                ns = n_steps[rows]
+                if names and names[0].startswith("pipe_"):
+                    ok = ns > 0
+                    out[rows[ok]] = steps_arr[ns[ok] - 1]
+                else:
+                    ok = ns < len(steps_arr)
+                    out[rows[ok]] = steps_arr[ns[ok]]
+                none[rows[ok]] = False
+            continue
+        in_group = gid == g
+        for sid in np.unique(stream[in_group]).tolist():
+            rows = _rows(in_group & (stream == sid))
+            numbers = numbers_of.get(sid, np.zeros(0, dtype=np.int64))
+            ni = n_iter[rows]
+            if not len(numbers):
+                # Another stream prints the iteration lines: one block per iteration 1..N.
+                k, m = _runs(ni)
+                if last is not None and len(rows) == last and bool((m == last).all()):
+                    out[rows] = k
+                    none[rows] = False
+                elif last is not None:
+                    problems.append(
+                        f"DeepSpeed timer group {names[0]}...: {len(rows)} blocks for {last} "
+                        "iterations printed by another stream; left unattributed"
+                    )
+                continue
+            # A piece at a time (whole runs of equal ``ni``): the arrays of a piece stay small.
+            for a, b in _pieces(ni):
+                mismatch |= _attribute_piece(ni[a:b], rows[a:b], numbers, out, none)
+    if mismatch:
+        problems.append(
+            "some DeepSpeed timer blocks could not be matched to iterations (their count "
+            "between two iteration lines differs from the iterations between them); left "
+            "unattributed"
+        )
+    del n_iter, n_steps, stream, gid, rows, ni, in_group  # before the iterations are stored
+    table.set_iterations(out, none)
+    if pipeline:
+        for g in range(len(table.groups)):
+            table.set_source(g, "pipeline")
+    return table, problems
+
+
+def merge_iterations(parts: Iterable[Sequence[Any]]) -> IterationTable:
+    """Iterations of several files of one run: the first record of each number, by number."""
+    merged = IterationTable()
+    for part in parts:
+        merged.extend(part if isinstance(part, IterationTable) else IterationTable(part))
+    if not len(merged):
+        return merged
+    numbers = merged.column("iteration").ints()
+    _, first = np.unique(numbers, return_index=True)  # sorted by number, first occurrence
+    return merged.take(first)
+
+
+def merge_attribution(timers: TimerTable, last: int | None, pipeline: bool) -> list[str]:
+    """Re-source DeepSpeed blocks of a pipeline run; attribute blocks of files that had no
+    iteration lines when one block per iteration 1..N was printed (in place); problems."""
+    problems: list[str] = []
+    groups = timers.groups
+    if pipeline:
+        for g, (source, _names, _shape) in enumerate(groups):
+            if source == "deepspeed":
+                timers.set_source(g, "pipeline")
+        return problems
+    if last is None or not len(timers):
+        return problems
+    gid = timers.group_ids()
+    it_col = timers.column("iteration")
+    its = it_col.ints(fill=0)
+    unset = np.array([v is None for v in it_col], dtype=bool)
+    by_names: dict[tuple[str, ...], list[int]] = {}
+    for g, (source, names, _shape) in enumerate(groups):
+        if source == "deepspeed":
+            by_names.setdefault(names, []).append(g)
+    first_row: dict[tuple[str, ...], int] = {}
+    rows_of: dict[tuple[str, ...], np.ndarray] = {}
+    for names, gs in by_names.items():
+        rows = np.flatnonzero(np.isin(gid, gs) & unset)
+        if len(rows):
+            rows_of[names] = rows
+            first_row[names] = int(rows[0])
+    changed = False
+    for names in sorted(rows_of, key=first_row.__getitem__):
+        rows = rows_of[names]
+        if len(rows) == last:
+            its[rows] = np.arange(1, last + 1)
+            unset[rows] = False
+            changed = True
+        else:
+            problems.append(
+                f"DeepSpeed timer group {names[0]}...: {len(rows)} unattributed blocks for "
+                f"{last} iterations; left unattributed"
+            )
+    if changed:
+        timers.set_iterations(its, unset)
+    return problems

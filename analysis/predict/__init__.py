@@ -1,0 +1,2 @@
+"""The calibrated time and memory model: calibration, predictions, what-ifs.
+``python -m analysis.predict LOGDIR``."""

@@ -1,0 +1,686 @@
+"""``python -m analysis.report LOGDIR [--out DIR] [--baseline NAME]``.
+
+Writes ``report.md``, ``figures/*.png``, ``summary.json`` (``{"runs": [ROW, ...]}``, one row per
+run, columns of ``metrics.rows.SCHEMA`` plus ``na_reasons``) and ``summary.csv``, and prints
+a console table. Default output: ``LOGDIR/report``. A previous report is never overwritten: an
+existing output directory is renamed to ``<DIR>.previous-<N>`` (first free N) first, and the
+console says so. Every sentence of the report that states a number is computed from the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from analysis.metrics import repeats, speedup
+from analysis.metrics import rows as metrics
+from analysis.metrics.rows import RunMetrics
+from analysis.parse.malloc import return_freed_memory
+from analysis.predict import prediction
+from analysis.report import predictions as report_predict
+from analysis.report.markdown import md_table
+from analysis.runs import load
+from analysis.runs.problems import UNREAD_CODES
+
+
+class Footnotes:
+    """Numbered footnotes giving the reason behind each n/a (deduplicated by text)."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def ref(self, text: str) -> str:
+        """Footnote marker for ``text``."""
+        if text not in self.texts:
+            self.texts.append(text)
+        return f"[^{self.texts.index(text) + 1}]"
+
+    def render(self) -> list[str]:
+        """Markdown footnote definitions."""
+        return [f"[^{i + 1}]: {t}" for i, t in enumerate(self.texts)]
+
+
+def _num(value: Any, digits: int) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{value:,.{digits}f}"
+
+
+def cell(row: RunMetrics, col: str, notes: Footnotes, digits: int = 1, reason: str = "") -> str:
+    """Formatted value, or ``n/a`` with a footnote giving the reason."""
+    value = getattr(row, col)
+    if value is None:
+        why = row.na_reasons.get(col) or reason or "not derivable from the logs"
+        if row.status != "completed" and col not in row.na_reasons:
+            why = f"run {row.status}: {row.failure_reason or 'no reason recorded'}"
+        return "n/a" + notes.ref(why)
+    return _num(value, digits)
+
+
+def _time_cell(r: RunMetrics, notes: Footnotes) -> str:
+    if r.iter_ms_mean is None:
+        return cell(r, "iter_ms_mean", notes)
+    text = f"{r.iter_ms_mean:,.1f}"
+    if r.iter_ms_std is not None:
+        text += f" ± {r.iter_ms_std:,.1f}"
+    if r.iter_ms_ci95_lo is not None:
+        text += f" [{r.iter_ms_ci95_lo:,.0f}, {r.iter_ms_ci95_hi:,.0f}]"
+    return text
+
+
+def _speedup_cell(r: RunMetrics, notes: Footnotes) -> str:
+    if r.speedup is None:
+        return cell(r, "speedup", notes)
+    text = f"{r.speedup:.2f}x"
+    if r.speedup_ci95_lo is not None:
+        text += f" [{r.speedup_ci95_lo:.2f}, {r.speedup_ci95_hi:.2f}]"
+    return text
+
+
+def _groups(rows: list[RunMetrics]) -> dict[str, list[RunMetrics]]:
+    groups: dict[str, list[RunMetrics]] = {}
+    for r in rows:
+        groups.setdefault(r.setup_key, []).append(r)
+    return groups
+
+
+def _timed(rows: list[RunMetrics]) -> list[RunMetrics]:
+    return [r for r in rows if r.iter_ms_mean is not None and r.status == "completed"]
+
+
+def _context(rows: list[RunMetrics]) -> str:
+    r = rows[0]
+    params = f"{r.num_parameters:,} parameters" if r.num_parameters else "parameters unknown"
+    return (
+        f"Model {r.model} ({params}), global batch {r.global_batch_size}, micro-batch "
+        f"{r.micro_batch_size}, sequence {r.seq_length}, {r.precision or 'precision unknown'}; "
+        f"{r.nodes if r.nodes is not None else '?'} node(s), {r.world_size} ranks, device "
+        f"{r.device or 'unknown'}" + (f", link {r.link_mbit:g} Mbit/s" if r.link_mbit else "") + "."
+    )
+
+
+def findings(group: list[RunMetrics]) -> list[str]:
+    """Statements that follow from the group's numbers (computed, never canned)."""
+    out: list[str] = []
+    timed = _timed(group)
+    g = repeats.group_repeats(group)
+    if len(timed) >= 2 and not g.repeated:  # with repeats: the sets' means (speed_findings)
+        fastest = min(timed, key=lambda r: r.iter_ms_mean or 0.0)
+        slowest = max(timed, key=lambda r: r.iter_ms_mean or 0.0)
+        out.append(
+            f"Fastest: **{fastest.name}** ({fastest.strategy}) at {fastest.iter_ms_mean:,.1f} "
+            f"ms/iteration; slowest: **{slowest.name}** ({slowest.strategy}) at "
+            f"{slowest.iter_ms_mean:,.1f} ms "
+            f"({(slowest.iter_ms_mean or 0) / (fastest.iter_ms_mean or 1):.2f}x)."
+        )
+    out += repeats.speed_findings(g)
+    for r in [] if g.repeated else timed:  # one run per spec: within-run intervals
+        if r.speedup is None or r.name == r.baseline or r.speedup_ci95_lo is None:
+            continue
+        if r.speedup_ci95_lo > 1.0:
+            out.append(
+                f"{r.name} is faster than {r.baseline}: {r.speedup:.2f}x "
+                f"(within-run 95% interval {r.speedup_ci95_lo:.2f}-{r.speedup_ci95_hi:.2f})."
+            )
+        elif (r.speedup_ci95_hi or 0) < 1.0:
+            out.append(
+                f"{r.name} is slower than {r.baseline}: {r.speedup:.2f}x "
+                f"(within-run 95% interval {r.speedup_ci95_lo:.2f}-{r.speedup_ci95_hi:.2f})."
+            )
+        else:
+            out.append(
+                f"{r.name} vs {r.baseline}: {r.speedup:.2f}x, interval "
+                f"{r.speedup_ci95_lo:.2f}-{r.speedup_ci95_hi:.2f} includes 1: no measurable "
+                "difference with these samples (within-run interval: one run each)."
+            )
+    for r in timed:
+        if r.comm_ms is not None and r.iter_ms_mean and "comm_ms" not in r.na_reasons:
+            share = r.comm_ms / r.iter_ms_mean
+            if share >= 0.15:
+                out.append(
+                    f"{repeats.label(r)}: timed communication is {share:.0%} of the iteration "
+                    f"({r.comm_ms:,.1f} of {r.iter_ms_mean:,.1f} ms)."
+                )
+        if r.other_ms is not None and r.iter_ms_mean and r.other_ms / r.iter_ms_mean >= 0.10:
+            out.append(
+                f"{repeats.label(r)}: {r.other_ms:,.1f} ms/iteration "
+                f"({r.other_ms / r.iter_ms_mean:.0%}) is not covered by any timer."
+            )
+    mems = [r for r in timed if r.peak_mem_mb is not None]
+    if len(mems) >= 2:
+        lo = min(r.peak_mem_mb or 0.0 for r in mems)
+        hi = max(r.peak_mem_mb or 0.0 for r in mems)
+        kind = mems[0].mem_kind or ""
+        text = f"Peak memory spans {lo:,.0f}-{hi:,.0f} MiB ({(hi - lo) / hi:.1%} spread)"
+        states = [r.model_state_mb for r in mems if r.model_state_mb is not None]
+        if "RSS" in kind and states:
+            text += (
+                f"; these are process RSS figures (CPU), while the Adam model state per rank is "
+                f"only {min(states):,.1f}-{max(states):,.1f} MiB: the differences between "
+                "strategies are not tensor-memory savings"
+            )
+        out.append(text + ".")
+    out += [_not_completed(r) for r in group if r.status != "completed"]
+    return out
+
+
+def _not_completed(r: RunMetrics) -> str:
+    """A run that did not complete: status, kind, where it stopped, why; never in a ratio."""
+    if r.last_iteration is None:
+        where = "before any logged iteration"
+    else:
+        where = f"last logged iteration {r.last_iteration}" + (
+            f" of {r.train_iters}" if r.train_iters else ""
+        )
+    return (
+        f"{repeats.label(r)} {r.status}" + (f" ({r.failure_kind})" if r.failure_kind else "")
+        + f", {where}: {r.failure_reason or 'no reason recorded'}. Not in any ratio."
+    )  # fmt: skip
+
+
+def reference_line(group: list[RunMetrics]) -> str:
+    """Which run the group's ratios use, and why."""
+    why = next((r.baseline_why for r in group if r.baseline_why), None)
+    return f"Reference for speedups and savings: {why or 'none'}."
+
+
+def executive_summary(groups: dict[str, list[RunMetrics]]) -> list[str]:
+    """One line per setup group: its fastest run (or the repeats' summary) and what failed."""
+    md: list[str] = []
+    for key, group in groups.items():
+        timed = _timed(group)
+        failed = [r for r in group if r.status != "completed"]
+        if (line := repeats.summary_line(key, repeats.group_repeats(group))) is not None:
+            md.append(line + f"; {len(timed)} timed run(s), {len(failed)} not completed.")
+        elif timed:
+            best = min(timed, key=lambda r: r.iter_ms_mean or 0.0)
+            line = (
+                f"- **{key}**: fastest {best.name} ({best.strategy}), "
+                f"{best.iter_ms_mean:,.1f} ms/iteration, "
+                f"{_num(best.samples_per_s, 1)} samples/s"
+            )
+            if best.speedup is not None:
+                line += f", {best.speedup:.2f}x vs {best.baseline}"
+            md.append(line + f"; {len(timed)} timed run(s), {len(failed)} not completed.")
+        else:
+            md.append(f"- **{key}**: no timed run; {len(failed)} not completed.")
+    return md
+
+
+def render(
+    rows: list[RunMetrics],
+    logdir_label: str,
+    figures: list[str],
+    model: report_predict.ReportSections | None = None,
+) -> str:
+    """The whole markdown report; ``model`` adds the calibrated model's sections."""
+    notes = Footnotes()
+    groups = _groups(rows)
+    md: list[str] = ["# Megatron-DeepSpeed parallelism report", ""]
+    md += [f"Source: `{logdir_label}`, {len(rows)} run(s) in {len(groups)} setup group(s).", ""]
+
+    md += ["## Executive summary", "", *executive_summary(groups), ""]
+
+    unread = [(r, [p.message for p in r.problems if p.code in UNREAD_CODES]) for r in rows]
+    unread = [(r, found) for r, found in unread if found]
+    if unread:
+        md += ["## Runs that could not be read fully", ""]
+        md += [
+            f"- {repeats.label(r)} (`{r.path}`, {r.status}): {'; '.join(found)}."
+            for r, found in unread
+        ]
+        md.append("")
+
+    md += ["## Results per model and setup", ""]
+    for key, group in groups.items():
+        md += [f"### {key}", "", _context(group), "", reference_line(group), ""]
+        table = []
+        for r in group:
+            table.append(
+                [
+                    repeats.label(r),
+                    r.strategy or "?",
+                    r.status,
+                    cell(r, "peak_mem_mb", notes, 0),
+                    _time_cell(r, notes),
+                    cell(r, "samples_per_s", notes, 2),
+                    cell(r, "tflops", notes, 4),
+                    _speedup_cell(r, notes),
+                    cell(r, "mem_saving_pct", notes, 1, "no baseline memory in this group"),
+                ]
+            )
+        headers = ["run", "strategy", "status", "peak mem (MiB)", "ms/iter mean ± std [95% CI]"]
+        headers += ["samples/s", "TFLOP/s/rank", "speedup [95% CI]", "mem saving %"]
+        md += md_table(headers, table)
+        md += [
+            "",
+            "Legend: ms/iter is the mean over steady-state windows (rule: "
+            f"{metrics.STEADY_RULE}); ± is the per-iteration standard deviation (source per run "
+            "below); [CI] the 95% t-interval of the mean; speedup = baseline time / run time "
+            "within this group, interval by the delta method on the log ratio (Welch df); "
+            "memory saving = (baseline - run) / baseline peak; TFLOP/s recomputed from the spec "
+            "(Megatron-DeepSpeed megatron/utils.py throughput_calculator formula).",
+            "",
+        ]
+        md += repeats.results_table(repeats.group_repeats(group))
+        for finding in findings(group):
+            md.append(f"- {finding}")
+        md.append("")
+        md += ["Which iterations fed each number:", ""]
+        for r in group:
+            md.append(
+                f"- {repeats.label(r)}: {r.steady_iterations or 'none'}; spread: "
+                f"{r.iter_ms_std_source or 'n/a'}; TFLOPs printed "
+                f"{_num(r.tflops_printed, 3) or 'n/a'} vs recomputed {_num(r.tflops, 4) or 'n/a'}"
+                f" ({r.tflops_check or 'no comparison'}); "
+                f"tokens/s {_num(r.tokens_per_s, 0) or 'n/a'}"
+            )
+        md.append("")
+
+    md += ["## Time breakdown", ""]
+    md += [
+        "ms per iteration, steady state. DeepSpeed's per-step timers are sums over the step's "
+        "micro-steps (deepspeed/runtime/engine.py step -> timers.log); 'other' is iteration time "
+        "minus the sum of the timers: not covered by any timer.",
+        "",
+    ]
+    bd_rows = []
+    piped = any(r.pipe_wait_ms is not None or r.data_ms is not None for r in rows)
+    for r in rows:
+        if r.status != "completed" and r.iter_ms_mean is None:
+            continue
+        bd_rows.append(
+            [
+                repeats.label(r),
+                _num(r.iter_ms_mean, 1) or cell(r, "iter_ms_mean", notes),
+                _num(r.fwd_ms, 1) or ("" if r.fwd_bwd_ms else cell(r, "fwd_ms", notes)),
+                _num(r.bwd_ms, 1),
+                _num(r.fwd_bwd_ms, 1),
+                _num(r.optimizer_ms, 1),
+                _num(r.comm_ms, 1)
+                + (notes.ref(r.na_reasons["comm_ms"]) if "comm_ms" in r.na_reasons else ""),
+                *([_num(r.data_ms, 1), _num(r.pipe_wait_ms, 1)] if piped else []),
+                _num(r.other_ms, 1),
+                ", ".join(f"{k}: {v}" for k, v in (r.breakdown_sources or {}).items()) or "-",
+            ]
+        )
+    headers = ["run", "iteration", "forward", "backward", "fwd+bwd", "optimizer", "comm"]
+    headers += ["data", "pipe wait"] if piped else []
+    md += md_table([*headers, "other", "timers"], bd_rows)
+    md.append("")
+    md += pipeline_section(rows)
+
+    md += ["## Memory efficiency", ""]
+    mem_rows = [
+        [
+            repeats.label(r),
+            cell(r, "peak_mem_mb", notes, 1),
+            _num(r.peak_reserved_mb, 1) or "n/a",
+            r.mem_kind or "n/a",
+            _num(r.mem_saving_pct, 1) or "n/a",
+            _num(r.model_state_mb, 1) or "n/a",
+        ]
+        for r in rows
+    ]
+    md += md_table(
+        [
+            "run",
+            "peak allocated (MiB)",
+            "peak reserved (MiB)",
+            "what it measures",
+            "saving %",
+            "Adam model state per rank (MiB)",
+        ],
+        mem_rows,
+    )
+    md += [
+        "",
+        "The logs print 'MB' = bytes / 1024^2: figures here are MiB. The memory line is printed "
+        "once, after the first log interval, by every rank whose data-parallel rank is 0; the "
+        "peak is the max over ranks and nodes. The Adam model state per rank follows the ZeRO "
+        "paper with Psi the busiest rank's parameters (its TP shard and pipeline stage) and N "
+        "the data-parallel size: fp16/bf16 16 Psi (DP), 4 Psi + 12 Psi/N (ZeRO-1), "
+        "2 Psi + 14 Psi/N (ZeRO-2), 16 Psi/N (ZeRO-3); fp32 16 Psi, 8 Psi + 12 Psi/N, "
+        "4 Psi + 16 Psi/N, 20 Psi/N (DeepSpeed keeps an fp32 copy of the partition).",
+        "",
+    ]
+
+    md += ["## Communication overhead per strategy", ""]
+    comm_rows = [
+        [
+            repeats.label(r),
+            cell(r, "comm_bytes_per_iter", notes, 0),
+            _num(r.comm_bytes_dp, 0),
+            _num(r.comm_bytes_pp, 0),
+            _num(r.comm_bytes_tp, 0),
+            _num(r.comm_ms, 1) or "n/a",
+            f"{r.comm_ms / r.iter_ms_mean:.0%}" if r.comm_ms and r.iter_ms_mean else "n/a",
+            cell(r, "wire_bytes_per_iter", notes, 0),
+            f"{r.wire_over_model:.3f}" if r.wire_over_model is not None else "n/a",
+        ]
+        for r in rows
+    ]
+    md += md_table(
+        ["run", "bytes/iter (busiest rank)", "DP", "PP", "TP", "timed comm ms", "share",
+         "on the wire (counters)", "wire / model"],
+        comm_rows,
+    )  # fmt: skip
+    md += [
+        "",
+        "Bytes from the spec (analysis.theory.comm), as DeepSpeed really communicates: ZeRO-1/2 "
+        "all-reduce gradients (ZeRO-2 every micro-step) then all-gather parameters; ring bytes "
+        "per rank: all-reduce 2(n-1)/n S, all-gather/reduce-scatter (n-1)/n S, send/recv S. "
+        "'On the wire' is the ground truth of an emulated cluster: the busiest node's interface "
+        "counters per steady-state iteration, headers included (TCP/IP adds ~4-8%).",
+        "",
+    ]
+    for r in rows:
+        if r.collectives:
+            md.append(
+                f"- {repeats.label(r)}: " + "; ".join(_collective_text(c) for c in r.collectives)
+            )
+    md.append("")
+
+    md += ["## Network bandwidth analysis", ""]
+    bw_rows = []
+    for r in rows:
+        if r.iter_ms_mean is None:
+            continue
+        bw_rows.append(
+            [
+                repeats.label(r),
+                f"{r.link_mbit / 1000:g}" if r.link_mbit else "n/a",
+                cell(r, "busbw_gbps_timers", notes, 3),
+                _num(r.busbw_gbps_timers_allgather, 3) or "n/a",
+                cell(r, "busbw_gbps_inferred", notes, 3)
+                + (" (!)" if r.busbw_inferred_warning else ""),
+                cell(r, "busbw_gbps_measured", notes, 3),
+            ]
+        )
+    md += md_table(
+        [
+            "run",
+            "link Gbit/s",
+            "busbw timers",
+            "all-gather timers",
+            "busbw inferred",
+            "busbw measured",
+        ],
+        bw_rows,
+    )
+    md += [
+        "",
+        "Gbit/s, nccl-tests bus-bandwidth convention (busbw = algbw x 2(n-1)/n for all-reduce). "
+        "Timers: gradient bytes / DeepSpeed bwd_allreduce; inferred: extra bytes / extra "
+        "iteration time over the compute-identical run of the group that sends the fewest bytes "
+        "(null when the time difference is within its 95% interval of 0; (!) when it is more "
+        "than 25% off the measured or link bandwidth, i.e. not bandwidth-bound); measured: "
+        "netbench.json at the nearest message size.",
+        "",
+    ]
+    for r in rows:
+        for col in ("busbw_gbps_timers", "busbw_gbps_inferred"):
+            if getattr(r, col) is not None and col in r.na_reasons:
+                md.append(f"- {repeats.label(r)} {col}: {r.na_reasons[col]}")
+    for r in rows:
+        if r.busbw_inferred_warning:
+            md.append(f"- **{repeats.label(r)}: inferred figure is not the link's bandwidth**: "
+                      f"{r.busbw_inferred_warning}")  # fmt: skip
+    md.append("")
+
+    md += ["## Scaling predictions", ""]
+    md += model.scaling if model is not None else _scaling_qualitative(rows)
+
+    md += ["## Recommendations", ""]
+    for key, group in groups.items():
+        md += recommendations(key, group)
+    if model is not None and model.recommendations:
+        md += ["", "From the calibrated model (analysis.predict):", "", *model.recommendations]
+    md.append("")
+
+    md += ["## Configuration", ""]
+    cfg = [
+        [
+            repeats.label(r),
+            r.model or "?",
+            r.strategy or "?",
+            f"{r.tp}/{r.pp}/{r.dp}",
+            str(r.zero_stage),
+            str(r.gas),
+            f"{r.micro_batch_size}/{r.global_batch_size}",
+            f"{r.num_parameters:,}" if r.num_parameters else "n/a",
+        ]
+        for r in rows
+    ]
+    md += md_table(
+        ["run", "model", "strategy", "tp/pp/dp", "ZeRO", "GAS", "micro/global batch", "params"],
+        cfg,
+    )
+    md += ["", "## Hardware and provenance", ""]
+    for r in rows:
+        md.append(
+            f"- {repeats.label(r)}: `{r.path}`, {r.nodes if r.nodes is not None else '?'} node(s), "
+            f"{r.world_size} ranks, device {r.device or '?'}"
+            + (f"; problems: {'; '.join(p.message for p in r.problems)}" if r.problems else "")
+        )
+    if figures:
+        md += ["", "## Figures", ""]
+        md += [f"![{Path(f).stem}]({f})" for f in figures]
+    if notes.texts:
+        md += ["", "## Notes", "", *notes.render()]
+    return "\n".join(md) + "\n"
+
+
+def pipeline_section(rows: list[RunMetrics]) -> list[str]:
+    """Pipeline runs whose PipelineEngine timers were printed: per-iteration figures, the
+    measured wait beside the bubble theory, and the untimed remainder in words."""
+    timed = [r for r in rows if r.pipe_wait_ms is not None or ((r.pp or 1) > 1 and r.fwd_ms)]
+    if not timed:
+        return []
+    md = [
+        "### Pipeline timers",
+        "",
+        "DeepSpeed's PipelineEngine prints its timers on global rank 0 (the first stage) every "
+        "steps_per_print steps, as totals over those steps (deepspeed/runtime/pipe/engine.py "
+        "_exec_optimizer_step and train_batch, timers.log with reset): each figure below is the "
+        "printed total / steps_per_print, mean over the prints after the first (warm-up).",
+        "",
+    ]
+    table = []
+    for r in timed:
+        table.append(
+            [
+                r.name,
+                _num(r.iter_ms_mean, 1),
+                _num(r.fwd_ms, 1),
+                _num(r.bwd_ms, 1),
+                _num(r.optimizer_ms, 1),
+                _num(r.data_ms, 1),
+                _num(r.pipe_wait_ms, 1),
+                f"{r.pipe_wait_share:.1%}" if r.pipe_wait_share is not None else "n/a",
+                f"{r.pipe_bubble_theory:.1%}" if r.pipe_bubble_theory is not None else "n/a",
+                _num(r.other_ms, 1),
+                _num(r.other_busbw_gbps, 3) or "n/a",
+            ]
+        )
+    md += md_table(
+        ["run", "iteration", "fwd", "bwd", "step", "batch_input", "pipe wait",
+         "wait share", "bubble theory", "untimed", "untimed busbw Gbit/s"],
+        table,
+    )  # fmt: skip
+    md += [
+        "",
+        "ms per iteration. Pipe wait = pipe_send_output + pipe_recv_grad (the first stage's "
+        "blocking sends and receives); wait share = wait / (fwd + bwd + wait); bubble theory = "
+        "(p-1)/(m+p-1), p stages, m micro-batches per step, for balanced stages. Untimed = "
+        "iteration - every timer; its busbw is the bandwidth the untimed collectives' bytes "
+        "imply if they took all of it.",
+        "",
+    ]
+    for r in timed:
+        steps = (r.breakdown_sources or {}).get("steps_per_print")
+        if steps:
+            md.append(f"- {r.name}: steps_per_print {steps}.")
+        if "pipe_wait_ms" in r.na_reasons:
+            md.append(f"- {r.name}: {r.na_reasons['pipe_wait_ms']}.")
+        if r.other_named:
+            md.append(f"- {r.name}: {r.other_ms or 0:,.1f} ms/iteration {r.other_named}.")
+    return [*md, ""]
+
+
+def _scaling_qualitative(rows: list[RunMetrics]) -> list[str]:
+    """Scaling notes without a calibrated model."""
+    md = [
+        "Assumptions: communication bytes scale as in analysis.theory.comm with the ring factor "
+        "2(n-1)/n (all-reduce) approaching 2 as n grows; per-rank compute scales with the "
+        "per-rank batch; link bandwidth as measured above; no overlap of communication and "
+        "compute. No calibrated model was run: no predicted times are shown.",
+        "",
+    ]
+    for r in rows:
+        if r.comm_bytes_per_iter and r.busbw_gbps_timers:
+            t = r.comm_bytes_per_iter * 8 / (r.busbw_gbps_timers * 1e9) * 1000
+            md.append(
+                f"- {r.name}: {r.comm_bytes_per_iter / 1e6:.2f} MB/iteration at the timer "
+                f"bandwidth {r.busbw_gbps_timers:.3f} Gbit/s = {t:,.1f} ms of communication per "
+                "iteration if not overlapped; it stays at that size per rank as DP grows."
+            )
+    return [*md, ""]
+
+
+def _collective_text(c: dict[str, Any]) -> str:
+    return (
+        f"{c['op']} {c['purpose']} {c['size_bytes']:,} B x{c['count_per_iter']} "
+        f"(n={c['group_size']}, {c['link']}) = {c['wire_bytes_per_rank']:,.0f} B"
+    )
+
+
+def recommendations(key: str, group: list[RunMetrics]) -> list[str]:
+    """Recommendations that follow from the group's numbers."""
+    timed = _timed(group)
+    if not timed:
+        return [f"- {key}: no completed timed run; nothing to recommend from data."]
+    out = repeats.speed_recommendation(key, repeats.group_repeats(group))
+    mems = [r for r in timed if r.peak_mem_mb is not None]
+    if mems:
+        low = min(mems, key=lambda r: r.peak_mem_mb or 0.0)
+        if "RSS" in (low.mem_kind or ""):
+            out.append(
+                f"- {key}: memory figures are process RSS on CPU; they cannot rank strategies "
+                "by tensor memory. Measure on the accelerator before choosing for memory."
+            )
+        else:
+            out.append(
+                f"- {key}: lowest peak memory: **{low.strategy}** ({low.peak_mem_mb:,.0f} MiB)."
+            )
+    dominated = [
+        r
+        for r in timed
+        if r.comm_ms and r.iter_ms_mean and "comm_ms" not in r.na_reasons
+        if r.comm_ms / r.iter_ms_mean >= 0.25
+    ]
+    for r in repeats.first_of_each(dominated):  # repeats: one line per spec
+        out.append(
+            f"- {key}: communication dominates {r.name} ({r.comm_ms / (r.iter_ms_mean or 1):.0%} "
+            "of the iteration): a faster link or fewer bytes (see the communication table) "
+            "pays off directly."
+        )
+    return out
+
+
+def console_table(rows: list[RunMetrics]) -> None:
+    """Print the main figures with rich (plain text when not a terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Megatron-DeepSpeed runs")
+    cols: list[tuple[str, Callable[[RunMetrics], str]]] = [
+        ("setup", lambda r: r.setup_key),
+        ("run", repeats.label),
+        ("strategy", lambda r: r.strategy or "?"),
+        ("status", lambda r: r.status),
+        ("ms/iter", lambda r: _num(r.iter_ms_mean, 1) or "n/a"),
+        ("samples/s", lambda r: _num(r.samples_per_s, 2) or "n/a"),
+        ("speedup", lambda r: f"{r.speedup:.2f}x" if r.speedup else "n/a"),
+        ("peak MiB", lambda r: _num(r.peak_mem_mb, 0) or "n/a"),
+        ("MB/iter", lambda r: _num((r.comm_bytes_per_iter or 0) / 1e6, 2) or "n/a"),
+    ]
+    for name, _ in cols:
+        table.add_column(name)
+    for r in rows:
+        table.add_row(*(fn(r) for _, fn in cols))
+    Console(width=160).print(table)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return str(value)
+
+
+def _set_aside(out: Path) -> Path | None:
+    if not out.exists():
+        return None
+    n = 1
+    while (moved := out.with_name(f"{out.name}.previous-{n}")).exists():
+        n += 1
+    shutil.move(str(out), str(moved))
+    return moved
+
+
+def summarize(
+    logdir: Path, exclude: list[Path], baseline: str | None = None
+) -> tuple[list[load.LoadedRun], list[RunMetrics], report_predict.ReportSections]:
+    """The runs under ``logdir``, their summary rows (with the cross-run and leave-one-out
+    figures) and the calibrated model's sections: everything the report shows."""
+    runs = load.discover(logdir, exclude=exclude)
+    rows = speedup.compare([metrics.compute(r) for r in runs], baseline)
+    rows = repeats.same_round_speedups(rows)
+    model = report_predict.report_sections(runs, rows)
+    return runs, prediction.fill_rows(rows, model.loo), model
+
+
+def build(logdir: Path, out: Path, baseline: str | None = None) -> list[RunMetrics]:
+    """Load, compute, write everything; returns the rows."""
+    _runs, rows, model = summarize(logdir, [out], baseline)
+    moved = _set_aside(out)
+    if moved:
+        print(f"previous report kept as {moved}", file=sys.stderr)
+    out.mkdir(parents=True)
+    frame = metrics.to_frame(rows)
+    from analysis.report.plots import write_figures
+
+    figures = [p.relative_to(out).as_posix() for p in write_figures(frame, out / "figures")]
+    label = logdir.name or str(logdir)
+    (out / "report.md").write_text(render(rows, label, figures, model))
+    summary = {"runs": [metrics.row_dict(r) for r in rows], "repeats": repeats.to_json(rows)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+    frame.to_csv(out / "summary.csv", index=False)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point."""
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__)
+    parser.add_argument("logdir", type=Path, help="run directories and/or log files")
+    parser.add_argument("--out", type=Path, help="output directory (default LOGDIR/report)")
+    parser.add_argument("--baseline", help="name of the baseline run (default: strategy baseline)")
+    parser.add_argument("--summary", action="store_true", help="also print the executive summary")
+    args = parser.parse_args(argv)
+    if not args.logdir.exists():
+        parser.error(f"{args.logdir} does not exist")
+    return_freed_memory()
+    default = args.logdir if args.logdir.is_dir() else args.logdir.parent
+    out = args.out or default / "report"
+    rows = build(args.logdir, out, args.baseline)
+    console_table(rows)
+    print(f"wrote {out / 'report.md'}")
+    if args.summary:
+        print("\n".join(executive_summary(_groups(rows))))
+    return 0

@@ -1,0 +1,326 @@
+"""The one home of every GPT and network formula the launcher and the analyzer share.
+
+Both packages import from here (``launchers`` already imports ``analysis``; nothing here imports
+either package): the padded vocabulary, the parameter count (per rank and per replica), the
+forward MACs and the FLOPs of an iteration (with activation recompute), the ring / bus-bandwidth
+factors, the link efficiency, link-rate and size parsing, the steady-state rule, and the model
+and strategy tables read from ``megatron_configs/`` (the presets the launcher runs).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import yaml
+
+Normalization = Literal["layernorm", "rmsnorm"]
+"""Megatron's ``--normalization``: LayerNorm (weight + bias) or RMSNorm (weight only)."""
+
+# ------------------------------------------------------------------------- GPT shape and size
+
+MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
+"""Megatron's ``--make-vocab-size-divisible-by`` default: the vocabulary is padded to a multiple
+of this times the tensor-parallel size (``megatron/tokenizer/tokenizer.py``
+``_vocab_size_with_padding``)."""
+
+
+def padded_vocab_size(vocab_size: int, tp: int = 1) -> int:
+    """Vocabulary size after Megatron's padding to a multiple of 128 * TP."""
+    multiple = MAKE_VOCAB_SIZE_DIVISIBLE_BY * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def gpt_parameters_on_rank(
+    layers: int,
+    hidden: int,
+    positions: int,
+    padded_vocab: int,
+    normalization: Normalization | str = "layernorm",
+    tp: int = 1,
+    pp: int = 1,
+    stage: int = 0,
+) -> int:
+    """What upstream prints as "number of parameters on (tensor, pipeline) model parallel rank
+    (t, ``stage``)", the same for every tensor rank t (``megatron/training.py``).
+
+    Per layer and tensor rank: the QKV, dense and two MLP weights 12h^2/tp; the QKV and first
+    MLP biases 7h/tp (column parallel: split); the dense and second MLP biases 2h (row parallel:
+    replicated); two norms, 2h each for LayerNorm (weight and bias), h for RMSNorm. The first
+    stage holds the word embeddings (V/tp rows) and the learned positions (``positions`` =
+    ``--max-position-embeddings``, times h); the last stage the final norm and, with PP > 1,
+    GPTModelPipe's tied copy of the whole embedding module (words and positions).
+    """
+    norm = 2 * hidden if normalization == "layernorm" else hidden
+    per_layer = 12 * hidden * hidden // tp + 7 * hidden // tp + 2 * hidden + 2 * norm
+    embedding = padded_vocab // tp * hidden + positions * hidden
+    count = layers // pp * per_layer
+    if stage == 0:
+        count += embedding
+    if stage == pp - 1:
+        count += norm + (embedding if pp > 1 else 0)
+    return count
+
+
+def gpt_parameters(
+    layers: int,
+    hidden: int,
+    positions: int,
+    padded_vocab: int,
+    normalization: Normalization | str = "layernorm",
+) -> int:
+    """Parameters of one model replica: l(12h^2 + 13h) + V h + s h + 2h with LayerNorm,
+    l(12h^2 + 11h) + V h + s h + h with RMSNorm (no biases in the norms); s is the number of
+    learned positions (``--max-position-embeddings``). Equals upstream's printed count at
+    TP = PP = 1, and the sum over pipeline stages less the tied embedding."""
+    return gpt_parameters_on_rank(layers, hidden, positions, padded_vocab, normalization)
+
+
+def layer_macs(h: int, s: int, ffn: int | None = None) -> float:
+    """Forward multiply-accumulates of one layer for one sample: 4 h^2 s + 2 h s^2 + 2 f h s
+    (upstream ``megatron/utils.py`` ``throughput_calculator``; f = 4h by default)."""
+    f = 4 * h if ffn is None else ffn
+    return 4.0 * h * h * s + 2.0 * h * s * s + 2.0 * f * h * s
+
+
+def forward_passes(recompute: bool) -> int:
+    """Forward-pass equivalents of one training step: forward 1 + backward 2, plus one more
+    forward with full activation recompute (``throughput_calculator``:
+    ``checkpoint_activations_factor = 4 if args.checkpoint_activations else 3``)."""
+    return 4 if recompute else 3
+
+
+def backward_factor(recompute: bool) -> float:
+    """Backward work in units of a backward without recompute (2 forwards): 1, or 1.5 with full
+    recompute, whose backward runs the forward again first (:func:`forward_passes` - 1 = 3
+    forwards; DeepSpeed ``activation_checkpointing/checkpointing.py`` and Megatron's
+    ``megatron/core/tensor_parallel/random.py``: ``CheckpointFunction.backward`` calls
+    ``ctx.run_function`` before ``torch.autograd.backward``). DeepSpeed's ``bwd_inner`` timer
+    holds that recomputed forward."""
+    return (forward_passes(recompute) - 1) / 2
+
+
+def flops_per_iteration(
+    batch: int, s: int, layers: int, h: int, v: int, ffn: int | None = None, recompute: bool = False
+) -> float:
+    """Model FLOPs of one iteration as upstream Megatron-DeepSpeed counts them.
+
+    ``megatron/utils.py`` ``throughput_calculator`` (commit f4157bea): forward MACs =
+    B l (4 h^2 s + 2 h s^2 + 2 f h s) + B V h s (no GQA, no swiglu, one expert), backward = 2x
+    forward, FLOPs = 2 x MACs; with f = 4h this is 72 B s l h^2 (1 + s/(6h) + V/(12 l h)). Full
+    activation recompute adds one forward (x 4/3, :func:`forward_passes`).
+    """
+    fwd_macs = batch * layers * layer_macs(h, s, ffn) + float(batch) * v * h * s
+    return 2.0 * forward_passes(recompute) * fwd_macs
+
+
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """Idle share of a stage in a GPipe/1F1B schedule with balanced stages: (p-1)/(m+p-1)."""
+    if stages < 1 or micro_batches < 1:
+        raise ValueError(f"stages({stages}) and micro_batches({micro_batches}) must be >= 1")
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def zero_state_bytes(psi: float, stage: int, nd: int, precision: str = "bf16") -> float:
+    """Model-state bytes per rank for Adam (ZeRO paper, Rajbhandari et al. 2020, section 3).
+
+    Mixed precision (fp16/bf16, K = 12: fp32 master, momentum, variance): DP 16 Psi; ZeRO-1
+    4 Psi + 12 Psi / Nd; ZeRO-2 2 Psi + 14 Psi / Nd; ZeRO-3 16 Psi / Nd.
+    fp32 (derived): parameters 4, gradients 4, Adam moments 8 bytes per parameter; DeepSpeed's
+    ZeRO optimizers also keep an fp32 copy of the rank's partition (``stage_1_and_2.py``
+    ``single_partition_of_fp32_groups``: a clone even for an fp32 model, likewise in stage 3),
+    so: DP 16 Psi (torch Adam, no copy); ZeRO-1 8 Psi + 12 Psi / Nd; ZeRO-2 4 Psi + 16 Psi / Nd;
+    ZeRO-3 20 Psi / Nd. The partitions follow DeepSpeed 0.19.6: ``stage_1_and_2.py`` keeps the
+    full low-precision parameters and (ZeRO-1) full gradients and partitions the fp32 copy and
+    Adam moments (``single_partition_of_fp32_groups``); ZeRO-2 also partitions the gradients
+    (``averaged_gradients`` of the rank's partition); ``stage3.py`` partitions the parameters too
+    (``fp32_partitioned_groups_flat``).
+    """
+    if stage not in (0, 1, 2, 3) or nd < 1:
+        raise ValueError(f"stage({stage}) must be 0-3 and nd({nd}) >= 1")
+    if precision == "fp32":
+        full, part = {0: (16, 0), 1: (8, 12), 2: (4, 16), 3: (0, 20)}[stage]
+    else:
+        full, part = {0: (16, 0), 1: (4, 12), 2: (2, 14), 3: (0, 16)}[stage]
+    if stage == 0:
+        return full * psi
+    return full * psi + part * psi / nd
+
+
+# ------------------------------------------------------------------------------ network
+
+LINK_EFFICIENCY = 0.94
+"""Fraction of the link rate a large transfer achieves on the wire: TCP payload over Ethernet
+frames, 1448 of 1538 bytes per full frame with a 1500-byte MTU. The busbw a collective can reach
+on a link of rate R is about 0.94 R; netbench's gloo all-reduce reached 0.93-0.96 of the emulated
+link."""
+
+_RING_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "send_recv": lambda n: 1.0,
+    "sendrecv": lambda n: 1.0,
+}
+
+
+def ring_factor(op: str, n: int) -> float:
+    """Bytes each rank sends per byte of message with the ring algorithm; equals nccl-tests'
+    bus-bandwidth factor (``PERFORMANCE.md``): all-reduce 2(n-1)/n; all-gather and
+    reduce-scatter (n-1)/n; send/recv (``send_recv`` or netbench's ``sendrecv``) 1."""
+    if n < 1:
+        raise ValueError(f"group size({n}) must be >= 1")
+    if op not in _RING_FACTORS:
+        raise ValueError(f"op {op!r} has no ring factor; known: {', '.join(_RING_FACTORS)}")
+    return _RING_FACTORS[op](n)
+
+
+_RATE_RE = re.compile(
+    r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>kbit|mbit|gbit|k|m|g)?(?:/s|ps)?\s*$", re.I
+)
+_RATE_MBIT = {"k": 1e-3, "m": 1.0, "g": 1e3}
+UNSHAPED_WORDS = ("none", "unshaped", "unlimited", "off")
+"""Spellings of "no rate limit" :func:`parse_rate` accepts."""
+
+
+def parse_rate(text: str, bare_unit: Literal["mbit"] | None = None) -> float | None:
+    """Mbit/s from ``100mbit``, ``1gbit``, ``500kbit``, ``10g``; ``none`` -> None (unshaped).
+
+    Units are tc's (base 10: 1 mbit = 1e6 bit/s); ``/s`` or ``ps`` suffixes are accepted. A bare
+    number is refused unless ``bare_unit`` says what it counts.
+    """
+    if text.strip().lower() in UNSHAPED_WORDS:
+        return None
+    match = _RATE_RE.match(text)
+    if not match or (match["unit"] is None and bare_unit is None):
+        raise ValueError(
+            f"link rate {text!r} not understood: write e.g. '100mbit', '1gbit', '500kbit' or 'none'"
+        )
+    unit = (match["unit"] or bare_unit or "mbit")[0].lower()
+    rate = float(match["num"]) * _RATE_MBIT[unit]
+    if rate <= 0:
+        raise ValueError(f"link rate {text!r} must be > 0 (or 'none' for an unshaped link)")
+    return rate
+
+
+RATE_IN_NAME = re.compile(r"(?<![a-z0-9])\d+(?:\.\d+)?(?:kbit|mbit|gbit)", re.I)
+"""A link rate written into a run name (``tiny_tensor_1gbit``); read it with :func:`parse_rate`."""
+
+_SIZE_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[kmgt]?)(?:i?b)?\s*$", re.I)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``1K``, ``64M``, ``1.5GiB``, ``2GB``, ``4096`` (binary units, as nccl-tests'
+    ``-b/-e`` and cgroup limits read them)."""
+    if isinstance(text, int):
+        return text
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise ValueError(f"size {text!r} not understood: write e.g. 1K, 64M, 2G or a byte count")
+    return int(float(match["num"]) * _SIZE_UNITS[match["unit"].lower()])
+
+
+# --------------------------------------------------------------------------- steady state
+
+STEADY_RULE = (
+    "drop the first logging window (warm-up), use every later window; each window is the mean "
+    "over log_interval iterations"
+)
+"""How the steady state is chosen, for every figure that needs one (report, matrix table,
+per-iteration interface bytes)."""
+
+T = TypeVar("T")
+
+
+def steady_windows(windows: Sequence[T]) -> list[T]:
+    """The windows :data:`STEADY_RULE` keeps: all but the first (warm-up), in order; empty when
+    only the warm-up window was logged."""
+    return list(windows[1:])
+
+
+# ------------------------------------------------------------------ presets (megatron_configs)
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "megatron_configs"
+"""Directory of the preset YAML files (``launchers.config.presets`` validates them)."""
+
+STRATEGIES_FILE = "strategies.yaml"
+"""The strategy registry inside :data:`CONFIG_DIR`; every other ``*.yaml`` there is a model."""
+
+CORE_STRATEGIES = ("baseline", "pipeline", "tensor", "zero1", "zero2", "zero3")
+"""The six strategies every model is compared on (``matrix --strategies core``)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape of a model preset (its ``model:`` section), as the analyzer needs it."""
+
+    dims: tuple[int, int, int, int]
+    """``(num_layers, hidden_size, num_attention_heads, seq_length)``: what names a preset in a
+    log."""
+    max_position_embeddings: int
+    """Learned positions (>= seq_length)."""
+    vocab_size: int
+    """Tokenizer vocabulary before Megatron's padding."""
+
+
+_DIMS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
+
+
+@dataclass(frozen=True)
+class StrategyShape:
+    """The parallel layout of a strategy preset."""
+
+    tp: int
+    """Tensor-parallel degree."""
+    pp: int
+    """Pipeline-parallel degree."""
+    zero_stage: int
+    """DeepSpeed ZeRO stage."""
+    offload: str = "none"
+    """ZeRO-Offload (``none``, ``optimizer``, ``optimizer+params``)."""
+
+
+def _yaml_mapping(path: Path) -> dict:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a mapping (python -m launchers list checks the presets)")
+    return data
+
+
+@functools.cache
+def model_table(config_dir: Path = CONFIG_DIR) -> dict[str, ModelShape]:
+    """Model presets by name (file stem), read from ``megatron_configs/<name>.yaml``."""
+    table = {}
+    for path in sorted(config_dir.glob("*.yaml")):
+        if path.name == STRATEGIES_FILE:
+            continue
+        model = _yaml_mapping(path).get("model") or {}
+        try:
+            dims = tuple(int(model[k]) for k in _DIMS)
+            table[path.stem] = ModelShape(
+                dims, int(model["max_position_embeddings"]), int(model["vocab_size"])
+            )  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: model.{exc} missing or not an integer") from exc
+    return table
+
+
+@functools.cache
+def strategy_table(config_dir: Path = CONFIG_DIR) -> dict[str, StrategyShape]:
+    """Strategy presets by name, read from ``megatron_configs/strategies.yaml``."""
+    path = config_dir / STRATEGIES_FILE
+    table = {}
+    for name, entry in _yaml_mapping(path).items():
+        try:
+            table[name] = StrategyShape(
+                int(entry["tp"]), int(entry["pp"]), int(entry["zero_stage"]),
+                str(entry.get("offload", "none")),
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: {name}.{exc} missing or not an integer") from exc
+    return table
