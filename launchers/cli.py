@@ -18,7 +18,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from launchers.config.hostfile import HostfileError, load_hostfile, parse_hostfile_text
+from rich.console import Console
+from rich.table import Table
+
+from launchers.config.hostfile import (
+    HOSTFILE_DIR,
+    HostfileError,
+    lab_directive,
+    load_hostfile,
+    parse_hostfile_text,
+)
 from launchers.config.presets import (
     CORE_STRATEGIES,
     PresetError,
@@ -30,15 +39,16 @@ from launchers.config.presets import (
 )
 from launchers.config.project import DS_CONFIG_NAME
 from launchers.config.spec import DEVICES, LAUNCHER_MODES, Cluster, RunSpec, SpecError, spec_hash
-from launchers.lab.cluster import lab_launcher
-from launchers.lab.session import (
-    LabSession,
-    failed,
-    interleaved,
-    lab_available,
-    lab_session,
-    run_specs,
-)
+from launchers.config.upstream import check_upstream
+from launchers.doctor import check as doctor
+from launchers.doctor.transport import DoctorError
+from launchers.lab.bringup import lab_session
+from launchers.lab.net import LabError
+from launchers.lab.session import LabSession, lab_available
+from launchers.lab.slurm import KILL_WAIT_S
+from launchers.lab.tools import lab_launcher
+from launchers.run.matrix import failed, interleaved, run_specs
+from launchers.run.memlimit import LimitError, MemoryCgroup, parse_size
 from launchers.run.render import (
     LAUNCH_NAME,
     node_commands,
@@ -47,9 +57,6 @@ from launchers.run.render import (
     render_run_dir,
 )
 from launchers.run.sbatch import SBATCH_NAME, check_inside_allocation, render_sbatch
-
-HOSTFILE_DIR = Path(__file__).resolve().parent.parent / "hostfiles"
-"""Hostfiles shipped with the project (``list`` shows them)."""
 
 EXIT_USAGE = 2
 """Exit status for a request that cannot run (nothing was started)."""
@@ -74,8 +81,6 @@ def preflight(spec: RunSpec, allow_other_upstream: bool = False) -> list[str]:
     lines may differ from what the launchers and the parser expect) unless
     ``allow_other_upstream``; then it is a warning, and run.json records the commit.
     """
-    from launchers.config.upstream import check_upstream
-
     status = check_upstream(Path(spec.paths.upstream_dir))
     if not status.present:
         raise PreflightError(status.message())
@@ -108,9 +113,6 @@ def preflight(spec: RunSpec, allow_other_upstream: bool = False) -> list[str]:
 
 def cmd_list(_: argparse.Namespace) -> int:
     """Models with computed parameter counts, strategies, hostfiles."""
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     models = Table(title="Models (megatron_configs/*.yaml)")
     for col in ("model", "layers", "hidden", "heads", "seq", "micro/global", "precision",
@@ -262,8 +264,6 @@ def _executor_timeout(args: argparse.Namespace) -> float | None:
     it (the lab's jobs get TIMEOUT as their time limit; the executor stays a backstop)."""
     if args.timeout is None or not (args.net and args.launcher == "slurm"):
         return args.timeout
-    from launchers.lab.slurm import KILL_WAIT_S
-
     return args.timeout + 60 + 2 * KILL_WAIT_S  # Slurm's minute rounding and its kill wait
 
 
@@ -283,8 +283,6 @@ def _mem_limit(args: argparse.Namespace, specs: Sequence[RunSpec]) -> int | None
     """
     if args.mem_limit is None:
         return None
-    from launchers.run.memlimit import MemoryCgroup, parse_size
-
     try:
         size = parse_size(args.mem_limit)
     except ValueError as exc:
@@ -300,27 +298,6 @@ def _mem_limit(args: argparse.Namespace, specs: Sequence[RunSpec]) -> int | None
     probe = MemoryCgroup.create(size, f"probe-{os.getpid()}")  # LimitError says why not
     probe.remove()
     return size
-
-
-def lab_directive(path: str | Path) -> tuple[int, str] | None:
-    """``(nodes, link)`` of a hostfile that describes a lab (``# lab: nodes=2 link=100mbit``).
-
-    A lab's addresses are assigned when it starts, so such a hostfile names no hosts: the line
-    tells the launcher to build the lab and use the hostfile the lab writes.
-    """
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
-        return None
-    for line in lines:
-        words = line.strip().removeprefix("#").split()
-        if words[:1] == ["lab:"]:
-            fields = dict(w.split("=", 1) for w in words[1:] if "=" in w)
-            try:
-                return int(fields.get("nodes", "2")), fields.get("link", "100mbit")
-            except ValueError:
-                return None
-    return None
 
 
 def _apply_lab_hostfile(args: argparse.Namespace) -> None:
@@ -358,15 +335,15 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
     if not args.net and specs[0].launcher == "slurm":
         check_inside_allocation(specs[0], os.environ)
     mem_limit = _mem_limit(args, specs)
-    doctor = _doctor_gate(args, strategies)
+    gate = _doctor_gate(args, strategies)
     if not args.net:
-        doctor(specs, req.logs, None)
+        gate(specs, req.logs, None)
     with _lab_session(args) as session:
         if session is not None:
             cluster = session.cluster()
             req = replace(req, cluster=cluster)
             specs = [_resolve(req, args.model, s) for s in strategies]
-            doctor([session.adapt(s) for s in specs], req.logs, session)
+            gate([session.adapt(s) for s in specs], req.logs, session)
             if not args.no_netbench:
                 session.measure_bandwidth(req.logs)
         try:
@@ -385,12 +362,11 @@ def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
 
 def _doctor_gate(args: argparse.Namespace, strategies: Sequence[str]) -> Callable[..., Any]:
     """``doctor.check.check_before_run`` for a multi-node run or a matrix, unless skipped."""
-    from launchers.doctor.check import check_before_run, needs_doctor
 
     def gate(specs: Sequence[RunSpec], logs: Path, session: LabSession | None) -> None:
         matrix = args.command in ("matrix", "demo") or len(strategies) > 1
-        if not args.skip_doctor and (session is not None or needs_doctor(specs, matrix)):
-            check_before_run(specs, logs, session)
+        if not args.skip_doctor and (session is not None or doctor.needs_doctor(specs, matrix)):
+            doctor.check_before_run(specs, logs, session)
 
     return gate
 
@@ -451,6 +427,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     status = cmd_matrix(args)
     if args.dry_run:
         return status
+    # The report brings pandas and matplotlib (~1 s): imported only when the demo reports.
     from analysis.report.build import main as report_main
 
     out = Path(args.logs) / "report"
@@ -574,9 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     matrix.set_defaults(func=cmd_matrix)
 
-    from launchers.doctor.check import add_parser as add_doctor
-
-    add_doctor(sub)
+    doctor.add_parser(sub)
 
     demo = sub.add_parser("demo", help="tiny model, core strategies, this machine, then report")
     demo.add_argument(
@@ -597,10 +572,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = build_parser().parse_args(argv)
-    from launchers.doctor.check import DoctorError
-    from launchers.lab.cluster import LabError
-    from launchers.run.memlimit import LimitError
-
     try:
         return args.func(args)
     except (

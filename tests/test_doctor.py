@@ -29,13 +29,14 @@ import pytest
 
 from launchers.cli import main as cli_main
 from launchers.config import gpu
+from launchers.config import probe as _doctor_probe
 from launchers.config.hostfile import parse_hostfile_text
 from launchers.config.presets import default_paths, resolve_spec
 from launchers.config.project import megatron_args
 from launchers.config.spec import PLACEHOLDER_PATHS
 from launchers.config.upstream import PINNED_COMMIT, check_upstream
 from launchers.doctor import check as doctor
-from launchers.doctor import probe as _doctor_probe
+from launchers.doctor import transport, verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
 PATHS = default_paths()
@@ -52,30 +53,32 @@ needs_setup = pytest.mark.skipif(
 )
 
 
-def request(device: str = "cpu", logs: Path = ROOT / "logs", **ifnames: str) -> doctor.ProbeRequest:
-    return doctor.request_for(PATHS, device, logs, ifnames)
+def request(
+    device: str = "cpu", logs: Path = ROOT / "logs", **ifnames: str
+) -> transport.ProbeRequest:
+    return transport.request_for(PATHS, device, logs, ifnames)
 
 
 @pytest.fixture(scope="module")
 def here() -> dict[str, Any]:
     """This machine's facts from the real probe (CPU request)."""
-    reply = doctor.probe_local(_doctor_probe.command(sys.executable, request().to_json()))
+    reply = transport.probe_local(_doctor_probe.command(sys.executable, request().to_json()))
     assert reply.facts is not None, reply.error
     return reply.facts
 
 
-def expectation(facts: dict[str, Any], device: str = "cpu", **kwargs: Any) -> doctor.Expectation:
-    route = kwargs.pop("route", doctor.Route("pdsh", {}, None, "pdsh over ssh"))
-    return doctor.Expectation(facts, request(device, **kwargs), PINNED_COMMIT, True, route,
+def expectation(facts: dict[str, Any], device: str = "cpu", **kwargs: Any) -> verdicts.Expectation:
+    route = kwargs.pop("route", transport.Route("pdsh", {}, None, "pdsh over ssh"))
+    return verdicts.Expectation(facts, request(device, **kwargs), PINNED_COMMIT, True, route,
                               "hostfiles/test")  # fmt: skip
 
 
-def row(facts: dict[str, Any] | None, exp: doctor.Expectation, reached: bool = True, **kw: Any):
-    reply = doctor.Reply(reached, facts, kw.pop("error", ""), kw.pop("exit_status", 0))
-    return doctor.judge("node1", "node1", kw.pop("slots", 1), reply, exp)
+def row(facts: dict[str, Any] | None, exp: verdicts.Expectation, reached: bool = True, **kw: Any):
+    reply = transport.Reply(reached, facts, kw.pop("error", ""), kw.pop("exit_status", 0))
+    return verdicts.judge("node1", "node1", kw.pop("slots", 1), reply, exp)
 
 
-def failing(report: doctor.NodeReport) -> dict[str, doctor.Finding]:
+def failing(report: verdicts.NodeReport) -> dict[str, verdicts.Finding]:
     return {f.check: f for f in report.findings if f.status == "fail"}
 
 
@@ -111,7 +114,7 @@ def test_probe_output_is_found_behind_launcher_prefixes() -> None:
 def test_probe_runs_on_the_standard_library_alone(tmp_path: Path) -> None:
     """A node whose interpreter has none of the venv's packages (``-S``: no site-packages)."""
     python, *rest = _doctor_probe.command(sys.executable, request(logs=tmp_path).to_json())
-    reply = doctor.probe_local([python, "-S", *rest])
+    reply = transport.probe_local([python, "-S", *rest])
     assert reply.facts is not None, reply.error
     assert reply.facts["packages"] == {name: None for name in _doctor_probe.PACKAGES}
     assert reply.facts["torch_cuda_build"] is None
@@ -164,9 +167,9 @@ def test_unreachable_node_names_host_and_ssh_fix(here: dict[str, Any]) -> None:
     assert failing(report) == {"reach": report.finding("reach")}
     assert report.finding("reach").fix.startswith("ssh: connect to host node1 port 22")
     assert "make `ssh node1 true` work" in report.finding("reach").fix
-    lab = expectation(here, route=doctor.Route("lab-ssh", {}, None, "lab"))
+    lab = expectation(here, route=transport.Route("lab-ssh", {}, None, "lab"))
     assert "recreate the lab" in row(None, lab, reached=False, error=said).finding("reach").fix
-    by_hand = expectation(here, route=doctor.Route("ssh", {}, None, "no_ssh", required=False))
+    by_hand = expectation(here, route=transport.Route("ssh", {}, None, "no_ssh", required=False))
     assert row(None, by_hand, reached=False, error=said).ok  # no_ssh nodes start by hand
 
 
@@ -213,7 +216,7 @@ def test_pypi_apex_is_named_as_the_wrong_package(here: dict[str, Any]) -> None:
     ],
 )
 def test_interface_names_follow_nccl_and_gloo_grammar(variable: str, value: str, ok: bool) -> None:
-    assert doctor.interface_matches(variable, value, ["eth0", "lo"])[0] is ok
+    assert verdicts.interface_matches(variable, value, ["eth0", "lo"])[0] is ok
 
 
 def test_unknown_interface_fails_with_the_interfaces_the_node_has(here: dict[str, Any]) -> None:
@@ -230,7 +233,7 @@ def test_unresolvable_hosts_through_pdsh_are_named() -> None:
     if shutil.which("pdsh") is None:
         pytest.skip("pdsh not installed (apt-get install -y pdsh)")
     cluster = parse_hostfile_text("nohost-a.invalid slots=1\nnohost-b.invalid slots=1\n", "hf")
-    route = doctor.Route("pdsh", {}, None, "pdsh over ssh")
+    route = transport.Route("pdsh", {}, None, "pdsh over ssh")
     report = doctor.diagnose(cluster, request(), sys.executable, route)
     assert not report.ok
     for node in report.nodes:
@@ -246,13 +249,15 @@ def test_unresolvable_hosts_through_pdsh_are_named() -> None:
 
 def test_passing_results_are_cached_for_a_short_time(monkeypatch, tmp_path, here) -> None:
     monkeypatch.setenv("MDS_CACHE_DIR", str(tmp_path))
-    node = doctor.NodeReport("n", "n", 1, (doctor.Finding("reach", "ok", "yes"),))
+    node = verdicts.NodeReport("n", "n", 1, (verdicts.Finding("reach", "ok", "yes"),))
     report = doctor.Report("hf", "pdsh", "cpu", here, (node,), 0.5)
     doctor.store("k", report)
     again = doctor.load_cached("k")
     assert again is not None and again.nodes == report.nodes and again.cached_at
-    assert doctor.load_cached("k", now=time.time() + doctor.CACHE_TTL_S + 1) is None
-    bad = replace(report, nodes=(replace(node, findings=(doctor.Finding("reach", "fail", "x"),)),))
+    assert doctor.load_cached("k", now=time.time() + transport.CACHE_TTL_S + 1) is None
+    bad = replace(
+        report, nodes=(replace(node, findings=(verdicts.Finding("reach", "fail", "x"),)),)
+    )
     doctor.store("bad", bad)
     assert doctor.load_cached("bad") is None, "a failing result must be measured again"
 
@@ -260,13 +265,13 @@ def test_passing_results_are_cached_for_a_short_time(monkeypatch, tmp_path, here
 def test_cache_key_changes_with_what_the_result_depends_on() -> None:
     one = parse_hostfile_text("a slots=1\nb slots=1\n", "hf")
     two = parse_hostfile_text("a slots=1\nb slots=2\n", "hf")
-    route = doctor.Route("pdsh")
+    route = transport.Route("pdsh")
     keys = {
         doctor.cache_key(one, request(), "/py", route, True),
         doctor.cache_key(two, request(), "/py", route, True),
         doctor.cache_key(one, request("cuda"), "/py", route, True),
         doctor.cache_key(one, request(), "/other/py", route, True),
-        doctor.cache_key(one, request(), "/py", doctor.Route("ssh"), True),
+        doctor.cache_key(one, request(), "/py", transport.Route("ssh"), True),
         doctor.cache_key(one, request(), "/py", route, False),
     }
     assert len(keys) == 6
@@ -456,7 +461,7 @@ lab_only = pytest.mark.skipif(bool(_lab_reason()), reason=_lab_reason() or "lab 
 
 @pytest.fixture(scope="module")
 def lab():
-    from launchers.lab.session import lab_session
+    from launchers.lab.bringup import lab_session
 
     with lab_session(2, "1gbit", ssh=True) as session:
         yield session
@@ -464,7 +469,7 @@ def lab():
 
 def _sshd_pid(session: Any, index: int) -> int:
     """The node's sshd: the one process its namespace holds between runs."""
-    from launchers.lab.session import namespace_pids
+    from launchers.lab.net import namespace_pids
 
     pids = namespace_pids(session.lab.nodes[index].namespace)
     assert len(pids) >= 1, "the node's sshd is not running"
@@ -490,14 +495,14 @@ def node_sees(session: Any, index: int, mounts: dict[str, Path]) -> Iterator[Non
 
 def lab_report(session: Any, device: str = "cpu") -> doctor.Report:
     route = doctor.route_for("pdsh", session)
-    req = doctor.request_for(PATHS, device, ROOT / "logs", doctor.ifnames_for(session))
+    req = transport.request_for(PATHS, device, ROOT / "logs", doctor.ifnames_for(session))
     report = doctor.diagnose(session.cluster(), req, sys.executable, route,
                              labels=doctor.lab_labels(session))  # fmt: skip
     print("\n" + report.render())
     return report
 
 
-def only_node1_fails(report: doctor.NodeReport | doctor.Report, check: str) -> doctor.Finding:
+def only_node1_fails(report: verdicts.NodeReport | doctor.Report, check: str) -> verdicts.Finding:
     assert isinstance(report, doctor.Report)
     node0, node1 = report.nodes
     assert node0.ok, node0.findings
@@ -587,12 +592,12 @@ def test_lab_node_unreachable_over_ssh(lab) -> None:
 @pytest.mark.root
 def test_lab_without_ssh_is_checked_inside_its_namespaces() -> None:
     """``--launcher no_ssh`` labs start each node with ``ip netns exec``: the doctor does too."""
-    from launchers.lab.session import lab_session
+    from launchers.lab.bringup import lab_session
 
     with lab_session(2, "none", ssh=False) as session:
         route = doctor.route_for("no_ssh", session)
         assert route.transport == "lab-netns"
-        req = doctor.request_for(PATHS, "cpu", ROOT / "logs", doctor.ifnames_for(session))
+        req = transport.request_for(PATHS, "cpu", ROOT / "logs", doctor.ifnames_for(session))
         report = doctor.diagnose(session.cluster(), req, sys.executable, route,
                                  labels=doctor.lab_labels(session))  # fmt: skip
     print("\n" + report.render())
@@ -614,6 +619,6 @@ def test_pdsh_probe_gives_the_remote_shell_every_value_literally(tmp_path, monke
     marker = tmp_path / "marker"
     value = f"d $HOME %n %h 100% it's/$(touch {marker})/`touch {marker}`"
     command = [sys.executable, "-c", "import sys; print(repr(sys.argv[1]))", value]
-    said = doctor.probe_pdsh(["nodeA"], command, {})["nodeA"].error
+    said = transport.probe_pdsh(["nodeA"], command, {})["nodeA"].error
     assert repr(value) in said, said
     assert not marker.exists(), "a value was executed by the remote shell"

@@ -26,17 +26,15 @@ import pytest
 from launchers.config.hostfile import parse_hostfile_text
 from launchers.config.presets import resolve_spec
 from launchers.config.upstream import check_upstream
-from launchers.lab.session import failed, run_specs
 from launchers.run import execute
 from launchers.run.execute import (
-    LimitError,
     LogFailure,
-    MemoryCgroup,
-    parse_size,
     root_cause,
     update_run_json,
     write_json_atomic,
 )
+from launchers.run.matrix import failed, run_specs
+from launchers.run.memlimit import LimitError, MemoryCgroup, parse_size
 from launchers.run.render import render_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -464,9 +462,9 @@ def test_matrix_cli_exits_non_zero_when_a_run_failed(tmp_path, monkeypatch, caps
     if not check_upstream().ok:
         pytest.skip("upstream absent or not at the pinned commit: the CLI's preflight refuses")
     from launchers import cli
-    from launchers.run import render
+    from launchers.run import matrix
 
-    monkeypatch.setattr(render, "render_run_dir", _fake_render)
+    monkeypatch.setattr(matrix, "render_run_dir", _fake_render)
     argv = ["matrix", "--model", "tiny", "--strategies", "baseline,zero1", "--device", "cpu",
             "--logs", str(tmp_path / "logs"), "--stall", "30"]  # fmt: skip
     assert cli.main(argv) == 1
@@ -575,7 +573,8 @@ def seconds_until_recorded(run_dir: Path, bound_s: float) -> float:
 
 
 def namespace_ranks(namespace: str) -> list[int]:
-    from launchers.lab.session import _cmdline, namespace_pids
+    from launchers.lab.net import namespace_pids
+    from launchers.lab.session import _cmdline
 
     # The ranks, not the node's launcher (deepspeed.launcher.launch names the script too).
     return [
@@ -636,7 +635,7 @@ def test_real_killed_node_is_recorded_and_the_matrix_goes_on(tmp_path, start_cli
 def test_real_cut_link_ends_as_hang_within_the_stall_bound(tmp_path, start_cli) -> None:
     if why := _lab_ready():
         pytest.skip(why)
-    from launchers.lab.cluster import PREFIX, port_name
+    from launchers.lab.net import PREFIX, port_name
 
     logs = tmp_path / "logs"
     run = ["run", "--model", "tiny", "--strategy", "baseline", "--net", "1gbit"]

@@ -14,8 +14,11 @@ import pytest
 
 from analysis.theory.formulas import parse_rate
 from launchers.lab import cluster as labmod
-from launchers.lab.cluster import (
-    Lab,
+from launchers.lab import cpu as labcpu
+from launchers.lab import net as labnet
+from launchers.lab import tools as labtools
+from launchers.lab.cluster import Lab
+from launchers.lab.net import (
     LabError,
     LinkShape,
     bridge_name,
@@ -28,6 +31,7 @@ from launchers.lab.cluster import (
     port_name,
     subnet_for,
 )
+from launchers.run import cgroup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,7 +121,7 @@ def test_tc_burst_is_time_at_the_rate_with_a_frame_floor(shape: LinkShape, burst
     assert shape.burst_bytes() == burst
     args = shape.tbf_args()
     assert args[args.index("burst") + 1] == str(burst)
-    assert burst >= 2 * (labmod.MTU + 14)
+    assert burst >= 2 * (labnet.MTU + 14)
 
 
 @pytest.mark.parametrize(
@@ -133,7 +137,7 @@ def test_tc_burst_is_time_at_the_rate_with_a_frame_floor(shape: LinkShape, burst
 )
 def test_offload_packets_are_at_most_half_the_bucket(shape: LinkShape, size: int, segs: int):
     assert shape.segment_bytes() == size
-    assert size <= shape.burst_bytes() or size == labmod.MTU + 14
+    assert size <= shape.burst_bytes() or size == labnet.MTU + 14
     assert shape.segmentation_commands("eth0", "ns") == [
         ["ip", "-n", "ns", "link", "set", "dev", "eth0", "gso_max_size", str(size),
          "gso_max_segs", str(segs)]]  # fmt: skip
@@ -245,7 +249,7 @@ def test_committed_hostfile_template_is_comment_only() -> None:
 
 def _lab_skip_reason(ssh: bool) -> str | None:
     try:
-        labmod.check_prerequisites(ssh)
+        labtools.check_prerequisites(ssh)
     except LabError as err:
         return str(err)
     return None
@@ -258,9 +262,9 @@ def _require_lab(ssh: bool = False) -> None:
 
 
 def _ours(lab_id: str) -> list[str]:
-    names = labmod.list_namespaces() + labmod.list_links()
-    for root, _ in labmod.cpu_controller_roots():
-        names += [p.name for p in (root / labmod.CPU_CGROUP_PARENT).glob("mdsl*") if p.is_dir()]
+    names = labnet.list_namespaces() + labnet.list_links()
+    for root, _ in cgroup.cpu_controller_roots():
+        names += [p.name for p in (root / labcpu.CPU_CGROUP_PARENT).glob("mdsl*") if p.is_dir()]
     return [name for name in names if lab_id_of(name) == lab_id and name.startswith("mdsl")]
 
 
@@ -425,7 +429,9 @@ def test_a_pkill_in_one_node_reaches_no_other_node(lab100: Lab) -> None:
     other = subprocess.Popen(lab100.ssh_argv(1, sleeper))
     try:
         deadline = time.monotonic() + 20
-        while len(labmod._lines(["pgrep", "-f", marker])) < 2 and time.monotonic() < deadline:
+        while (
+            len(labnet.command_words(["pgrep", "-f", marker])) < 2 and time.monotonic() < deadline
+        ):
             time.sleep(0.2)
         argv = lab100.ssh_argv(0, ["ps", "-e", "-o", "pid=,comm="])
         ps = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
@@ -450,7 +456,7 @@ def test_session_sweep_stops_leftovers_and_spares_the_sshd(lab100: Lab) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not any(
         "time.sleep" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
-        for pid in labmod._namespace_pids(ns)
+        for pid in labnet.namespace_pids(ns)
         if Path(f"/proc/{pid}/cmdline").exists()
     ):
         time.sleep(0.2)
@@ -474,9 +480,9 @@ def test_every_node_process_is_in_its_node_cgroup(lab100: Lab) -> None:
     if not lab100.cgroups:
         pytest.skip(f"no CPU budget on this machine: {lab100.cpu_note}")
     cpu = lab100.describe()["node_cpu"]
-    assert cpu["cpus"] == labmod.default_node_cpus() and "CFS quota" in cpu["mechanism"]
+    assert cpu["cpus"] == labcpu.default_node_cpus() and "CFS quota" in cpu["mechanism"]
     for node, group in zip(lab100.nodes, lab100.cgroups, strict=True):
-        want = f"/{labmod.CPU_CGROUP_PARENT}/{node.namespace}"
+        want = f"/{labcpu.CPU_CGROUP_PARENT}/{node.namespace}"
         # ssh: the node's sshd is in the group, so is everything pdsh starts through it.
         show = ["cat", "/proc/self/cgroup"]
         for argv in (lab100.ssh_argv(node.index, show), lab100.wrap(node.index, show)):
@@ -507,7 +513,7 @@ def test_cpu_budget_caps_what_a_node_computes() -> None:
     """Two busy processes in a node of 0.1 core get 0.1 core between them, however idle the
     machine (the bound is an upper one: other jobs can only take more away)."""
     _require_lab()
-    if not labmod.cpu_controller_roots():
+    if not cgroup.cpu_controller_roots():
         pytest.skip("no cpu cgroup controller mounted on this machine")
     with Lab(nodes=2, shape=LinkShape.parse("100mbit"), ssh=False, node_cpus=0.1) as lab:
         before = lab.cgroups[0].stat()
@@ -521,12 +527,12 @@ def test_cpu_budget_caps_what_a_node_computes() -> None:
 
 
 def test_cpu_limit_lines_and_bounds() -> None:
-    assert labmod.cpu_limit_lines(0.5, 2) == {"cpu.max": "50000 100000"}
-    assert labmod.cpu_limit_lines(1.5, 1) == {"cpu.cfs_period_us": "100000",
+    assert cgroup.cpu_limit_lines(0.5, 2) == {"cpu.max": "50000 100000"}
+    assert cgroup.cpu_limit_lines(1.5, 1) == {"cpu.cfs_period_us": "100000",
                                               "cpu.cfs_quota_us": "150000"}  # fmt: skip
-    assert labmod.cpu_limit_lines(0.001, 2) == {"cpu.max": "1000 100000"}  # the kernel's floor
+    assert cgroup.cpu_limit_lines(0.001, 2) == {"cpu.max": "1000 100000"}  # the kernel's floor
     with pytest.raises(ValueError, match="cpus"):
-        labmod.cpu_limit_lines(0, 2)
+        cgroup.cpu_limit_lines(0, 2)
     with pytest.raises(ValueError, match=r"node_cpus\(-1\)"):
         Lab(nodes=2, node_cpus=-1)
 
@@ -545,8 +551,8 @@ def test_cpu_controller_roots_prefer_v2_then_v1(tmp_path: Path) -> None:
         f"cgroup2 {v2} cgroup2 rw 0 0\n"
         "tmpfs /run tmpfs rw 0 0\n"
     )
-    assert labmod.cpu_controller_roots(mounts) == [(v2, 2), (tmp_path / "cpu", 1)]
-    assert labmod.cpu_controller_roots("") == []
+    assert cgroup.cpu_controller_roots(mounts) == [(v2, 2), (tmp_path / "cpu", 1)]
+    assert cgroup.cpu_controller_roots("") == []
 
 
 @pytest.mark.root
@@ -585,7 +591,7 @@ def test_teardown_after_exception_leaves_nothing() -> None:
         assert len(_ours(lab_id)) == 2 + 2 + 1 + cgroups  # namespaces, ports, bridge, cgroups
         raise RuntimeError("boom")
     assert _ours(lab_id) == []
-    assert not labmod.state_dir_of(lab_id).exists()
+    assert not labnet.state_dir_of(lab_id).exists()
     assert lab_id not in labmod.existing_labs()
 
 
@@ -614,7 +620,7 @@ def test_teardown_on_signal_leaves_nothing(sig: signal.Signals) -> None:
     # KeyboardInterrupt, which Python turns into death by SIGINT at exit.
     assert code == -sig
     assert _ours(lab_id) == []
-    assert not labmod.state_dir_of(lab_id).exists()
+    assert not labnet.state_dir_of(lab_id).exists()
 
 
 @pytest.mark.root

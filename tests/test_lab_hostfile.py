@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launchers.cli import HOSTFILE_DIR, lab_directive, main
+from launchers.cli import main
+from launchers.config.hostfile import HOSTFILE_DIR, lab_directive
 
 
 def test_shipped_lab_hostfile_describes_two_nodes():

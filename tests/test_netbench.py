@@ -14,6 +14,8 @@ from rich.console import Console
 
 from analysis.theory.formulas import ring_factor
 from launchers.lab import cluster as labmod
+from launchers.lab import net as labnet
+from launchers.lab import tools as labtools
 from launchers.lab.netbench import (
     OPS,
     bandwidths,
@@ -174,8 +176,8 @@ def test_local_run_through_the_deepspeed_launcher(tmp_path: Path) -> None:
 
 def _require_lab(ssh: bool) -> None:
     try:
-        labmod.check_prerequisites(ssh)
-    except labmod.LabError as err:
+        labtools.check_prerequisites(ssh)
+    except labnet.LabError as err:
         pytest.skip(str(err))
 
 
@@ -183,7 +185,7 @@ def _require_lab(ssh: bool) -> None:
 def test_lab_100mbit_all_reduce_busbw_near_link_rate(tmp_path: Path) -> None:
     _require_lab(ssh=True)
     options = {"ops": "all_reduce", "min_bytes": "1M", "max_bytes": "16M"}
-    with labmod.Lab(nodes=2, shape=labmod.LinkShape.parse("100mbit")) as lab:
+    with labmod.Lab(nodes=2, shape=labnet.LinkShape.parse("100mbit")) as lab:
         doc = run_on_lab(lab, tmp_path, options, timeout_s=300)
     _check_doc(doc, ["all_reduce"], 2)
     assert doc["nodes"] == 2 and doc["network"]["link_mbit"] == 100.0
@@ -202,7 +204,7 @@ def test_lab_100mbit_all_reduce_busbw_near_link_rate(tmp_path: Path) -> None:
 def test_lab_per_node_path_without_ssh(tmp_path: Path) -> None:
     _require_lab(ssh=False)
     options = {"ops": "sendrecv", **SMALL}
-    with labmod.Lab(nodes=2, shape=labmod.LinkShape.parse("1gbit"), ssh=False) as lab:
+    with labmod.Lab(nodes=2, shape=labnet.LinkShape.parse("1gbit"), ssh=False) as lab:
         doc = run_on_lab(lab, tmp_path, options, timeout_s=300)
     _check_doc(doc, ["sendrecv"], 2)
     assert doc["network"]["transport"] == "netns-exec"
@@ -225,7 +227,7 @@ def test_lab_small_messages_after_a_pause_pay_the_link(tmp_path: Path) -> None:
     """
     _require_lab(ssh=True)
     _, options = parse_cli(["--after-pause", "--max-iters", "20"])
-    with labmod.Lab(nodes=2, shape=labmod.LinkShape.parse("100mbit"), node_cpus=None) as lab:
+    with labmod.Lab(nodes=2, shape=labnet.LinkShape.parse("100mbit"), node_cpus=None) as lab:
         doc = run_on_lab(lab, tmp_path, options, timeout_s=600)
     _check_doc(doc, ["all_reduce"], 2)
     assert doc["pause_ms"] == 20.0
@@ -265,7 +267,7 @@ def test_session_measures_host_time_on_unshaped_links_and_shapes_them_again(
         "ops": "all_reduce", "min_bytes": "64K", "max_bytes": "64K", "pause_ms": "20",
         "min_iters": "5", "max_iters": "5"})  # fmt: skip
     seen: list[list[str]] = []
-    with labmod.Lab(nodes=2, shape=labmod.LinkShape.parse("100mbit"), node_cpus=None) as lab:
+    with labmod.Lab(nodes=2, shape=labnet.LinkShape.parse("100mbit"), node_cpus=None) as lab:
         shaped = _qdiscs(lab)
         unshaped = lab.unshaped
 
@@ -317,7 +319,7 @@ class _FakeUnshapeLab:
         finally:
             self.events.append("restored")
             if self.restore_fails:
-                raise labmod.LabError("tc: cannot put the shaping back")
+                raise labnet.LabError("tc: cannot put the shaping back")
 
 
 def test_a_failed_host_time_benchmark_is_recorded_and_the_links_shaped_again(
@@ -340,5 +342,5 @@ def test_a_failed_host_time_benchmark_is_recorded_and_the_links_shaped_again(
     assert doc["host_time"]["results"] == [] and "rank 1 exited" in doc["host_time"]["error"]
     # Links that cannot be shaped again stop the session: no run goes on unshaped links.
     lab = _FakeUnshapeLab(restore_fails=True)
-    with pytest.raises(labmod.LabError, match="cannot put the shaping back"):
+    with pytest.raises(labnet.LabError, match="cannot put the shaping back"):
         sessionmod.LabSession(lab=lab, ssh=True, netbench=nb).measure_host_time(tmp_path)

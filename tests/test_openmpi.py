@@ -23,7 +23,9 @@ from launchers.config.project import (
     script_index,
 )
 from launchers.config.spec import PLACEHOLDER_PATHS
-from launchers.lab.cluster import Lab, LabError, LinkShape, check_launcher
+from launchers.lab.cluster import Lab
+from launchers.lab.net import LabError, LinkShape
+from launchers.lab.tools import check_launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO_NODE = load_hostfile(ROOT / "hostfiles" / "2node")

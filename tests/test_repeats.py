@@ -25,7 +25,7 @@ from analysis.report import build as report
 from launchers import cli
 from launchers.config.hostfile import parse_hostfile_text
 from launchers.config.presets import resolve_spec
-from launchers.lab.session import Repeat, interleaved, repeat_group, run_specs
+from launchers.run.matrix import Repeat, interleaved, repeat_group, run_specs
 from launchers.run.render import render_run_dir
 
 # --------------------------------------------------------------------------- launcher

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis.runs.record import Outcome
 from launchers.cli import main as cli_main
 from launchers.config.hostfile import load_hostfile, parse_hostfile_text
 from launchers.config.presets import resolve_spec
@@ -34,9 +35,11 @@ from launchers.config.project import (
 from launchers.config.spec import PLACEHOLDER_PATHS, RunSpec, SpecError
 from launchers.config.upstream import check_upstream, tiny_data
 from launchers.lab import cluster as labmod
+from launchers.lab import net as labnet
 from launchers.lab import slurm as lab_slurm
-from launchers.lab.cluster import Lab, LabError, LinkShape, check_launcher, lab_launcher
-from launchers.lab.session import LabSession, namespace_pids, steady_iter_ms
+from launchers.lab.cluster import Lab
+from launchers.lab.net import LabError, LinkShape, namespace_pids
+from launchers.lab.session import LabSession
 from launchers.lab.slurm import (
     FINAL_STATES,
     SlurmCluster,
@@ -46,8 +49,9 @@ from launchers.lab.slurm import (
     slurm_conf_text,
     slurm_session,
 )
-from launchers.run.execute import Outcome
+from launchers.lab.tools import check_launcher, lab_launcher
 from launchers.run.execute import run as execute_run
+from launchers.run.matrix import steady_iter_ms
 from launchers.run.rank_env import RankEnvError, rank_environment
 from launchers.run.render import render_run_dir
 from launchers.run.sbatch import allocation, check_inside_allocation, render_sbatch, slurm_time
@@ -292,7 +296,7 @@ def test_rank_env_script_execs_the_target_with_the_rank(tmp_path: Path) -> None:
 
 
 def test_slurm_conf_names_every_node_by_its_address(tmp_path: Path) -> None:
-    nodes = labmod.plan_nodes("ab12", labmod.ipaddress.IPv4Network("10.200.7.0/24"), 3)
+    nodes = labnet.plan_nodes("ab12", labnet.ipaddress.IPv4Network("10.200.7.0/24"), 3)
     text = slurm_conf_text("mdslab12", nodes, 2, tmp_path, tmp_path / "m.sock")
     assert "SlurmctldHost=node0(10.200.7.1)" in text
     for i in range(3):
@@ -603,8 +607,8 @@ def test_teardown_on_signal_stops_every_daemon(sig: signal.Signals) -> None:
     proc.send_signal(sig)
     assert proc.wait(timeout=60) == -sig
     assert _daemons_of(conf) == [] and _daemons_of(f"/tmp/mdsl{lab_id}/") == []
-    assert not labmod.state_dir_of(lab_id).exists()
-    assert [n for n in labmod.list_namespaces() if labmod.lab_id_of(n) == lab_id] == []
+    assert not labnet.state_dir_of(lab_id).exists()
+    assert [n for n in labnet.list_namespaces() if labnet.lab_id_of(n) == lab_id] == []
 
 
 # ----------------------------------------------------------------------------- real training

@@ -42,7 +42,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launchers.config import probe
 from launchers.config.spec import Adjustment, RunSpec
+from launchers.config.upstream import (
+    UpstreamError,
+    cache_root,
+    checkout_pinned,
+    run_git,
+    upstream_dir,
+)
 
 APEX_DEFAULT_REPO = "https://github.com/NVIDIA/apex.git"
 """Where setup clones apex from unless ``APEX_REPO`` says otherwise."""
@@ -292,17 +300,14 @@ def apex_fix(problems: Mapping[str, str], origin: str | None) -> str:
 
 def local_facts(python: str | None = None, device: str = "cuda") -> dict[str, Any]:
     """Run the doctor's probe on this machine with ``python`` (default: this interpreter)."""
-    from launchers.config.upstream import upstream_dir
-    from launchers.doctor import probe as _doctor_probe
-
     request = {"device": device, "upstream_dir": str(upstream_dir()), "logs": "."}
     proc = subprocess.run(
-        _doctor_probe.command(python or sys.executable, request),
+        probe.command(python or sys.executable, request),
         capture_output=True,
         text=True,
         timeout=600,
     )
-    facts = _doctor_probe.parse_output(proc.stdout)
+    facts = probe.parse_output(proc.stdout)
     if facts is None:
         raise GpuSetupError(f"the probe failed ({proc.returncode}): {proc.stderr[-500:]}")
     return facts
@@ -373,17 +378,13 @@ def apex_repo() -> str:
 
 def apex_dir() -> Path:
     """Where setup keeps the apex source: ``$APEX_DIR`` or ``<cache>/apex``."""
-    from launchers.config.upstream import cache_root
-
     return Path(os.environ.get("APEX_DIR") or cache_root() / "apex").expanduser()
 
 
 def ensure_apex_source(log: Callable[[str], None] = print) -> Path:
     """Clone ``APEX_REPO`` at :data:`APEX_COMMIT` into :func:`apex_dir` (reused when there)."""
-    from launchers.config.upstream import UpstreamError, _git, checkout_pinned
-
     path = apex_dir()
-    head = _git(["rev-parse", "HEAD"], cwd=path).stdout if (path / ".git").exists() else ""
+    head = run_git(["rev-parse", "HEAD"], cwd=path).stdout if (path / ".git").exists() else ""
     if head.strip() == APEX_COMMIT:
         log(f"apex: reusing {path} at {APEX_COMMIT[:12]}")
         return path

@@ -13,6 +13,9 @@ from pathlib import Path
 
 from launchers.config.spec import Cluster, Host
 
+HOSTFILE_DIR = Path(__file__).resolve().parents[2] / "hostfiles"
+"""Hostfiles shipped with the project (``list`` shows them)."""
+
 HOST_NAME_CHARS = "letters, digits, '.', '_', '-'"
 _HOST_CHAR = re.compile(r"[A-Za-z0-9._-]")
 _SLOTS = re.compile(r"slots=(.*)")
@@ -23,7 +26,8 @@ class HostfileError(ValueError):
     """A hostfile that DeepSpeed would misread or that is unsafe to pass to ssh."""
 
 
-def _check_host_name(name: str, where: str) -> None:
+def check_host_name(name: str, where: str) -> None:
+    """Refuse (``HostfileError``, naming ``where``) a host name ssh or pdsh could misread."""
     for index, char in enumerate(name):
         if not _HOST_CHAR.fullmatch(char):
             raise HostfileError(
@@ -64,7 +68,7 @@ def parse_hostfile_text(text: str, path: str = "<hostfile>") -> Cluster:
         if len(tokens) != 2:
             raise HostfileError(f"{where}: expected 'HOST slots=N', got {line!r}")
         name, slots_token = tokens
-        _check_host_name(name, where)
+        check_host_name(name, where)
         slots = _parse_slots(slots_token, where)
         if name in first_seen:
             raise HostfileError(
@@ -94,3 +98,24 @@ def render_hostfile(cluster: Cluster) -> str:
     if cluster.text:
         return cluster.text
     return "".join(f"{h.name} slots={h.slots}\n" for h in cluster.hosts)
+
+
+def lab_directive(path: str | Path) -> tuple[int, str] | None:
+    """``(nodes, link)`` of a hostfile that describes a lab (``# lab: nodes=2 link=100mbit``).
+
+    A lab's addresses are assigned when it starts, so such a hostfile names no hosts: the line
+    tells the launcher to build the lab and use the hostfile the lab writes.
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in lines:
+        words = line.strip().removeprefix("#").split()
+        if words[:1] == ["lab:"]:
+            fields = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+            try:
+                return int(fields.get("nodes", "2")), fields.get("link", "100mbit")
+            except ValueError:
+                return None
+    return None

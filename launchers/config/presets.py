@@ -21,7 +21,8 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from analysis.theory.formulas import CONFIG_DIR, CORE_STRATEGIES, STRATEGIES_FILE, padded_vocab_size
-from launchers.config.hostfile import HostfileError, _check_host_name
+from launchers.config.gpu import cuda_adjustments
+from launchers.config.hostfile import HostfileError, check_host_name
 from launchers.config.project import remote_value_problems
 from launchers.config.spec import (
     Adjustment,
@@ -35,6 +36,7 @@ from launchers.config.spec import (
     Strategy,
     Training,
 )
+from launchers.config.upstream import tiny_data, upstream_dir
 
 
 class PresetError(ValueError):
@@ -274,8 +276,6 @@ def default_paths(env: Mapping[str, str] | None = None) -> RunPaths:
     Upstream and the cache follow ``launchers.config.upstream`` (``MEGATRON_DEEPSPEED_DIR``,
     ``XDG_CACHE_HOME``); ``DATA_PATH``, ``VOCAB_FILE``, ``MERGE_FILE`` point at other data.
     """
-    from launchers.config.upstream import tiny_data, upstream_dir
-
     env = os.environ if env is None else env
     data = tiny_data()
     bin_dir = Path(sys.executable).parent  # the venv's bin/: symlinks kept on purpose
@@ -413,15 +413,13 @@ def resolve_spec(
             path_values[key] = os.path.abspath(path_values[key])  # ranks cd to upstream_dir
     paths = replace(paths, **path_values)
     if device == "cuda":  # apex's extensions, as this machine's interpreter finds them
-        from launchers.config.gpu import cuda_adjustments
-
         adjustments += cuda_adjustments(paths.python)
     data_vocab = tokenizer_vocab_size(paths.vocab_file)
     adjustments += _vocab_adjustment(model_values, chosen.tp, data_vocab, set(overrides))
 
     master_addr = overrides.get("master_addr", cluster.hosts[0].name)
     try:
-        _check_host_name(master_addr, "master_addr")
+        check_host_name(master_addr, "master_addr")
     except HostfileError as exc:
         raise PresetError(f"--set {exc}") from None
 

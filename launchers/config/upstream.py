@@ -143,7 +143,8 @@ class UpstreamStatus:
         return ""
 
 
-def _git(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_git(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``git ARGS`` in ``cwd``, output captured, never raising on its exit status."""
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
 
 
@@ -154,9 +155,9 @@ def check_upstream(path: Path | None = None) -> UpstreamStatus:
     commit: str | None = None
     dirty = False
     if present and (path / ".git").exists():
-        rev = _git(["rev-parse", "HEAD"], cwd=path)
+        rev = run_git(["rev-parse", "HEAD"], cwd=path)
         commit = rev.stdout.strip() or None if rev.returncode == 0 else None
-        st = _git(["status", "--porcelain", "--untracked-files=no"], cwd=path)
+        st = run_git(["status", "--porcelain", "--untracked-files=no"], cwd=path)
         dirty = bool(st.stdout.strip())
     return UpstreamStatus(path=path, present=present, commit=commit, dirty=dirty)
 
@@ -202,7 +203,7 @@ def checkout_pinned(
     if not path.exists():
         log(f"{what}: cloning {repo} into {path}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        res = _git(["clone", "--quiet", "--no-checkout", repo, str(path)])
+        res = run_git(["clone", "--quiet", "--no-checkout", repo, str(path)])
         if res.returncode != 0:
             shutil.rmtree(path, ignore_errors=True)
             raise UpstreamError(f"git clone of {repo} failed: {res.stderr.strip()}. {hint}")
@@ -211,15 +212,15 @@ def checkout_pinned(
             f"{path} exists but is not a git checkout: remove it or set {dir_variable} to "
             "another directory, then rerun `make setup`"
         )
-    if _git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=path).returncode != 0:
+    if run_git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=path).returncode != 0:
         log(f"{what}: fetching the pinned commit from {repo}")
-        res = _git(["fetch", "--quiet", repo, commit], cwd=path)
+        res = run_git(["fetch", "--quiet", repo, commit], cwd=path)
         if res.returncode != 0:
             raise UpstreamError(
                 f"the pinned commit {commit} is not in {path} and fetching it failed: "
                 f"{res.stderr.strip()}. {hint}"
             )
-    res = _git(["checkout", "--quiet", "--detach", commit], cwd=path)
+    res = run_git(["checkout", "--quiet", "--detach", commit], cwd=path)
     if res.returncode != 0:
         raise UpstreamError(
             f"git checkout {commit[:12]} in {path} failed: {res.stderr.strip()}. "

@@ -35,32 +35,38 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from launchers.config import gpu
-from launchers.config.spec import Cluster, RunPaths, RunSpec
-from launchers.doctor import probe as _doctor_probe
-from launchers.doctor.transport import CACHE_TTL_S as CACHE_TTL_S
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from launchers.config import gpu, probe
+from launchers.config.hostfile import HOSTFILE_DIR, HostfileError, lab_directive, load_hostfile
+from launchers.config.presets import (
+    PATH_KEYS,
+    PresetError,
+    default_paths,
+    detect_device,
+    parse_overrides,
+)
+from launchers.config.spec import DEVICES, LAUNCHER_MODES, Cluster, RunPaths, RunSpec, SpecError
+from launchers.config.upstream import PINNED_COMMIT, cache_root
 from launchers.doctor.transport import (
+    CACHE_TTL_S,
     COLUMNS,
     IFNAME_VARIABLES,
     STYLES,
+    DoctorError,
+    ProbeRequest,
+    Route,
     collect,
+    request_for,
 )
-from launchers.doctor.transport import DoctorError as DoctorError
-from launchers.doctor.transport import ProbeRequest as ProbeRequest
-from launchers.doctor.transport import Reply as Reply
-from launchers.doctor.transport import Route as Route
-from launchers.doctor.transport import _run as _run
-from launchers.doctor.transport import probe_local as probe_local
-from launchers.doctor.transport import probe_pdsh as probe_pdsh
-from launchers.doctor.transport import request_for as request_for
-from launchers.doctor.verdicts import Expectation as Expectation
-from launchers.doctor.verdicts import Finding as Finding
-from launchers.doctor.verdicts import NodeReport as NodeReport
-from launchers.doctor.verdicts import interface_matches as interface_matches
-from launchers.doctor.verdicts import judge as judge
-from launchers.doctor.verdicts import (
-    shown_commit,
-)
+from launchers.doctor.verdicts import Expectation, Finding, NodeReport, judge, shown_commit
+from launchers.lab.bringup import lab_session
+from launchers.lab.net import LabError
+
+EXIT_USAGE = 2
+"""Exit status for a request that cannot run (as ``python -m launchers``)."""
 
 # --- the report ----------------------------------------------------------------------------------
 
@@ -106,7 +112,7 @@ class Report:
         ref = self.reference
         here = ", ".join(
             [f"python {ref['python']['version']}"]
-            + [f"{p} {ref['packages'].get(p)}" for p in _doctor_probe.PACKAGES]
+            + [f"{p} {ref['packages'].get(p)}" for p in probe.PACKAGES]
             + [f"upstream {shown_commit(ref['upstream'].get('commit'))}"]
         )
         when = f", cached {time.time() - self.cached_at:.0f} s ago" if self.cached_at else ""
@@ -118,10 +124,6 @@ class Report:
 
     def show(self, console: Any = None) -> None:
         """Print the heading, the table (a row per node), the fixes and the verdict."""
-        from rich.console import Console
-        from rich.markup import escape
-        from rich.table import Table
-
         console = console or Console(width=max(Console().width, 160))
         table = Table()
         table.add_column("node", overflow="fold")
@@ -144,8 +146,6 @@ class Report:
 
     def render(self, width: int = 200) -> str:
         """:meth:`show` as plain text."""
-        from rich.console import Console
-
         with open(os.devnull, "w") as sink:
             console = Console(width=width, record=True, file=sink)
             self.show(console)
@@ -162,8 +162,6 @@ def diagnose(
     labels: Mapping[str, str] | None = None,
 ) -> Report:
     """Probe every host of ``cluster`` and judge it against this node."""
-    from launchers.config.upstream import PINNED_COMMIT
-
     hosts = [h.name for h in cluster.hosts]
     started = time.monotonic()
     replies, here = collect(hosts, request, python, route)
@@ -208,8 +206,6 @@ def cache_key(
 
 def cache_dir() -> Path:
     """Where passing results are kept."""
-    from launchers.config.upstream import cache_root
-
     return cache_root() / "doctor"
 
 
@@ -361,8 +357,6 @@ def check_before_run(
 
 def paths_for(overrides: Mapping[str, Any]) -> RunPaths:
     """The run's paths with ``--set`` path overrides (as ``resolve_spec`` applies them)."""
-    from launchers.config.presets import PATH_KEYS, default_paths
-
     values = {
         k: os.path.abspath(v)
         if k in ("data_path", "vocab_file", "merge_file", "upstream_dir")
@@ -379,9 +373,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     Always probes (and refreshes the cache the runs use); a lab hostfile brings a lab up for the
     check and down after it.
     """
-    from launchers.config.hostfile import load_hostfile
-    from launchers.config.presets import detect_device, parse_overrides
-
     paths = paths_for(parse_overrides(args.set))
     device = args.device or detect_device()
     adjustments = gpu.cuda_adjustments(paths.python) if device == "cuda" else []
@@ -391,10 +382,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return doctor_for(cluster, paths, device, launcher, Path(args.logs), session,
                           need_wgrad=need, use_cache=False)  # fmt: skip
 
-    lab = _lab_of(args.hosts) or ((args.lab_nodes, args.net) if args.net else None)
+    lab = lab_directive(args.hosts) or ((args.lab_nodes, args.net) if args.net else None)
     if lab is not None:
-        from launchers.lab.session import lab_session
-
         ssh = args.launcher != "no_ssh"
         with lab_session(lab[0], args.net or lab[1], ssh=ssh) as session:
             report = once(session.cluster(), session, "pdsh" if ssh else "no_ssh")
@@ -409,18 +398,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _lab_of(hostfile: str) -> tuple[int, str] | None:
-    from launchers.cli import lab_directive
-
-    return lab_directive(hostfile)
-
-
 def add_parser(sub: Any) -> None:
     """Register ``doctor`` on ``python -m launchers``' subcommands."""
-    from launchers.cli import HOSTFILE_DIR
-    from launchers.config.spec import DEVICES, LAUNCHER_MODES
+    add_arguments(sub.add_parser("doctor", help="check every node of a hostfile before a run"))
 
-    p = sub.add_parser("doctor", help="check every node of a hostfile before a run")
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The doctor's options (``python -m launchers doctor``, ``python -m launchers.doctor``)."""
     p.add_argument("--hosts", default=str(HOSTFILE_DIR / "localhost"), help="hostfile (or a lab's)")
     p.add_argument("--device", choices=DEVICES, help="default: cuda if torch sees a GPU, else cpu")
     p.add_argument(
@@ -443,6 +427,14 @@ def add_parser(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m launchers.doctor`` (the same as ``python -m launchers doctor``)."""
-    from launchers.cli import main as cli_main
-
-    return cli_main(["doctor", *(argv if argv is not None else sys.argv[1:])])
+    parser = argparse.ArgumentParser(
+        prog="python -m launchers.doctor",
+        description="Check every node of a hostfile before a run.",
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (SpecError, HostfileError, PresetError, LabError, DoctorError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from launchers.config import probe
 from launchers.config.spec import RunPaths
-from launchers.doctor import probe as _doctor_probe
 
 CACHE_TTL_S = 300.0
 """Seconds a passing result is reused for the same hostfile and request."""
@@ -153,11 +153,11 @@ def _run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> subproces
 
 def _reply(proc: subprocess.CompletedProcess, lost: Callable[[str], bool] | None = None) -> Reply:
     """A node's reply from a finished command (ssh exits 255 when it could not connect)."""
-    facts = _doctor_probe.parse_output(proc.stdout)
+    facts = probe.parse_output(proc.stdout)
     said = "\n".join(
         ln
         for ln in (proc.stdout + "\n" + proc.stderr).splitlines()
-        if ln.strip() and _doctor_probe.MARKER not in ln
+        if ln.strip() and probe.MARKER not in ln
     )
     if facts is not None:
         return Reply(True, facts, "", proc.returncode)
@@ -221,7 +221,7 @@ def probe_pdsh(
         text = "\n".join(lines[host])
         replies[host] = _reply(
             subprocess.CompletedProcess(argv, proc.returncode, text, ""),
-            lost=lambda said: _doctor_probe.MARKER not in said and _ssh_lost(said),
+            lost=lambda said: probe.MARKER not in said and _ssh_lost(said),
         )
     return replies
 
@@ -281,7 +281,7 @@ def collect(
     hosts: Sequence[str], request: ProbeRequest, python: str, route: Route
 ) -> tuple[dict[str, Reply], Reply]:
     """The nodes' replies and the launching node's own, probed at the same time."""
-    command = _doctor_probe.command(python, request.to_json())
+    command = probe.command(python, request.to_json())
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         here = pool.submit(probe_local, command)
         if route.transport == "local":

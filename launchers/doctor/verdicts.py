@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from launchers.config import gpu
-from launchers.doctor import probe as _doctor_probe
+from launchers.config import gpu, probe
 from launchers.doctor.transport import (
     COLUMNS,
     MIN_FREE_BYTES,
@@ -98,7 +97,7 @@ def _versions(facts: dict[str, Any], exp: Expectation) -> list[Finding]:
     )
     ref = exp.reference
     found = [_same("python", facts["python"]["version"], ref["python"]["version"], "python", fix)]
-    for name in _doctor_probe.PACKAGES:
+    for name in probe.PACKAGES:
         cell = _same(name, facts["packages"].get(name), ref["packages"].get(name), name, fix)
         script = facts.get("launcher_script") or {}
         if name == "deepspeed" and cell.status == "ok" and script and not script.get("exists"):

@@ -19,6 +19,7 @@ from launchers.lab.net import (
     lab_id_of,
     list_namespaces,
 )
+from launchers.lab.slurm import SlurmCluster
 
 # ----------------------------------------------------------------------------- CLI
 
@@ -29,8 +30,6 @@ def _slurm(lab: Lab, args: argparse.Namespace) -> Iterator[None]:
     if not args.slurm:
         yield
         return
-    from launchers.lab.slurm import SlurmCluster
-
     with SlurmCluster(lab):
         yield
 

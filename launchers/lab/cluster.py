@@ -58,54 +58,43 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from launchers.lab.cpu import CPU_CGROUP_PARENT as CPU_CGROUP_PARENT
-from launchers.lab.cpu import PID_NAMESPACE, CpuCgroup, remove_cgroups
-from launchers.lab.cpu import _write_control as _write_control
-from launchers.lab.cpu import cpu_controller_roots as cpu_controller_roots
-from launchers.lab.cpu import cpu_limit_lines as cpu_limit_lines
-from launchers.lab.cpu import default_node_cpus as default_node_cpus
+from launchers.lab.cpu import (
+    CPU_CGROUP_PARENT,
+    PID_NAMESPACE,
+    CpuCgroup,
+    default_node_cpus,
+    remove_cgroups,
+)
 from launchers.lab.net import (
-    _ENV_KEY_RE,
     COUNTERS,
+    ENV_KEY_RE,
     HOST_OCTET,
     MAX_NODES,
     NODE_INTERFACE,
+    PREFIX,
     SSH_PORT,
     SSHD,
-    _creation_lock,
-    _is_of_lab,
-    _kill_namespace_processes,
-    _taken_networks,
+    LabError,
+    LabNode,
+    LinkShape,
+    bridge_name,
+    check_lab_id,
+    creation_lock,
+    hostfile_text,
+    is_of_lab,
+    kill_namespace_processes,
+    lab_id_of,
+    list_links,
+    list_namespaces,
+    new_lab_id,
+    plan_nodes,
+    run_command,
+    state_dir_of,
+    subnet_for,
+    taken_networks,
 )
-from launchers.lab.net import DEFAULT_BURST_MS as DEFAULT_BURST_MS
-from launchers.lab.net import MTU as MTU
-from launchers.lab.net import PREFIX as PREFIX
-from launchers.lab.net import LabError as LabError
-from launchers.lab.net import LabNode as LabNode
-from launchers.lab.net import LinkShape as LinkShape
-from launchers.lab.net import _lines as _lines
-from launchers.lab.net import _namespace_pids as _namespace_pids
-from launchers.lab.net import _run as _run
-from launchers.lab.net import bridge_name as bridge_name
-from launchers.lab.net import check_lab_id as check_lab_id
-from launchers.lab.net import hostfile_text as hostfile_text
-from launchers.lab.net import lab_id_of as lab_id_of
-from launchers.lab.net import list_links as list_links
-from launchers.lab.net import list_namespaces as list_namespaces
-from launchers.lab.net import namespace_name as namespace_name
-from launchers.lab.net import new_lab_id as new_lab_id
-from launchers.lab.net import plan_nodes as plan_nodes
-from launchers.lab.net import port_name as port_name
-from launchers.lab.net import state_dir_of as state_dir_of
-from launchers.lab.net import subnet_for as subnet_for
-from launchers.lab.tools import LAB_LAUNCHERS as LAB_LAUNCHERS
-from launchers.lab.tools import LAB_TRANSPORTS as LAB_TRANSPORTS
-from launchers.lab.tools import LAUNCHER_TOOLS as LAUNCHER_TOOLS
-from launchers.lab.tools import _executable as _executable
-from launchers.lab.tools import check_launcher as check_launcher
-from launchers.lab.tools import check_prerequisites as check_prerequisites
-from launchers.lab.tools import lab_launcher as lab_launcher
-from launchers.lab.tools import missing_launcher_tools as missing_launcher_tools
+from launchers.lab.tools import check_prerequisites
+from launchers.run.cgroup import cpu_controller_roots, cpu_limit_lines
 
 
 def existing_labs() -> list[str]:
@@ -131,21 +120,21 @@ def remove_lab(lab_id: str) -> list[str]:
     """
     check_lab_id(lab_id)
     problems: list[str] = []
-    namespaces = [ns for ns in list_namespaces() if _is_of_lab(ns, lab_id)]
+    namespaces = [ns for ns in list_namespaces() if is_of_lab(ns, lab_id)]
     for ns in namespaces:
-        _kill_namespace_processes(ns)
+        kill_namespace_processes(ns)
     for link in list_links():
         if link.startswith(PREFIX) and lab_id_of(link) == lab_id and link != bridge_name(lab_id):
-            _run(["ip", "link", "del", link], check=False)
+            run_command(["ip", "link", "del", link], check=False)
     for ns in namespaces:
-        proc = _run(["ip", "netns", "del", ns], check=False)
+        proc = run_command(["ip", "netns", "del", ns], check=False)
         if proc.returncode != 0 and ns in list_namespaces():
             problems.append(f"ip netns del {ns}: {proc.stderr.strip()}")
     if bridge_name(lab_id) in list_links():
-        _run(["ip", "link", "del", bridge_name(lab_id)], check=False)
+        run_command(["ip", "link", "del", bridge_name(lab_id)], check=False)
     problems += remove_cgroups(lab_id)
     shutil.rmtree(state_dir_of(lab_id), ignore_errors=True)
-    left = [n for n in list_namespaces() + list_links() if _is_of_lab(n, lab_id)]
+    left = [n for n in list_namespaces() + list_links() if is_of_lab(n, lab_id)]
     if left:
         problems.append(f"still present after teardown: {', '.join(left)}")
     return problems
@@ -268,7 +257,7 @@ class Lab:
         _ACTIVE.append(self)
         _install_handlers()
         try:
-            with _creation_lock():
+            with creation_lock():
                 self._claim_id_and_subnet()
                 self._is_up = True
                 self._create_network()
@@ -318,42 +307,44 @@ class Lab:
             self.id = new_lab_id()
             while self.id in present:
                 self.id = new_lab_id()
-        self.subnet = subnet_for(self.id, _taken_networks())
+        self.subnet = subnet_for(self.id, taken_networks())
         self.nodes = plan_nodes(self.id, self.subnet, self.node_count)
         self.state_dir.mkdir(mode=0o700)
 
     def _create_network(self) -> None:
         assert self.subnet is not None
         br = bridge_name(self.id)
-        _run(["ip", "link", "add", br, "type", "bridge", "stp_state", "0"])
+        run_command(["ip", "link", "add", br, "type", "bridge", "stp_state", "0"])
         _disable_ipv6_here(br)
-        _run(["ip", "addr", "add", f"{self.host_address}/24", "dev", br])
-        _run(["ip", "link", "set", br, "up"])
+        run_command(["ip", "addr", "add", f"{self.host_address}/24", "dev", br])
+        run_command(["ip", "link", "set", br, "up"])
         self._limit_segments(br, None)  # the host's own traffic to the nodes (ssh)
         for node in self.nodes:
             ns = node.namespace
-            _run(["ip", "netns", "add", ns])
-            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            run_command(["ip", "netns", "add", ns])
+            run_command(["ip", "-n", ns, "link", "set", "lo", "up"])
             # No IPv6 on the lab links: router/neighbour solicitations would add bytes to the
             # counters that serve as ground truth. The default applies to eth0 created below.
             if shutil.which("sysctl"):
-                _run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+                run_command(["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
                       "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"],
                      check=False)  # fmt: skip
-            _run(["ip", "link", "add", node.host_interface, "type", "veth",
+            run_command(["ip", "link", "add", node.host_interface, "type", "veth",
                   "peer", "name", node.interface, "netns", ns])  # fmt: skip
             _disable_ipv6_here(node.host_interface)
-            _run(["ip", "link", "set", node.host_interface, "master", br])
-            _run(["ip", "link", "set", node.host_interface, "up"])
-            _run(["ip", "-n", ns, "addr", "add", f"{node.address}/24", "dev", node.interface])
-            _run(["ip", "-n", ns, "link", "set", node.interface, "up"])
+            run_command(["ip", "link", "set", node.host_interface, "master", br])
+            run_command(["ip", "link", "set", node.host_interface, "up"])
+            run_command(
+                ["ip", "-n", ns, "addr", "add", f"{node.address}/24", "dev", node.interface]
+            )
+            run_command(["ip", "-n", ns, "link", "set", node.interface, "up"])
             self._limit_segments(node.interface, ns)
             self._limit_segments(node.host_interface, None)
             for argv in [
                 *self.shape.tc_commands(node.interface, ns, uplink=True),
                 *self.shape.tc_commands(node.host_interface, None, uplink=False),
             ]:
-                proc = _run(argv, check=False)
+                proc = run_command(argv, check=False)
                 if proc.returncode != 0 and "netem" in argv and "unknown" in proc.stderr:
                     raise LabError(
                         "this kernel has no netem qdisc (sch_netem, CONFIG_NET_SCH_NETEM), needed "
@@ -368,7 +359,7 @@ class Lab:
         """Apply ``LinkShape.segmentation_commands``; where this iproute2 or kernel cannot, say
         so in ``describe`` (tbf then splits super-packets itself: right, only dearer)."""
         for argv in self.shape.segmentation_commands(dev, netns):
-            proc = _run(argv, check=False)
+            proc = run_command(argv, check=False)
             if proc.returncode == 0:
                 self.segmentation.append(shlex.join(argv))
             else:
@@ -423,7 +414,9 @@ class Lab:
         key = self.state_dir / "id_ed25519"
         host_key = self.state_dir / "ssh_host_ed25519_key"
         for path, comment in ((key, f"{PREFIX}{self.id}"), (host_key, f"{PREFIX}{self.id}-host")):
-            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+            run_command(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)]
+            )
         (self.state_dir / "authorized_keys").write_text(
             (key.with_suffix(".pub")).read_text(), encoding="utf-8"
         )
@@ -449,7 +442,7 @@ class Lab:
         for node, proc in zip(self.nodes, self._sshd, strict=True):
             self._wait_for_sshd(node, proc)
         for node in self.nodes:
-            proc = _run(self.ssh_argv(node.index, ["true"]), check=False, timeout=20)
+            proc = run_command(self.ssh_argv(node.index, ["true"]), check=False, timeout=20)
             if proc.returncode != 0:
                 raise LabError(
                     f"ssh into {node.name} ({node.address}) failed: {proc.stderr.strip()}; "
@@ -570,7 +563,7 @@ class Lab:
         }
         env.update(extra or {})
         for key in env:
-            if not _ENV_KEY_RE.match(key):
+            if not ENV_KEY_RE.match(key):
                 raise ValueError(f"environment variable name {key!r} is not a valid name")
         return env
 
@@ -676,13 +669,13 @@ class Lab:
             return
         for node in self.nodes:
             for dev, ns in ((node.interface, node.namespace), (node.host_interface, None)):
-                _run(["tc", *(["-n", ns] if ns else []), "qdisc", "del", "dev", dev, "root"],
+                run_command(["tc", *(["-n", ns] if ns else []), "qdisc", "del", "dev", dev, "root"],
                      check=False)  # fmt: skip
         try:
             yield
         finally:
             for command in self.shaping_commands:
-                _run(shlex.split(command))
+                run_command(shlex.split(command))
 
     def counters(self) -> dict[str, dict[str, int]]:
         """Byte and packet counters of every node's interface, read inside its namespace.
@@ -695,7 +688,7 @@ class Lab:
         result: dict[str, dict[str, int]] = {}
         for node in self.nodes:
             files = [f"/sys/class/net/{node.interface}/statistics/{c}" for c in COUNTERS]
-            out = _run(["ip", "netns", "exec", node.namespace, "cat", *files]).stdout.split()
+            out = run_command(["ip", "netns", "exec", node.namespace, "cat", *files]).stdout.split()
             result[node.name] = {
                 name: int(value) for name, value in zip(COUNTERS, out, strict=True)
             }

@@ -63,7 +63,8 @@ DEFAULT_BURST_MS = 1.0
 """Default tbf bucket, ms at the link rate (see ``LinkShape.burst_bytes``)."""
 
 _ID_RE = re.compile(r"^[a-z0-9]{1,6}$")
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+"""A valid environment variable name (``Lab.node_env`` checks every key)."""
 
 CounterName = Literal["tx_bytes", "rx_bytes", "tx_packets", "rx_packets"]
 """Interface statistics read from ``/sys/class/net/<if>/statistics``."""
@@ -251,7 +252,7 @@ def lab_id_of(name: str) -> str | None:
     return name if _ID_RE.match(name) else None
 
 
-def _is_of_lab(name: str, lab_id: str) -> bool:
+def is_of_lab(name: str, lab_id: str) -> bool:
     """Whether a namespace or interface name belongs to lab ``lab_id``."""
     return name.startswith(f"{PREFIX}{lab_id}-") and lab_id_of(name) == lab_id
 
@@ -334,7 +335,7 @@ def hostfile_text(nodes: Sequence[LabNode], slots: int = 1, title: str = "") -> 
 # ----------------------------------------------------------------------------- commands
 
 
-def _run(
+def run_command(
     argv: Sequence[str], check: bool = True, timeout: float = 30
 ) -> subprocess.CompletedProcess:
     """Run argv (no shell); on failure raise LabError with the command and its stderr."""
@@ -349,19 +350,20 @@ def _run(
     return proc
 
 
-def _lines(argv: Sequence[str]) -> list[str]:
-    return _run(argv, check=False).stdout.split()
+def command_words(argv: Sequence[str]) -> list[str]:
+    """The whitespace-separated words argv prints (its failure ignored)."""
+    return run_command(argv, check=False).stdout.split()
 
 
 def list_namespaces() -> list[str]:
     """Names of all network namespaces (``ip netns list``)."""
-    out = _run(["ip", "netns", "list"], check=False).stdout
+    out = run_command(["ip", "netns", "list"], check=False).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
 def list_links() -> list[str]:
     """Names of all interfaces of the root namespace (``ip -o link``), without ``@peer``."""
-    out = _run(["ip", "-o", "link", "show"], check=False).stdout
+    out = run_command(["ip", "-o", "link", "show"], check=False).stdout
     names = []
     for line in out.splitlines():
         parts = line.split(":", 2)
@@ -370,12 +372,12 @@ def list_links() -> list[str]:
     return names
 
 
-def _taken_networks() -> list[ipaddress.IPv4Network]:
+def taken_networks() -> list[ipaddress.IPv4Network]:
     """Networks the root namespace routes or holds addresses in (the default route excluded)."""
     taken: list[ipaddress.IPv4Network] = []
     for argv in (["ip", "-4", "-j", "route", "show", "table", "all"], ["ip", "-4", "-j", "addr"]):
         try:
-            data = json.loads(_run(argv, check=False).stdout or "[]")
+            data = json.loads(run_command(argv, check=False).stdout or "[]")
         except json.JSONDecodeError:
             continue
         for item in data:
@@ -394,7 +396,7 @@ def _taken_networks() -> list[ipaddress.IPv4Network]:
 
 
 @contextlib.contextmanager
-def _creation_lock() -> Iterator[None]:
+def creation_lock() -> Iterator[None]:
     """Serialise lab creation on this machine (id and subnet choice must not race)."""
     path = Path(tempfile.gettempdir()) / "mds-bench-lab.lock"
     with open(path, "a") as handle:
@@ -405,19 +407,20 @@ def _creation_lock() -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _namespace_pids(namespace: str) -> list[int]:
-    return [int(pid) for pid in _lines(["ip", "netns", "pids", namespace]) if pid.isdigit()]
+def namespace_pids(namespace: str) -> list[int]:
+    """Processes inside a network namespace (``ip netns pids``)."""
+    return [int(pid) for pid in command_words(["ip", "netns", "pids", namespace]) if pid.isdigit()]
 
 
-def _kill_namespace_processes(namespace: str) -> None:
+def kill_namespace_processes(namespace: str) -> None:
     """Stop every process still inside one of our namespaces (it would keep the namespace)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = _namespace_pids(namespace)
+        pids = namespace_pids(namespace)
         if not pids:
             return
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and _namespace_pids(namespace):
+        while time.monotonic() < deadline and namespace_pids(namespace):
             time.sleep(0.05)

@@ -36,8 +36,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from rich.console import Console
+from rich.table import Table
+
 from analysis.theory import formulas
 from analysis.theory.formulas import ring_factor
+from launchers.lab.cluster import Lab
+from launchers.lab.net import DEFAULT_BURST_MS, LinkShape
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "sendrecv"]
 """Benchmarked operations (nccl-tests names, with underscores)."""
@@ -230,7 +235,7 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def run_on_lab(
-    lab: Any, out: Path, options: Mapping[str, str], timeout_s: float = 1800
+    lab: Lab, out: Path, options: Mapping[str, str], timeout_s: float = 1800
 ) -> dict[str, Any]:
     """Run the benchmark across a running ``lab.cluster.Lab``; write and return netbench.json.
 
@@ -306,7 +311,7 @@ def run_launcher(
 
 def _has_cuda() -> bool:
     try:
-        import torch
+        import torch  # heavy (~2 s), and only to ask whether this machine has a GPU
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
@@ -338,8 +343,6 @@ def render_table(doc: Mapping[str, Any]) -> Any:
 
     On a shaped link a last column gives busbw as a fraction of the link rate.
     """
-    from rich.table import Table
-
     network = doc.get("network") or {}
     link = network.get("link") or "link not described"
     rate_mbit = network.get("link_mbit")
@@ -444,8 +447,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, options = parse_cli(argv)
     out = args.out or Path("logs/netbench") / datetime.now().strftime("%Y%m%d-%H%M%S")
     if args.lab is not None:
-        from launchers.lab.cluster import DEFAULT_BURST_MS, Lab, LinkShape
-
         burst_ms = DEFAULT_BURST_MS if args.burst_ms is None else args.burst_ms
         shape = LinkShape.parse(args.link, delay_ms=args.delay_ms, burst_ms=burst_ms)
         cpus = "auto" if args.node_cpus is None else (args.node_cpus or None)
@@ -456,8 +457,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             out, options, args.hostfile, args.master_addr, args.nproc, args.timeout_s
         )
     path = write_result(out, doc)
-    from rich.console import Console
-
     Console(width=None if sys.stdout.isatty() else 120).print(render_table(doc))
     print(f"wrote {path}")
     return 0

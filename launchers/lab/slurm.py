@@ -39,10 +39,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from launchers.config.project import remote_environment
 from launchers.config.spec import RunSpec
-from launchers.lab.cluster import Lab, LabError, LabNode, check_launcher
-from launchers.lab.session import LabSession, namespace_pids
+from launchers.lab.cluster import Lab
+from launchers.lab.net import LabError, LabNode, namespace_pids
+from launchers.lab.session import LabSession
+from launchers.lab.tools import check_launcher
 from launchers.run.execute import update_run_json
+from launchers.run.sbatch import SBATCH_NAME, allocation, render_sbatch
 
 SLURMCTLD_PORT = 6817
 """slurmctld's port (Slurm's default), on node 0's address."""
@@ -510,9 +514,6 @@ class SlurmLabSession(LabSession):
 
     def launch_hooks(self, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
         """``salloc <the run's allocation> bash launch.sh``, with the cluster's ``SLURM_CONF``."""
-        from launchers.config.project import remote_environment
-        from launchers.run.sbatch import SBATCH_NAME, allocation, render_sbatch
-
         how = {
             "time_limit_s": self.time_limit_s if self.time_limit_s is not None else math.inf,
             "job_name": self.job_name(spec, run_dir),

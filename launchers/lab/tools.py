@@ -72,10 +72,10 @@ def lab_launcher(requested: str | None) -> str:
 def missing_launcher_tools(launcher: str) -> list[str]:
     """Executables ``launcher`` needs in a lab that this machine lacks."""
     tools, _ = LAUNCHER_TOOLS[lab_launcher(launcher)]
-    return [t for t in tools if not _executable(t)]
+    return [t for t in tools if not is_executable(t)]
 
 
-def _executable(tool: str) -> bool:
+def is_executable(tool: str) -> bool:
     """Whether ``tool`` (a name on PATH, or an absolute path) can be run."""
     return os.access(tool, os.X_OK) if "/" in tool else shutil.which(tool) is not None
 

@@ -6,21 +6,12 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
 
 from analysis.theory import formulas
-
-if TYPE_CHECKING:
-    pass
-
-
-CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory"))
-"""Where the memory controller is looked for: cgroup v2 (unified) first, then v1."""
+from launchers.run import cgroup
+from launchers.run.cgroup import MEMORY_ROOTS, Version
 
 CGROUP_PARENT = "mds-bench"
 """Our directory under the memory controller's root; one child per run."""
@@ -61,7 +52,7 @@ class MemoryCgroup:
 
     path: Path
     """The run's cgroup directory."""
-    version: Literal[1, 2]
+    version: Version
     """cgroup v2 (``memory.max``, ``memory.events``) or v1 (``memory.limit_in_bytes``,
     ``memory.oom_control``)."""
     limit_bytes: int
@@ -71,7 +62,7 @@ class MemoryCgroup:
     def create(cls, limit_bytes: int, name: str) -> MemoryCgroup:
         """Make ``<root>/mds-bench/<name>`` with the limit set, or raise :class:`LimitError`."""
         problems = []
-        for root in CGROUP_ROOTS:
+        for root in MEMORY_ROOTS:
             v2 = (root / "cgroup.controllers").exists()
             v1 = (root / "memory.limit_in_bytes").exists()
             if v2 and "memory" not in (root / "cgroup.controllers").read_text().split():
@@ -80,27 +71,14 @@ class MemoryCgroup:
             if not (v1 or v2):
                 problems.append(f"{root}: no memory controller")
                 continue
-            parent = root / CGROUP_PARENT
-            path = parent / name
+            version: Version = 2 if v2 else 1
+            limits, optional = cgroup.memory_limit_lines(limit_bytes, version)
             try:
-                if v2:
-                    _write_control(root / "cgroup.subtree_control", "+memory")
-                    parent.mkdir(exist_ok=True)
-                    _write_control(parent / "cgroup.subtree_control", "+memory")
-                    path.mkdir()
-                    _write_control(path / "memory.max", str(limit_bytes))
-                    if (path / "memory.swap.max").exists():
-                        _write_control(path / "memory.swap.max", "0")
-                    return cls(path, 2, limit_bytes)
-                parent.mkdir(exist_ok=True)
-                path.mkdir()
-                _write_control(path / "memory.limit_in_bytes", str(limit_bytes))
-                if (path / "memory.memsw.limit_in_bytes").exists():
-                    _write_control(path / "memory.memsw.limit_in_bytes", str(limit_bytes))
-                return cls(path, 1, limit_bytes)
+                path = cgroup.create_group(
+                    root, version, CGROUP_PARENT, name, "memory", limits, optional
+                )
+                return cls(path, version, limit_bytes)
             except OSError as exc:
-                with contextlib.suppress(OSError):
-                    path.rmdir()
                 problems.append(f"{root}: {exc.strerror or exc}")
         raise LimitError(
             "--mem-limit needs a writable memory cgroup (root, and cgroup v2 with the memory "
@@ -109,17 +87,11 @@ class MemoryCgroup:
 
     def wrap(self, argv: list[str]) -> list[str]:
         """argv that moves itself into the group, then runs ``argv`` (children inherit it)."""
-        procs = str(self.path / "cgroup.procs")
-        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, *argv]
+        return cgroup.join_argv(self.path, argv)
 
     def _counter(self, wanted: str) -> int | None:
         name = "memory.events" if self.version == 2 else "memory.oom_control"
-        with contextlib.suppress(OSError):
-            for line in (self.path / name).read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == wanted and value.strip().isdigit():
-                    return int(value)
-        return None
+        return cgroup.read_counters(self.path / name).get(wanted)
 
     def oom_kills(self) -> int:
         """Processes the kernel OOM-killed in this group so far (by any OOM killer)."""
@@ -142,30 +114,8 @@ class MemoryCgroup:
 
     def pids(self) -> list[int]:
         """Processes still in the group."""
-        with contextlib.suppress(OSError):
-            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-        return []
+        return cgroup.group_pids(self.path)
 
     def remove(self) -> list[int]:
         """SIGKILL whatever is left in the group, remove it; returns the pids it had to kill."""
-        left = self.pids()
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while self.pids() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        while True:
-            try:
-                self.path.rmdir()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
-        return left
-
-
-def _write_control(path: Path, value: str) -> None:
-    with path.open("w") as f:
-        f.write(value)
+        return cgroup.remove_group(self.path)[0]
