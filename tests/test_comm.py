@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from analysis.theory.setup import RunSetup
 
-from analysis.runs.setup import RunSetup
 from analysis.theory import comm
 
 TINY = dict(

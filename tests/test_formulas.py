@@ -9,8 +9,8 @@ import pytest
 
 from analysis.metrics import rows as metrics
 from analysis.runs import load
-from analysis.runs import setup as run_setup
 from analysis.theory import comm, formulas
+from analysis.theory import setup as run_setup
 from launchers.config.hostfile import parse_hostfile_text
 from launchers.config.presets import PresetError, load_models, load_strategies, resolve_spec
 from launchers.config.project import ds_config, megatron_args

@@ -6,12 +6,13 @@ import math
 from dataclasses import replace
 
 import pytest
+from analysis.theory.setup import RunSetup
 
 from analysis.metrics import rows as metrics
-from analysis.metrics import speedup, timers
+from analysis.metrics import speedup, stats, timers
 from analysis.parse.records import Iteration, Memory, ParsedRun, TimerBlock
 from analysis.runs.load import LoadedRun
-from analysis.runs.setup import RunSetup
+from analysis.theory import formulas
 
 # dp2.log: "elapsed time per iteration (ms)" and "TFLOPs" at iterations 5..30 (log interval 5).
 DP2_WINDOWS = [(5, 201.6), (10, 186.6), (15, 219.0), (20, 211.9), (25, 217.7), (30, 214.0)]
@@ -78,9 +79,9 @@ def loaded(name="dp2", parsed=None, setup=SETUP, status="completed") -> LoadedRu
 
 
 def test_t_table():
-    assert metrics.t95(4) == 2.776
-    assert metrics.t95(35) == 2.042  # next lower row: conservative
-    assert metrics.t95(1000) == 1.96
+    assert stats.t95(4) == 2.776
+    assert stats.t95(35) == 2.042  # next lower row: conservative
+    assert stats.t95(1000) == 1.96
 
 
 def test_steady_state_drops_first_window():
@@ -101,9 +102,9 @@ def test_steady_state_needs_two_windows():
 
 
 def test_parameters_formula():
-    assert metrics.gpt_parameters(4, 128, 128, 512) == 875264  # dp2.log prints 875264
-    assert metrics.gpt_parameters(12, 512, 512, 50257) == 63_823_360  # "64M"
-    assert metrics.gpt_parameters(24, 1024, 1024, 50257) == 354_823_168  # not "512M"
+    assert formulas.gpt_parameters(4, 128, 128, 512) == 875264  # dp2.log prints 875264
+    assert formulas.gpt_parameters(12, 512, 512, 50257) == 63_823_360  # "64M"
+    assert formulas.gpt_parameters(24, 1024, 1024, 50257) == 354_823_168  # not "512M"
 
 
 def test_flops_closed_form_and_printed_dp2():
@@ -371,17 +372,17 @@ def test_describe_of_many_samples_agrees_with_the_exact_statistics():
     import numpy as np
 
     rng = np.random.default_rng(0)
-    x = 200.0 + rng.normal(0.0, 5.0, metrics._EXACT_UP_TO + 11)
-    got = metrics.describe(x)
+    x = 200.0 + rng.normal(0.0, 5.0, stats.EXACT_UP_TO + 11)
+    got = stats.describe(x)
     values = x.tolist()
     assert got.n == len(values)
     assert got.mean == statistics.fmean(values)
     assert got.median == statistics.median(values)
     std = statistics.stdev(values)
     assert got.std == pytest.approx(std, rel=1e-12)
-    assert metrics.sample_std(x) == got.std  # (the per-iteration spread is taken the same way)
-    assert metrics.sample_std(x[:1000]) == statistics.stdev(values[:1000])  # exact below
-    half = metrics.t95(len(values) - 1) * std / math.sqrt(len(values))
+    assert stats.sample_std(x) == got.std  # (the per-iteration spread is taken the same way)
+    assert stats.sample_std(x[:1000]) == statistics.stdev(values[:1000])  # exact below
+    half = stats.t95(len(values) - 1) * std / math.sqrt(len(values))
     assert (got.ci_lo, got.ci_hi) == pytest.approx((got.mean - half, got.mean + half), rel=1e-15)
 
 
@@ -395,7 +396,7 @@ def test_describe_of_two_million_samples_holds_no_python_float_each():
     x = 200.0 + np.random.default_rng(0).normal(0.0, 5.0, 2_000_000)
     tracemalloc.start()
     try:
-        metrics.describe(x)
+        stats.describe(x)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -17,7 +17,7 @@ from test_metrics import DP2_WINDOWS, SETUP, dp2_parsed, loaded
 
 from analysis.report import build as report
 from analysis.runs import load
-from analysis.runs import setup as run_setup
+from analysis.theory import setup as run_setup
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 GOLDEN = Path(__file__).parent / "golden" / "report"
@@ -153,11 +153,12 @@ def _run(name: str, strategy: str, status: str, windows, factor: float = 1.0, **
 def _rows(runs, baseline=None):
     from analysis.metrics import rows as metrics
     from analysis.metrics import speedup
-    from analysis.predict import cli as predict
+    from analysis.predict import prediction
+    from analysis.report import predictions as report_predictions
 
     rows = speedup.compare([metrics.compute(r) for r in runs], baseline)
-    model = predict.report_sections(runs, rows)
-    rows = predict.fill_rows(rows, model.loo)
+    model = report_predictions.report_sections(runs, rows)
+    rows = prediction.fill_rows(rows, model.loo)
     text = report.render(rows, "logs", [], model)
     for key, group in report._groups(rows).items():
         text += "\n".join(report.recommendations(key, group))

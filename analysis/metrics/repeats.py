@@ -34,19 +34,18 @@ A set with one run has no between-run interval: its figures keep the within-run 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from analysis.metrics.rows import RunMetrics, t95
-from analysis.runs.record import RunRecord
-from analysis.runs.setup import RunSetup
+from analysis.metrics.rows import RunMetrics
+from analysis.metrics.speedup import speedup_interval
+from analysis.metrics.stats import t95
+from analysis.theory.units import number, percent
 
 RANDOM_EFFECTS_METHOD = (
     "geometric mean over repeats, one-way random-effects interval on the log scale: t with "
@@ -60,28 +59,6 @@ PAIRED_METHOD = "paired by round (log t = strategy + round, residual pooled over
 
 UNPAIRED_METHOD = "unpaired (log t = strategy, residual pooled over the group)"
 """Speedup interval of repeats without rounds in common."""
-
-
-def identity(record: RunRecord | None, setup: RunSetup | None = None) -> dict[str, Any]:
-    """``spec_hash``, ``repeat_group`` and ``repeat_round`` of a run.
-
-    ``spec_hash`` is run.json's; a run without one (bare logs, older run directories, a run.json
-    that does not read as a record) gets ``setup:<digest>`` of its whole resolved setup, so logs
-    of the same configuration (same model, batch, layout, ZeRO stage, precision, iterations,
-    cluster and link, whatever their file names) are repeats of one spec. Not run as a repeat, a
-    run has no group or round.
-    """
-    rep = record.repeat if record else None
-    spec_hash = record.spec_hash if record else None
-    if spec_hash is None and setup is not None:
-        fields_ = {k: v for k, v in asdict(setup).items() if k != "sources"}
-        text = json.dumps(fields_, sort_keys=True, default=str)
-        spec_hash = "setup:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-    return {
-        "spec_hash": spec_hash,
-        "repeat_group": rep.group if rep else None,
-        "repeat_round": rep.round if rep else None,
-    }
 
 
 # ---------------------------------------------------------------------------- one configuration
@@ -234,10 +211,6 @@ def same_round_speedups(rows: Sequence[RunMetrics]) -> list[RunMetrics]:
     beside the baseline's repeat from its own round (same ``repeat_group`` and
     ``repeat_round``) when that one was timed, and ``na_reasons['speedup']`` says so.
     """
-    from dataclasses import replace
-
-    from analysis.metrics.speedup import speedup_interval
-
     index = {
         (r.setup_key, r.name, r.repeat_group, r.repeat_round): r
         for r in rows
@@ -516,16 +489,8 @@ def group_repeats(rows: Sequence[RunMetrics]) -> GroupRepeats:
     return GroupRepeats(key, tuple(sets), base, model, speedups)
 
 
-def _ms(value: float | None, digits: int = 1) -> str:
-    return "" if value is None else f"{value:,.{digits}f}"
-
-
-def _pct(value: float | None) -> str:
-    return "" if value is None else f"{value:.1%}"
-
-
 def _interval(lo: float | None, hi: float | None, digits: int) -> str:
-    return "" if lo is None or hi is None else f" [{lo:,.{digits}f}, {hi:,.{digits}f}]"
+    return "" if lo is None or hi is None else f" [{number(lo, digits)}, {number(hi, digits)}]"
 
 
 def _ratio_kind(r: Ratio) -> str:
@@ -568,8 +533,8 @@ def results_table(g: GroupRepeats) -> list[str]:
         mean_kind = "" if s.between else " (within-run)"
         lines.append(
             f"| {s.name} | {s.strategy or '?'} | {runs} | {est.mean:,.1f}"
-            f"{_interval(est.ci_lo, est.ci_hi, 0)}{mean_kind} | {spread} | {_pct(est.tau)} | "
-            f"{_pct(est.within)} | {speed} | {kind} |"
+            f"{_interval(est.ci_lo, est.ci_hi, 0)}{mean_kind} | {spread} | {percent(est.tau)} | "
+            f"{percent(est.within)} | {speed} | {kind} |"
         )
     lines += [
         "",

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from analysis.metrics.stats import Stats, describe, sample_std
 from analysis.metrics.timers import (
     Breakdown,
     breakdown,
@@ -31,99 +32,21 @@ from analysis.metrics.timers import (
     untimed_pipeline_work,
 )
 from analysis.parse.records import ParsedRun, blocks_of, int_values, record_values
+from analysis.runs.identity import identity
 from analysis.runs.load import LoadedRun
 from analysis.runs.problems import Problem
 from analysis.runs.record import RunRecord
-from analysis.runs.setup import RunSetup
 from analysis.theory import comm
-from analysis.theory.formulas import (  # noqa: F401  (STEADY_RULE and gpt_parameters: re-exported)
-    LINK_EFFICIENCY,
-    STEADY_RULE,
-    bubble_fraction,
+from analysis.theory.formulas import (
     flops_per_iteration,
     gpt_parameters,
     steady_windows,
     zero_state_bytes,
 )
+from analysis.theory.setup import RunSetup
 
 if TYPE_CHECKING:
     import pandas as pd
-
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
-_T95 |= {9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131}
-_T95 |= {16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074}
-_T95 |= {23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045}
-_T95 |= {30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
-
-
-def t95(df: float) -> float:
-    """Two-sided 95% Student-t critical value; between table rows the next lower df is used
-    (conservative); df > 120 -> 1.96."""
-    if df < 1:
-        raise ValueError(f"df({df}) must be >= 1")
-    if df > 120:
-        return 1.960
-    return _T95[max(k for k in _T95 if k <= math.floor(df))]
-
-
-@dataclass(frozen=True)
-class Stats:
-    """Summary of samples with a t-interval for the mean."""
-
-    n: int
-    """Number of samples."""
-    mean: float
-    """Arithmetic mean."""
-    median: float
-    """Median."""
-    std: float | None
-    """Sample standard deviation (n-1); None for n < 2."""
-    ci_lo: float | None
-    """Lower bound of the 95% t-interval of the mean; None for n < 2."""
-    ci_hi: float | None
-    """Upper bound."""
-
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n({self.n}) must be >= 1")
-
-    @property
-    def sem(self) -> float | None:
-        """Standard error of the mean."""
-        return None if self.std is None else self.std / math.sqrt(self.n)
-
-
-_EXACT_UP_TO = 100_000
-"""Samples up to which ``describe`` uses ``statistics`` (correctly rounded, each value a Python
-float, its ``stdev`` summing exact fractions); above, numpy (the mean and standard deviation to
-within a few units in the last place, in a few bytes per value: a log-interval-1 run of 2M
-iterations kept 54 MB of floats and much more for the exact sums)."""
-
-
-def describe(samples: Sequence[float] | np.ndarray) -> Stats:
-    """Mean, median, std, 95% CI = mean ± t95(n-1) * std / sqrt(n)."""
-    n = len(samples)
-    if not n:
-        raise ValueError("no samples")
-    if n > _EXACT_UP_TO:
-        a = np.asarray(samples, dtype=float)
-        mean, median = math.fsum(a) / n, float(np.median(a))
-    else:
-        values = [float(x) for x in samples]
-        mean, median = statistics.fmean(values), statistics.median(values)
-        if n < 2:
-            return Stats(1, mean, median, None, None, None)
-    std = sample_std(a if n > _EXACT_UP_TO else values)  # (converted once)
-    half = t95(n - 1) * std / math.sqrt(n)
-    return Stats(n, mean, median, std, mean - half, mean + half)
-
-
-def sample_std(samples: Sequence[float] | np.ndarray) -> float:
-    """Sample standard deviation (n - 1) of two or more values: ``statistics.stdev`` up to
-    ``_EXACT_UP_TO`` values, numpy above."""
-    if len(samples) > _EXACT_UP_TO:
-        return float(np.std(np.asarray(samples, dtype=float), ddof=1))
-    return statistics.stdev([float(x) for x in samples])
 
 
 @dataclass(frozen=True)
@@ -192,8 +115,7 @@ def steady_state(parsed: ParsedRun) -> tuple[SteadyState | None, str | None]:
     first = int(numbers[0])
     if len(numbers) < 2:
         return None, f"only the warm-up window (iteration {first}) was logged: no steady state"
-    # (``STEADY_RULE``: every window but the first, ``formulas.steady_windows``.)
-    stats = describe(ms[1:])
+    stats = describe(steady_windows(ms))
     return (
         SteadyState(
             stats=stats,
@@ -469,8 +391,6 @@ def compute(run: LoadedRun) -> RunMetrics:
     }
     row |= {f.name: None for f in fields(RunMetrics) if f.name not in row}
     row["na_reasons"] = na
-    from analysis.metrics.repeats import identity  # repeats builds on this module's rows
-
     row |= identity(run.record, s)
 
     dims = (s.num_layers, s.hidden_size, s.positions, s.padded_vocab_size)

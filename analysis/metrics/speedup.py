@@ -9,26 +9,22 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from analysis.metrics.rows import RunMetrics, t95
+from analysis.metrics.rows import RunMetrics
+from analysis.metrics.stats import t95, welch
 from analysis.theory import comm
 from analysis.theory.formulas import LINK_EFFICIENCY
 
 
 def _welch(a: RunMetrics, b: RunMetrics) -> tuple[float, float, float] | None:
-    """(difference of means b - a, se, Welch df) from the window statistics."""
+    """(difference of means b - a, se, Welch df) from the window statistics (``stats.welch``;
+    each run's standard error recovered from its 95% t-interval)."""
     stats = []
     for r in (a, b):
         if r.iter_ms_mean is None or r.iter_ms_ci95_hi is None or not r.iter_ms_n:
             return None
         half = r.iter_ms_ci95_hi - r.iter_ms_mean
-        sem = half / t95(r.iter_ms_n - 1)
-        stats.append((r.iter_ms_mean, sem, r.iter_ms_n))
-    (ma, sa, na_), (mb, sb, nb) = stats
-    se = math.sqrt(sa**2 + sb**2)
-    if se == 0:
-        return mb - ma, 0.0, float(na_ + nb - 2)
-    df = se**4 / (sa**4 / (na_ - 1) + sb**4 / (nb - 1))
-    return mb - ma, se, df
+        stats.append((r.iter_ms_mean, half / t95(r.iter_ms_n - 1), r.iter_ms_n))
+    return welch(stats[0], stats[1])
 
 
 def speedup_interval(base: RunMetrics, run: RunMetrics) -> tuple[float, float | None, float | None]:
@@ -36,15 +32,15 @@ def speedup_interval(base: RunMetrics, run: RunMetrics) -> tuple[float, float | 
     se = sqrt((sem_b/mean_b)^2 + (sem_r/mean_r)^2), df by Welch-Satterthwaite."""
     assert base.iter_ms_mean and run.iter_ms_mean
     ratio = base.iter_ms_mean / run.iter_ms_mean
-    welch = _welch(base, run)
-    if welch is None:
+    diff = _welch(base, run)
+    if diff is None:
         return ratio, None, None
     rel = []
     for r in (base, run):
         assert r.iter_ms_ci95_hi is not None and r.iter_ms_n and r.iter_ms_mean
         rel.append((r.iter_ms_ci95_hi - r.iter_ms_mean) / t95(r.iter_ms_n - 1) / r.iter_ms_mean)
     se_log = math.sqrt(rel[0] ** 2 + rel[1] ** 2)
-    half = t95(max(1.0, welch[2])) * se_log
+    half = t95(max(1.0, diff[2])) * se_log
     return ratio, ratio * math.exp(-half), ratio * math.exp(half)
 
 
@@ -161,10 +157,10 @@ def inferred_bandwidth(row: RunMetrics, group: list[RunMetrics]) -> tuple[float 
     ref = min(peers, key=lambda r: r.comm_bytes_per_iter or 0.0)
     assert ref.comm_bytes_per_iter is not None
     extra_bytes = row.comm_bytes_per_iter - ref.comm_bytes_per_iter
-    welch = _welch(ref, row)
-    if welch is None:
+    compared = _welch(ref, row)
+    if compared is None:
         return None, f"reference {ref.name}: not enough windows for an interval"
-    diff, se, df = welch
+    diff, se, df = compared
     lo, hi = diff - t95(max(1.0, df)) * se, diff + t95(max(1.0, df)) * se
     text = (
         f"vs {ref.name}: +{extra_bytes / 1e6:.2f} MB in {diff:+.1f} ms "
@@ -227,10 +223,10 @@ def _intercept_bandwidth(row: RunMetrics, group: list[RunMetrics]) -> tuple[floa
         return None, "no compute-identical run (same tp/pp/dp) with other bytes in this group"
     hi = max(others, key=lambda r: r.comm_bytes_per_iter or 0.0)
     assert hi.comm_bytes_per_iter is not None and hi.iter_ms_mean is not None
-    welch = _welch(row, hi)
-    if welch is None:
+    compared = _welch(row, hi)
+    if compared is None:
         return None, f"reference {hi.name}: not enough windows for an interval"
-    diff, se, df = welch
+    diff, se, df = compared
     lo = diff - t95(max(1.0, df)) * se
     extra = hi.comm_bytes_per_iter - row.comm_bytes_per_iter
     ms_per_byte = diff / extra

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analysis.parse.records import ParsedRun, TimerBlock, TimerGroupView, blocks_of, timer_groups
-from analysis.runs.setup import RunSetup
 from analysis.theory import comm
 from analysis.theory.formulas import bubble_fraction
+from analysis.theory.setup import RunSetup
 
 _ALIASES = {
     "forward": "fwd",

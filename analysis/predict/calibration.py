@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from analysis.metrics.repeats import random_effects, set_key, within_variance
 from analysis.metrics.rows import RunMetrics
 from analysis.runs.load import LoadedRun
-from analysis.runs.setup import RunSetup
 from analysis.theory import comm
 from analysis.theory.costs import (
     ComputeKind,
@@ -24,6 +24,7 @@ from analysis.theory.costs import (
     updated_parameters,
 )
 from analysis.theory.formulas import LINK_EFFICIENCY, backward_factor, layer_macs
+from analysis.theory.setup import RunSetup
 
 MS_PER_MB_AT_1MBIT = 8000.0
 """8 bits x 1e6 bytes / 1e6 bit/s = 8 s = 8000 ms per MB at 1 Mbit/s: divide by the rate."""
@@ -135,7 +136,7 @@ def cpu_share(setup: RunSetup) -> float | None:
     return min(1.0, setup.node_cpus * setup.nodes / setup.world_size)
 
 
-def _compute_scale(from_share: float | None, setup: RunSetup) -> float:
+def compute_scale(from_share: float | None, setup: RunSetup) -> float:
     """Factor from compute measured at ``from_share`` cores per rank to ``setup``'s (1 when
     either is unknown): compute bound by a CPU budget takes 1/share as long."""
     to_share = cpu_share(setup)
@@ -530,7 +531,7 @@ def fit_compute(
         shares = [cpu_share(o.setup) for o, _, _ in pool]
         share = shares[0] if None not in shares else None
         # Each run's busy time at the first run's cores per rank (1 without known budgets).
-        k = [_compute_scale(share, o.setup) ** -1 if share else 1.0 for o, _, _ in pool]
+        k = [compute_scale(share, o.setup) ** -1 if share else 1.0 for o, _, _ in pool]
         # In-timer communication split by the layer's all-reduces: 2 forward + 2 backward, or
         # 2 + 4 with full recompute (the recomputed forward runs inside the backward timer).
         # Backward is counted per backward without recompute (formulas.backward_factor).
@@ -606,8 +607,6 @@ def collapse_repeats(pairs: Sequence[tuple[Observation, RunMetrics]]) -> list[Ob
     calibrated on one run of a noisy machine learns that run's luck; the mean of the repeats is
     what the configuration costs there. Leave-one-out then leaves a whole set out, so a run is
     never predicted from its own repeats."""
-    from analysis.metrics.repeats import random_effects, set_key, within_variance
-
     groups: dict[tuple[str, str], list[tuple[Observation, RunMetrics]]] = {}
     for o, row in pairs:
         groups.setdefault(set_key(row), []).append((o, row))

@@ -48,41 +48,30 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
+from analysis.metrics import rows as metrics
+from analysis.metrics import speedup
 from analysis.metrics.rows import RunMetrics
 from analysis.predict.calibration import (
     Calibration,
-    ComputeFit,
-    LinkFit,
-    Observation,
     calibrate,
-    cpu_share,
-    fit_links,
     observations_from,
 )
-from analysis.predict.prediction import LooResult, Prediction, fill_rows, leave_one_out, predict
+from analysis.predict.prediction import LooResult, Prediction, leave_one_out, predict
 from analysis.predict.whatif import (
     STRATEGIES,
     BandwidthCrossover,
     MemoryCrossover,
     bandwidth_crossover,
-    crossover,
     memory_crossover,
     what_if,
 )
-from analysis.report.predictions import ReportSections, report_sections
+from analysis.runs import load
 from analysis.runs.load import MODEL_PRESETS, LoadedRun
 from analysis.theory import formulas
-from analysis.theory.costs import activation_bytes_per_layer, flops_per_microbatch, memory_estimate
-from analysis.theory.formulas import bubble_fraction, zero_state_bytes
-
-__all__ = [  # the model's names, importable from here as before it was split by concern
-    "BandwidthCrossover", "Calibration", "ComputeFit", "LinkFit", "MemoryCrossover",
-    "Observation", "Prediction", "ReportSections", "activation_bytes_per_layer",
-    "bandwidth_crossover", "bubble_fraction", "calibrate", "cpu_share", "crossover", "fill_rows",
-    "fit_links", "flops_per_microbatch", "leave_one_out", "main", "memory_crossover",
-    "memory_estimate", "observations_from", "parse_rate", "predict", "report_sections",
-    "what_if", "zero_state_bytes",
-]  # fmt: skip
+from analysis.theory.units import number
 
 # ---------------------------------------------------------------------------- CLI
 
@@ -111,11 +100,8 @@ def parse_model(text: str) -> tuple[int, int, int, int]:
     raise argparse.ArgumentTypeError(f"model {text!r}: {', '.join(MODEL_PRESETS)} or L,H,S")
 
 
-def _load(logdir: Path) -> tuple[list[LoadedRun], list[RunMetrics]]:
-    from analysis.metrics import rows as metrics
-    from analysis.metrics import speedup
-    from analysis.runs import load
-
+def load_runs(logdir: Path) -> tuple[list[LoadedRun], list[RunMetrics]]:
+    """The runs under ``logdir`` (its ``report/`` left out) and their metrics rows, compared."""
     runs = load.discover(logdir, exclude=[logdir / "report"])
     rows = speedup.compare([metrics.compute(r) for r in runs])
     return runs, rows
@@ -244,9 +230,6 @@ def to_json(w: WhatIf) -> dict[str, Any]:
 
 
 def _print(w: WhatIf) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console(width=160)
     table = Table(title="Predicted ms/iteration and memory per rank")
     for col in (
@@ -265,17 +248,19 @@ def _print(w: WhatIf) -> None:
     for p in w.predictions:
         cells = [
             p.label,
-            _f(p.iter_ms),
+            number(p.iter_ms),
             p.method,
-            _f(p.compute_ms),
-            _f(p.bubble_ms),
-            _f(p.optimizer_ms),
-            _f(p.other_ms),
-            _f(p.comm_ms),
+            number(p.compute_ms),
+            number(p.bubble_ms),
+            number(p.optimizer_ms),
+            number(p.other_ms),
+            number(p.comm_ms),
         ]
         mem = p.memory
         cells += (
-            [_f(mem.state_bytes / 2**20), _f(mem.activation_bytes / 2**20)] if mem else ["", ""]
+            [number(mem.state_bytes / 2**20), number(mem.activation_bytes / 2**20)]
+            if mem
+            else ["", ""]
         )
         table.add_row(*cells)
     console.print(table)
@@ -286,7 +271,9 @@ def _print(w: WhatIf) -> None:
         loo.add_column(col)
     for r in w.loo:
         err = f"{r.error:+.1%}" if r.error is not None else "n/a"
-        loo.add_row(r.name, _f(r.measured_ms), _f(r.prediction.iter_ms), err, r.prediction.method)
+        loo.add_row(
+            r.name, number(r.measured_ms), number(r.prediction.iter_ms), err, r.prediction.method
+        )
     console.print(loo)
     for c in w.crossovers:
         console.print(f"- {c.strategy}: {c.verdict}; {c.reason}")
@@ -294,10 +281,6 @@ def _print(w: WhatIf) -> None:
         console.print(f"- memory ({w.memory.gpu_mem_gb:g} GiB): {w.memory.reasoning}")
     for n in w.notes:
         console.print(f"- note: {n}")
-
-
-def _f(v: float | None) -> str:
-    return "" if v is None else f"{v:,.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -320,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.logdir.exists():
         parser.error(f"{args.logdir} does not exist")
-    runs, rows = _load(args.logdir)
+    runs, rows = load_runs(args.logdir)
     try:
         w = run_what_if(
             runs,

@@ -15,13 +15,12 @@ from analysis.metrics.rows import RunMetrics
 from analysis.predict.calibration import (
     Calibration,
     Observation,
-    _compute_scale,
     calibrate,
     comm_time,
+    compute_scale,
     cpu_share,
 )
 from analysis.runs.load import derive_strategy
-from analysis.runs.setup import RunSetup
 from analysis.theory import comm
 from analysis.theory.costs import (
     MemoryEstimate,
@@ -31,6 +30,7 @@ from analysis.theory.costs import (
     updated_parameters,
 )
 from analysis.theory.formulas import backward_factor, bubble_fraction
+from analysis.theory.setup import RunSetup
 
 # ---------------------------------------------------------------------------- prediction
 
@@ -120,7 +120,7 @@ def predict(setup: RunSetup, cal: Calibration, exclude: Sequence[str] = ()) -> P
     for o in anchors:
         own, _ = comm_time(o.setup, cal.intra, cal.inter)
         if own is not None:
-            scale = _compute_scale(cpu_share(o.setup), setup)
+            scale = compute_scale(cpu_share(o.setup), setup)
             estimates.append((o.iter_ms - own) * scale + target_comm)
     if estimates:
         names = tuple(o.name for o in anchors)
@@ -163,7 +163,7 @@ def predict(setup: RunSetup, cal: Calibration, exclude: Sequence[str] = ()) -> P
             f"a measured {kind} run would replace this"
         )
     gflop, _ = flops_per_microbatch(setup)
-    scale = _compute_scale(fit.cpu_share, setup)
+    scale = compute_scale(fit.cpu_share, setup)
     if scale != 1.0:
         notes.append(
             f"compute x {scale:.2f}: {fit.cpu_share:g} cores per rank in the calibration runs, "

@@ -12,7 +12,6 @@ from typing import Any, Literal
 from analysis.predict.calibration import Calibration
 from analysis.predict.prediction import predict
 from analysis.runs.load import derive_model_name
-from analysis.runs.setup import RunSetup
 from analysis.theory import comm
 from analysis.theory.costs import memory_estimate
 from analysis.theory.formulas import (
@@ -22,6 +21,7 @@ from analysis.theory.formulas import (
     strategy_table,
     zero_state_bytes,
 )
+from analysis.theory.setup import RunSetup
 
 PROBE_RATES_MBIT = (100.0, 1000.0)
 """Two rates at which the (affine in 1/R) time model is evaluated to solve crossovers."""

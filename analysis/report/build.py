@@ -18,6 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
 from analysis.metrics import repeats, speedup
 from analysis.metrics import rows as metrics
 from analysis.metrics.rows import RunMetrics
@@ -27,6 +30,8 @@ from analysis.report import predictions as report_predict
 from analysis.report.markdown import md_table
 from analysis.runs import load
 from analysis.runs.problems import UNREAD_CODES
+from analysis.theory.formulas import STEADY_RULE
+from analysis.theory.units import number
 
 
 class Footnotes:
@@ -46,12 +51,6 @@ class Footnotes:
         return [f"[^{i + 1}]: {t}" for i, t in enumerate(self.texts)]
 
 
-def _num(value: Any, digits: int) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return f"{value:,.{digits}f}"
-
-
 def cell(row: RunMetrics, col: str, notes: Footnotes, digits: int = 1, reason: str = "") -> str:
     """Formatted value, or ``n/a`` with a footnote giving the reason."""
     value = getattr(row, col)
@@ -60,7 +59,7 @@ def cell(row: RunMetrics, col: str, notes: Footnotes, digits: int = 1, reason: s
         if row.status != "completed" and col not in row.na_reasons:
             why = f"run {row.status}: {row.failure_reason or 'no reason recorded'}"
         return "n/a" + notes.ref(why)
-    return _num(value, digits)
+    return number(value, digits)
 
 
 def _time_cell(r: RunMetrics, notes: Footnotes) -> str:
@@ -203,7 +202,7 @@ def executive_summary(groups: dict[str, list[RunMetrics]]) -> list[str]:
             line = (
                 f"- **{key}**: fastest {best.name} ({best.strategy}), "
                 f"{best.iter_ms_mean:,.1f} ms/iteration, "
-                f"{_num(best.samples_per_s, 1)} samples/s"
+                f"{number(best.samples_per_s, 1)} samples/s"
             )
             if best.speedup is not None:
                 line += f", {best.speedup:.2f}x vs {best.baseline}"
@@ -261,7 +260,7 @@ def render(
         md += [
             "",
             "Legend: ms/iter is the mean over steady-state windows (rule: "
-            f"{metrics.STEADY_RULE}); ± is the per-iteration standard deviation (source per run "
+            f"{STEADY_RULE}); ± is the per-iteration standard deviation (source per run "
             "below); [CI] the 95% t-interval of the mean; speedup = baseline time / run time "
             "within this group, interval by the delta method on the log ratio (Welch df); "
             "memory saving = (baseline - run) / baseline peak; TFLOP/s recomputed from the spec "
@@ -277,9 +276,10 @@ def render(
             md.append(
                 f"- {repeats.label(r)}: {r.steady_iterations or 'none'}; spread: "
                 f"{r.iter_ms_std_source or 'n/a'}; TFLOPs printed "
-                f"{_num(r.tflops_printed, 3) or 'n/a'} vs recomputed {_num(r.tflops, 4) or 'n/a'}"
+                f"{number(r.tflops_printed, 3) or 'n/a'} vs recomputed "
+                f"{number(r.tflops, 4) or 'n/a'}"
                 f" ({r.tflops_check or 'no comparison'}); "
-                f"tokens/s {_num(r.tokens_per_s, 0) or 'n/a'}"
+                f"tokens/s {number(r.tokens_per_s, 0) or 'n/a'}"
             )
         md.append("")
 
@@ -298,15 +298,15 @@ def render(
         bd_rows.append(
             [
                 repeats.label(r),
-                _num(r.iter_ms_mean, 1) or cell(r, "iter_ms_mean", notes),
-                _num(r.fwd_ms, 1) or ("" if r.fwd_bwd_ms else cell(r, "fwd_ms", notes)),
-                _num(r.bwd_ms, 1),
-                _num(r.fwd_bwd_ms, 1),
-                _num(r.optimizer_ms, 1),
-                _num(r.comm_ms, 1)
+                number(r.iter_ms_mean, 1) or cell(r, "iter_ms_mean", notes),
+                number(r.fwd_ms, 1) or ("" if r.fwd_bwd_ms else cell(r, "fwd_ms", notes)),
+                number(r.bwd_ms, 1),
+                number(r.fwd_bwd_ms, 1),
+                number(r.optimizer_ms, 1),
+                number(r.comm_ms, 1)
                 + (notes.ref(r.na_reasons["comm_ms"]) if "comm_ms" in r.na_reasons else ""),
-                *([_num(r.data_ms, 1), _num(r.pipe_wait_ms, 1)] if piped else []),
-                _num(r.other_ms, 1),
+                *([number(r.data_ms, 1), number(r.pipe_wait_ms, 1)] if piped else []),
+                number(r.other_ms, 1),
                 ", ".join(f"{k}: {v}" for k, v in (r.breakdown_sources or {}).items()) or "-",
             ]
         )
@@ -321,10 +321,10 @@ def render(
         [
             repeats.label(r),
             cell(r, "peak_mem_mb", notes, 1),
-            _num(r.peak_reserved_mb, 1) or "n/a",
+            number(r.peak_reserved_mb, 1) or "n/a",
             r.mem_kind or "n/a",
-            _num(r.mem_saving_pct, 1) or "n/a",
-            _num(r.model_state_mb, 1) or "n/a",
+            number(r.mem_saving_pct, 1) or "n/a",
+            number(r.model_state_mb, 1) or "n/a",
         ]
         for r in rows
     ]
@@ -356,10 +356,10 @@ def render(
         [
             repeats.label(r),
             cell(r, "comm_bytes_per_iter", notes, 0),
-            _num(r.comm_bytes_dp, 0),
-            _num(r.comm_bytes_pp, 0),
-            _num(r.comm_bytes_tp, 0),
-            _num(r.comm_ms, 1) or "n/a",
+            number(r.comm_bytes_dp, 0),
+            number(r.comm_bytes_pp, 0),
+            number(r.comm_bytes_tp, 0),
+            number(r.comm_ms, 1) or "n/a",
             f"{r.comm_ms / r.iter_ms_mean:.0%}" if r.comm_ms and r.iter_ms_mean else "n/a",
             cell(r, "wire_bytes_per_iter", notes, 0),
             f"{r.wire_over_model:.3f}" if r.wire_over_model is not None else "n/a",
@@ -397,7 +397,7 @@ def render(
                 repeats.label(r),
                 f"{r.link_mbit / 1000:g}" if r.link_mbit else "n/a",
                 cell(r, "busbw_gbps_timers", notes, 3),
-                _num(r.busbw_gbps_timers_allgather, 3) or "n/a",
+                number(r.busbw_gbps_timers_allgather, 3) or "n/a",
                 cell(r, "busbw_gbps_inferred", notes, 3)
                 + (" (!)" if r.busbw_inferred_warning else ""),
                 cell(r, "busbw_gbps_measured", notes, 3),
@@ -497,16 +497,16 @@ def pipeline_section(rows: list[RunMetrics]) -> list[str]:
         table.append(
             [
                 r.name,
-                _num(r.iter_ms_mean, 1),
-                _num(r.fwd_ms, 1),
-                _num(r.bwd_ms, 1),
-                _num(r.optimizer_ms, 1),
-                _num(r.data_ms, 1),
-                _num(r.pipe_wait_ms, 1),
+                number(r.iter_ms_mean, 1),
+                number(r.fwd_ms, 1),
+                number(r.bwd_ms, 1),
+                number(r.optimizer_ms, 1),
+                number(r.data_ms, 1),
+                number(r.pipe_wait_ms, 1),
                 f"{r.pipe_wait_share:.1%}" if r.pipe_wait_share is not None else "n/a",
                 f"{r.pipe_bubble_theory:.1%}" if r.pipe_bubble_theory is not None else "n/a",
-                _num(r.other_ms, 1),
-                _num(r.other_busbw_gbps, 3) or "n/a",
+                number(r.other_ms, 1),
+                number(r.other_busbw_gbps, 3) or "n/a",
             ]
         )
     md += md_table(
@@ -596,20 +596,17 @@ def recommendations(key: str, group: list[RunMetrics]) -> list[str]:
 
 def console_table(rows: list[RunMetrics]) -> None:
     """Print the main figures with rich (plain text when not a terminal)."""
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title="Megatron-DeepSpeed runs")
     cols: list[tuple[str, Callable[[RunMetrics], str]]] = [
         ("setup", lambda r: r.setup_key),
         ("run", repeats.label),
         ("strategy", lambda r: r.strategy or "?"),
         ("status", lambda r: r.status),
-        ("ms/iter", lambda r: _num(r.iter_ms_mean, 1) or "n/a"),
-        ("samples/s", lambda r: _num(r.samples_per_s, 2) or "n/a"),
+        ("ms/iter", lambda r: number(r.iter_ms_mean, 1) or "n/a"),
+        ("samples/s", lambda r: number(r.samples_per_s, 2) or "n/a"),
         ("speedup", lambda r: f"{r.speedup:.2f}x" if r.speedup else "n/a"),
-        ("peak MiB", lambda r: _num(r.peak_mem_mb, 0) or "n/a"),
-        ("MB/iter", lambda r: _num((r.comm_bytes_per_iter or 0) / 1e6, 2) or "n/a"),
+        ("peak MiB", lambda r: number(r.peak_mem_mb, 0) or "n/a"),
+        ("MB/iter", lambda r: number((r.comm_bytes_per_iter or 0) / 1e6, 2) or "n/a"),
     ]
     for name, _ in cols:
         table.add_column(name)
@@ -654,7 +651,7 @@ def build(logdir: Path, out: Path, baseline: str | None = None) -> list[RunMetri
         print(f"previous report kept as {moved}", file=sys.stderr)
     out.mkdir(parents=True)
     frame = metrics.to_frame(rows)
-    from analysis.report.plots import write_figures
+    from analysis.report.plots import write_figures  # matplotlib and pandas: 0.7 s, for figures
 
     figures = [p.relative_to(out).as_posix() for p in write_figures(frame, out / "figures")]
     label = logdir.name or str(logdir)

@@ -21,9 +21,10 @@ from analysis.predict.whatif import (
 )
 from analysis.report.markdown import md_table
 from analysis.runs.load import LoadedRun
-from analysis.runs.setup import RunSetup
 from analysis.theory import comm
 from analysis.theory.costs import memory_estimate
+from analysis.theory.setup import RunSetup
+from analysis.theory.units import number
 
 # ---------------------------------------------------------------------------- report sections
 
@@ -45,10 +46,6 @@ REPORT_RATES_MBIT = (100.0, 1000.0, 10000.0)
 
 REPORT_GPU_MEM_GB = (16.0, 40.0, 80.0)
 """GPU memories of the report's memory crossover."""
-
-
-def _ms(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:,.1f}"
 
 
 def _calibration_lines(cal: Calibration) -> list[str]:
@@ -96,7 +93,7 @@ def _memory_lines(rows: Sequence[RunMetrics], runs: Sequence[LoadedRun]) -> list
                 f"{mem.state_bytes / 2**20:.1f}",
                 f"{mem.activation_bytes / 2**20:.1f}",
                 f"{mem.total_bytes / 2**20:.1f}",
-                _ms(row.peak_mem_mb),
+                number(row.peak_mem_mb, missing="n/a"),
                 model_diff,
                 meas_diff,
             ]
@@ -160,7 +157,7 @@ def report_sections(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics]) -> Re
         how = p.method + (f" on {', '.join(p.anchors)}" if p.anchors else "")
         err = f"{r.error:+.1%}" if r.error is not None else "n/a"
         name = r.name + (f" (mean of {r.repeats})" if r.repeats > 1 else "")
-        table.append([name, how, f"{r.measured_ms:,.1f}", _ms(p.iter_ms), err])
+        table.append([name, how, f"{r.measured_ms:,.1f}", number(p.iter_ms, missing="n/a"), err])
     md += md_table(["run", "predicted from", "measured ms", "predicted ms", "error"], table)
     md.append("")
     for r in loo:
@@ -199,10 +196,14 @@ def report_sections(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics]) -> Re
                 cells.append(f"n/a ({exc})")
                 continue
             preds[(st, rate)] = p
-            cells.append(f"{_ms(p.iter_ms)} {p.method[0] if p.iter_ms else ''}".strip())
+            cells.append(
+                f"{number(p.iter_ms, missing='n/a')} {p.method[0] if p.iter_ms else ''}".strip()
+            )
         try:
             p = predict(what_if(ref, st, 2 * nodes, rpn, rate0), cal)
-            cells.append(f"{_ms(p.iter_ms)} {p.method[0] if p.iter_ms else ''}".strip())
+            cells.append(
+                f"{number(p.iter_ms, missing='n/a')} {p.method[0] if p.iter_ms else ''}".strip()
+            )
         except ValueError as exc:
             cells.append(f"n/a ({exc})")
         table.append(cells)

@@ -1,2 +1,3 @@
 """Runs as found on disk: discovery of run directories and bare logs, the run record (``run.json``),
-the resolved setup of each run, and the problems found while loading."""
+the setup resolved from every source of a run, which runs are repeats of one spec, and the
+problems found while loading."""

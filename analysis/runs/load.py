@@ -29,11 +29,12 @@ from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
+from analysis.parse.reader import merge_runs, parse_file, parse_stream
 from analysis.parse.records import ParsedRun, int_values
 from analysis.runs.problems import Problem
 from analysis.runs.record import Outcome, RunRecord, RunRecordError, from_json
-from analysis.runs.setup import Precision, RunSetup
 from analysis.theory.formulas import RATE_IN_NAME, model_table, padded_vocab_size, parse_rate
+from analysis.theory.setup import Precision, RunSetup
 
 Status = Literal["completed", "failed", "incomplete", "interrupted", "running"]
 """Run status: the parser's three plus the launcher's ``interrupted``/``running`` (run.json)."""
@@ -449,8 +450,6 @@ class _HeadReader:
 
 def _parse_one(path: Path) -> tuple[list[ParsedRun], str]:
     """A log's runs and the first ``_HEAD_CHARS`` characters of its text, in one read."""
-    from analysis.parse.reader import parse_file, parse_stream
-
     try:
         fh = path.open("rb")
     except OSError:
@@ -464,8 +463,6 @@ def _parse_one(path: Path) -> tuple[list[ParsedRun], str]:
 def _parse_all(paths: list[Path], problems: list[Problem]) -> tuple[list[ParsedRun], str]:
     """Parse each file and merge the k-th run of every file into one run (per-node logs);
     also the heads of the files' text, joined."""
-    from analysis.parse.reader import merge_runs
-
     parsed = [_parse_one(p) for p in paths]
     per_file = [runs for runs, _head in parsed]
     count = max((len(runs) for runs in per_file), default=0)

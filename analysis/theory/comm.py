@@ -39,8 +39,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from analysis.runs.setup import RunSetup
 from analysis.theory.formulas import ring_factor
+from analysis.theory.setup import RunSetup
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
 Backend = Literal["nccl", "gloo"]

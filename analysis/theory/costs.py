@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from analysis.runs.setup import RunSetup
 from analysis.theory import comm
 from analysis.theory.formulas import layer_macs, zero_state_bytes
+from analysis.theory.setup import RunSetup
 
 ComputeKind = Literal["base", "tp", "zero3"]
 """Compute calibration classes: TP shards matmuls and adds in-layer all-reduces; ZeRO-3 adds

@@ -1,6 +1,6 @@
-"""What a run was: the setup that ``runs.load`` resolves from every source of a run (run.json,
-the command line, the DeepSpeed config, the log), and that the byte, time and memory models
-(``comm``, ``costs``, ``calibration``, ``prediction``, ``whatif``) read."""
+"""What a run was: the setup that ``analysis.runs.load`` resolves from every source of a run
+(run.json, the command line, the DeepSpeed config, the log), and that the byte, time and memory
+models (``comm``, ``costs``, ``calibration``, ``prediction``, ``whatif``) read."""
 
 from __future__ import annotations
 
