@@ -16,17 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from analysis.metrics.stats import describe
 
 from analysis.metrics import repeats
 from analysis.metrics.repeats import repeat_sets, speedup_model
 from analysis.metrics.rows import RunMetrics
 from analysis.metrics.speedup import speedup_interval
+from analysis.metrics.stats import describe
 from analysis.report import build as report
 from launchers import cli
 from launchers.config.hostfile import parse_hostfile_text
 from launchers.config.presets import resolve_spec
-from launchers.lab.session import Repeat, interleaved, repeat_group, run_specs
+from launchers.run.matrix import Repeat, interleaved, repeat_group, run_specs
 from launchers.run.render import render_run_dir
 
 # --------------------------------------------------------------------------- launcher
