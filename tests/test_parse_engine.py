@@ -18,13 +18,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from analysis.parse import keywords, scan, scan_bytes, scan_readers, scan_shapes
+from analysis.parse import reader as parse
+from analysis.parse.columns import Column, json_text
+from analysis.parse.rules import _LATE_CONFIG_LINES, KW
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
-
-from analysis.parse import reader as parse
-from analysis.parse import scan, scan_bytes
-from analysis.parse.columns import Column, json_text
-from analysis.parse.rules import _KW, _LATE_CONFIG_LINES
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = REPO.parent / "shared" / "lab-logs"
@@ -104,9 +103,9 @@ def test_bulk_path_reads_most_lines_in_bulk(tmp_path, monkeypatch):
     path = tmp_path / "dense.log"
     written = loggen.write_dense(path, 2, LAB)
     fed = []
-    real = parse._Core.feed
+    real = parse.Core.feed
     monkeypatch.setattr(
-        parse._Core, "feed", lambda self, n, raw, **kw: (fed.append(n), real(self, n, raw, **kw))
+        parse.Core, "feed", lambda self, n, raw, **kw: (fed.append(n), real(self, n, raw, **kw))
     )
     parse.parse_file(path)
     assert len(fed) < written.lines / 20, f"{len(fed)} of {written.lines} lines fed one by one"
@@ -123,13 +122,13 @@ def test_bulk_steps_read_each_byte_once(tmp_path, monkeypatch):
     loggen.write_dense(path, 3, LAB)
     monkeypatch.setattr(scan, "SEG_MAX", 1 << 16)  # many steps, many limits inside a block
     looked = []
-    real = scan._Bulk._segment
+    real = scan.Bulk._segment
 
     def segment(self, block, pos, limit, *a, **k):
         looked.append(limit - pos)
         return real(self, block, pos, limit, *a, **k)
 
-    monkeypatch.setattr(scan._Bulk, "_segment", segment)
+    monkeypatch.setattr(scan.Bulk, "_segment", segment)
     parse.parse_file(path)
     size = path.stat().st_size
     assert len(looked) > 40
@@ -148,19 +147,19 @@ def test_the_line_path_does_not_scan_the_chunk_again_after_each_bulk_step(tmp_pa
     loggen.write_dense(path, 3, LAB)
     monkeypatch.setattr(scan, "SEG_MAX", 1 << 16)  # many bulk steps
     steps, scans = [], []
-    real_advance, real_first = scan._Bulk.advance, scan_bytes.Keywords.first
+    real_advance, real_first = scan.Bulk.advance, keywords.Keywords.first
 
     def advance(self, *a, **k):
         steps.append(1)
         return real_advance(self, *a, **k)
 
     def first(self, block, pos, end, pipe, once=False):
-        if self is _KW and not once:
+        if self is KW and not once:
             scans.append(end - pos)
         return real_first(self, block, pos, end, pipe, once)
 
-    monkeypatch.setattr(scan._Bulk, "advance", advance)
-    monkeypatch.setattr(scan_bytes.Keywords, "first", first)
+    monkeypatch.setattr(scan.Bulk, "advance", advance)
+    monkeypatch.setattr(keywords.Keywords, "first", first)
     parse.parse_file(path)
     assert len(steps) > 40
     assert len(scans) <= 2, f"{len(scans)} scans of {sum(scans)} bytes in {len(steps)} steps"
@@ -409,9 +408,9 @@ def test_interleaved_streams_bulk_attributes_per_stream(tmp_path, small_chunks, 
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (run,) = _three_ways(path)
     fed = []
-    real = parse._Core.feed
+    real = parse.Core.feed
     monkeypatch.setattr(
-        parse._Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
+        parse.Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
     )
     parse.parse_file(path)
     assert len(fed) < len(lines) / 2, f"{len(fed)} of {len(lines)} lines fed one by one"
@@ -532,17 +531,17 @@ _KW_PIECES = [
 def test_keyword_scan_equals_a_loop_over_anchor_bytes(pieces, data, misses):
     """Also when the scan searches a keyword whole after ``misses`` anchor bytes in a row."""
     block = "".join(pieces).encode()
-    was = scan_bytes._MISSES, scan_bytes._DENSE_GAP
-    scan_bytes._MISSES, scan_bytes._DENSE_GAP = misses, 1 << 20
+    was = keywords._MISSES, keywords._DENSE_GAP
+    keywords._MISSES, keywords._DENSE_GAP = misses, 1 << 20
     try:
         _check_keyword_scan(block, data)
     finally:
-        scan_bytes._MISSES, scan_bytes._DENSE_GAP = was
+        keywords._MISSES, keywords._DENSE_GAP = was
 
 
 def _check_keyword_scan(block: bytes, data) -> None:
-    rare = scan.Keywords(tuple(k for k in _KW.keywords if k not in ("|", "(ms)", "(s)")))
-    for kw, pipe in ((_KW, False), (_KW, True), (rare, False)):
+    rare = keywords.Keywords(tuple(k for k in KW.keywords if k not in ("|", "(ms)", "(s)")))
+    for kw, pipe in ((KW, False), (KW, True), (rare, False)):
         anchors = kw.pipe_anchors if pipe else kw.anchors
         pos = data.draw(st.integers(0, len(block)))
         # An end just after an anchor byte half of the time (a keyword cut by the end).
@@ -587,7 +586,6 @@ def test_attribution_in_pieces_equals_one_piece(tmp_path, monkeypatch):
     kept whole) give the runs attributed in one piece; so do timer tables joined value by value
     (not by a copy of the storage into empty columns, nor by joining differences)."""
     import loggen
-
     from analysis.parse import columns, storage
 
     logs = [*_logs(LAB), *_logs(EXTERNAL), tmp_path / "ranks.log"]
@@ -776,7 +774,6 @@ def test_column_ints_with_a_none_mask_hold_what_extend_holds(first, second, delt
     ``extend`` of the same values holds, given as int64 or in the narrowest width that holds
     them (as the attribution gives int32)."""
     import numpy as np
-
     from analysis.parse import columns
 
     a, b = Column("i", delta=delta), Column("i", delta=delta)
@@ -817,7 +814,6 @@ def test_column_take_gives_the_values_at_the_order(args):
     """``take(order)`` holds the values at ``order``, exactly, whatever the storage (delta
     columns whose running sums fit int32 are taken a few at a time)."""
     import numpy as np
-
     from analysis.parse import columns
 
     kind, delta, values, rnd, piece = args
@@ -874,7 +870,6 @@ def test_small_ints_are_the_ints_in_fewer_bytes(values, delta, piece):
 @given(st.lists(st.booleans(), max_size=60), st.integers(1, 7))
 def test_rows_of_a_mask_found_in_pieces(mask, piece):
     import numpy as np
-
     from analysis.parse import storage
 
     old = storage._PIECE
@@ -922,7 +917,6 @@ def test_sort_order_of_two_sorted_runs_is_the_stable_argsort(first, second, sort
     """``_merge_order`` (two sorted runs merged a few at a time, or anything else) gives the
     order of a stable ``np.argsort``."""
     import numpy as np
-
     from analysis.parse import records
 
     keys = np.array((sorted(first) + sorted(second)) if sort_runs else first + second)
@@ -979,9 +973,9 @@ def test_deepspeed_memory_lines_read_in_bulk_as_the_line_path_reads_them(
     if chunks == "small":
         return  # (segments of a few lines: how many the bulk path takes is not the point)
     fed = []
-    real = parse._Core.feed
+    real = parse.Core.feed
     monkeypatch.setattr(
-        parse._Core, "feed", lambda self, k, raw, **kw: (fed.append(raw), real(self, k, raw, **kw))
+        parse.Core, "feed", lambda self, k, raw, **kw: (fed.append(raw), real(self, k, raw, **kw))
     )
     parse.parse_file(path)
     first = _ALLOC_LINES[0].split("{")[0]
@@ -1013,7 +1007,7 @@ def _long_run(path: Path, lines_of: Callable[[int], list[str]]) -> dict:
 
 
 # Lines holding a keyword the lines read in bulk do not need (an error, a kill, a launcher
-# exit): among the lines a bulk step takes (where it changes nothing: ``_Core._dispatch``
+# exit): among the lines a bulk step takes (where it changes nothing: ``Core._dispatch``
 # reads them by their kind first), and on their own, where the line path must read them.
 _DIRTY_LINES = {
     "deepspeed name": ["node1: [Rank 0] time (ms) | fwd: {v} | Killed: 2.0"],
@@ -1101,14 +1095,18 @@ def test_iteration_lines_with_whitespace_after_the_last_bar_are_read_in_bulk(
     assert len(run["iterations"]) == n
     assert run["iterations"][-1]["iteration"] == n
     # (The first lines are read by the line path: ``_LATE_CONFIG_LINES``.)
-    assert _read_by(tmp_path / "ends.log", monkeypatch, "_iteration_lines") > 0.4 * n
+    assert _read_by(tmp_path / "ends.log", monkeypatch, "iteration_lines") > 0.4 * n
     # ... by the pattern learned in the first bulk step (that step reads them one by one):
     # in a run four times as long, most of them.
     longer = tmp_path / "longer.log"
     text = "".join(f"{x}\n" for i in range(1, 4 * n + 1) for x in lines_of(i, 4 * n + 10))
     longer.write_text("node0: training ...\nnode1: training ...\n" + text, encoding="utf-8")
     learned = _read_by(
-        longer, monkeypatch, "_iteration_patterns", count=lambda got: sum(map(len, got[0]))
+        longer,
+        monkeypatch,
+        "iteration_patterns",
+        owner=scan_shapes.BulkShapes,
+        count=lambda got: sum(map(len, got[0])),
     )
     assert learned > 2 * n, f"{learned} of {4 * n} iteration lines read by the pattern"
 
@@ -1203,9 +1201,9 @@ def test_deepspeed_lines_are_read_in_bulk_at_every_offset_and_rank_width(
     assert len(ds) == n * len(heads)
     assert ranks == {int(h.split("[Rank ")[1].split("]")[0]) for h in heads}
     fed = []
-    real = parse._Core.feed
+    real = parse.Core.feed
     monkeypatch.setattr(
-        parse._Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
+        parse.Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
     )
     parse.parse_file(tmp_path / "heads.log")
     # The first lines (``_LATE_CONFIG_LINES``), and a line of each iteration in two forms:
@@ -1276,7 +1274,7 @@ def _blocks_read_at_once(
         path,
         monkeypatch,
         reader,
-        owner=scan_bytes._BlockPattern,
+        owner=scan_bytes.BlockPattern,
         count=lambda got: int(got[0].sum()),  # (taken, ..., values)
     )
     assert at_once > n * 0.6, f"{at_once} of {n} blocks read at once"
@@ -1373,12 +1371,14 @@ def test_blocks_of_every_rank_are_read_in_bulk(tmp_path, monkeypatch, inside):
     (run,) = _three_ways(path)
     megatron = [t for t in run["timers"] if t["source"] == "megatron"]
     fed, by_line = [], []
-    real, read_block = parse._Core.feed, scan._Bulk._read_block
+    real, read_block = parse.Core.feed, scan_readers.BulkReaders.read_block
     monkeypatch.setattr(
-        parse._Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
+        parse.Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
     )
     monkeypatch.setattr(
-        scan._Bulk, "_read_block", lambda self, *a: (by_line.append(a), read_block(self, *a))[1]
+        scan_readers.BulkReaders,
+        "read_block",
+        lambda self, *a: (by_line.append(a), read_block(self, *a))[1],
     )
     parse.parse_file(path)
     if inside == "its own rank's line":
@@ -1502,12 +1502,12 @@ def test_pipeline_step_lines_of_every_step_are_read_in_bulk(tmp_path, monkeypatc
         assert [s["step"] for s in steps] == list(range(1, n + 1))  # (the others: as read)
     assert steps[1] == {"step": 2, "loss": 3.02, "iter_ms": 202.0, "samples_per_s": 34.2,
                         "line": 7}  # fmt: skip
-    read = _read_by(path, monkeypatch, "_steps_lines")
+    read = _read_by(path, monkeypatch, "steps_lines")
     # (The first lines are read in full: ``_LATE_CONFIG_LINES``; an odd form's step lines
     # are read one by one, in bulk, except one that the line path reads otherwise.)
     assert read > n - _LATE_CONFIG_LINES / 3 - n / 11, f"{read} of {n} read in bulk"
     if forms == "read at once":
-        fast = _read_by(path, monkeypatch, "_steps_fast")
+        fast = _read_by(path, monkeypatch, "steps_fast")
         assert fast == read, f"{fast} of {read} read by the step pattern"
 
 
@@ -1524,9 +1524,9 @@ def test_bulk_steps_that_end_at_once_hand_stretches_to_the_line_path(tmp_path, m
     (run,) = _three_ways(path)
     assert len(run["iterations"]) == n
     looks = []
-    real = scan._Bulk.advance
+    real = scan.Bulk.advance
     monkeypatch.setattr(
-        scan._Bulk, "advance", lambda self, *a: (looks.append(a[1]), real(self, *a))[1]
+        scan.Bulk, "advance", lambda self, *a: (looks.append(a[1]), real(self, *a))[1]
     )
     parse.parse_file(path)
     assert len(looks) < n / 20, f"{len(looks)} bulk steps for {n} iterations"
@@ -1562,9 +1562,9 @@ def test_mpirun_tagged_logs_are_read_in_bulk(tmp_path, monkeypatch, form):
     assert [it["iteration"] for it in run["iterations"]] == list(range(1, n + 1))
     assert sum(t["source"] == "megatron" for t in run["timers"]) == n
     fed, by_text = [], []
-    real, real_demux = parse._Core.feed, parse.Demux.lines
+    real, real_demux = parse.Core.feed, parse.Demux.lines
     monkeypatch.setattr(
-        parse._Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
+        parse.Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
     )
     monkeypatch.setattr(
         parse.Demux, "lines", lambda self, x: (by_text.append(x), real_demux(self, x))[1]
@@ -1594,12 +1594,12 @@ _MEM_FORMS = {
 def _read_by(
     path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    reader: str = "_mem_bulk",
-    owner: type = scan._Bulk,
+    reader: str = "mem_bulk",
+    owner: type = scan_readers.BulkReaders,
     count: Callable[[Any], int] = lambda got: len(got) if got is not None else 0,
 ) -> int:
     """Lines of ``path`` that a reader of the bulk path read (by default the reader of many
-    memory reports, ``_mem_bulk``), a method of ``owner``: ``count`` of what each call gave."""
+    memory reports, ``mem_bulk``), a method of ``owner``: ``count`` of what each call gave."""
     in_bulk = []
     real = getattr(owner, reader)
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from analysis.parse import reader as parse
 from analysis.parse.reader import parse_text
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 
@@ -84,7 +83,7 @@ def test_strict_mode_lets_a_handler_exception_through(monkeypatch):
     def broken(self, *args, **kwargs):
         raise ZeroDivisionError("injected")
 
-    monkeypatch.setattr(parse._Core, "_iteration_text", broken)
+    monkeypatch.setattr(parse.Core, "_iteration_text", broken)
     text = "training ...\n" + _ITER_LINES[0] + "\n"
     with pytest.raises(ZeroDivisionError, match="injected"):
         parse_text(text)

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from test_metrics import DP2_WINDOWS, SETUP, dp2_parsed, loaded
-
 from analysis.report import build as report
 from analysis.runs import load
 from analysis.theory import setup as run_setup
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_metrics import DP2_WINDOWS, SETUP, dp2_parsed, loaded
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 GOLDEN = Path(__file__).parent / "golden" / "report"
@@ -283,22 +281,6 @@ def test_main_prints_the_executive_summary(tmp_path, capsys):
     assert len(lines) == md.split("## Executive summary", 1)[1].split("\n## ", 1)[0].count("- **")
 
 
-_FREED = """
-import sys
-sys.path.insert(0, sys.argv[2])
-from analysis.parse.malloc import return_freed_memory
-import numpy as np
-if sys.argv[1] == "fixed":
-    assert return_freed_memory()
-a = np.ones(2 << 20)  # 16 MiB, freed: glibc raises its mmap threshold to that size
-del a
-columns = [np.ones(1 << 17) for _ in range(200)]  # 200 x 1 MiB, then all but the last freed
-del columns[:-1]
-with open("/proc/self/statm") as f:
-    print(int(f.read().split()[1]) * 4096 // 2**20)
-"""
-
-
 def test_the_report_parses_the_logs_before_it_imports_pandas():
     """pandas takes 40 MiB: imported once the logs are parsed (for the one DataFrame), it is
     not resident at the parse's peak (the 64-rank stress log's report: 380 -> 343 MiB)."""
@@ -308,60 +290,3 @@ def test_the_report_parses_the_logs_before_it_imports_pandas():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo
     ).stdout
     assert out.strip() == "False"
-
-
-_READING = """
-import contextlib, resource, sys
-sys.path.insert(0, sys.argv[2])
-from analysis.parse.malloc import reading, return_freed_memory
-import numpy as np
-assert return_freed_memory()
-f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-with reading() if sys.argv[1] == "reading" else contextlib.nullcontext():
-    for _ in range(300):  # a step's arrays: 1 MiB, written, freed
-        a = np.ones(1 << 17)
-        del a
-    kept = [np.ones(1 << 16) for _ in range(100)]  # 100 x 512 KiB, freed before the end
-    pin = np.ones(1 << 14)  # above them in the heap, kept: they are no top to trim
-    del kept
-faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
-with open("/proc/self/statm") as f:
-    print(faults, int(f.read().split()[1]) * 4096 // 2**20)
-"""
-
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the mmap threshold is glibc's")
-def test_a_log_is_read_without_fresh_pages_for_each_block_and_gives_them_back_after():
-    """While a log is read (``reading``), middle-sized blocks freed and allocated again come
-    from the heap (no page faults for each), and the heap's free pages are given back after."""
-    repo = str(Path(__file__).resolve().parents[1])
-    got = {}
-    for how in ("fixed", "reading"):
-        out = subprocess.run(
-            [sys.executable, "-c", _READING, how, repo], capture_output=True, text=True, check=True
-        ).stdout.split()
-        got[how] = (int(out[0]), int(out[1]))
-    faults, rss = got["fixed"]
-    faults_reading, rss_reading = got["reading"]
-    assert faults > 300 * 256 * 0.9, got  # every 1 MiB block mapped afresh: 256 pages each
-    assert faults_reading < faults / 4, got
-    assert rss_reading < rss + 20, got  # the 50 MiB freed in the heap went back
-
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the mmap threshold is glibc's")
-def test_the_analysis_gives_freed_columns_back_to_the_system():
-    """After a large block is freed, glibc keeps the freed 1 MiB columns of a phase resident;
-    with the threshold the report and the parser fix, they go back to the system."""
-    repo = str(Path(__file__).resolve().parents[1])
-    rss = {
-        how: int(
-            subprocess.run(
-                [sys.executable, "-c", _FREED, how, repo],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-        )
-        for how in ("dynamic", "fixed")
-    }
-    assert rss["dynamic"] > rss["fixed"] + 150, rss

@@ -1,4 +1,4 @@
-"""The log parser's state machine: one ``_Core`` per log, fed line by line (or by the bulk
+"""The log parser's state machine: one ``Core`` per log, fed line by line (or by the bulk
 scanner), keeping one stream state per rank/node prefix. See ``analysis.parse.reader``.
 """
 
@@ -9,7 +9,7 @@ import shlex
 from array import array
 from typing import Any
 
-from analysis.parse.failures import _CoreFailures
+from analysis.parse.failures import fail, launcher_exit, list_traceback_end, outcome, ssh_exit
 from analysis.parse.lines import (
     MAX_LINE_CHARS,
     norm_key,
@@ -19,8 +19,10 @@ from analysis.parse.lines import (
     to_int,
     typed_value,
 )
-from analysis.parse.merge import _finish
+from analysis.parse.merge import finished_run
 from analysis.parse.records import (
+    Failure,
+    FailureKind,
     Iteration,
     Memory,
     ParsedRun,
@@ -28,55 +30,62 @@ from analysis.parse.records import (
     TimerBlock,
 )
 from analysis.parse.rules import (
-    _AFTER_RE,
-    _ARG_RE,
-    _DS_CFG_LINE_RE,
-    _DS_INFO_RE,
-    _DS_LOGGER_RE,
-    _GIT_RE,
-    _GLUE_RE,
-    _INT_FIELDS,
-    _ITER_FIELDS,
-    _ITER_RE,
-    _JSON_MAX_LINES,
-    _MEGATRON_PLAIN_NAMES,
-    _MEM_HEAD_RE,
-    _MEMALLOC_RE,
-    _PARAMS_RE,
-    _RANK_RE,
-    _SEE_MEM_RE,
-    _STEPS_RE,
-    _STRICT,
-    _TIMER_HEAD_RE,
-    _TIMER_LINE_RE,
-    _TIMER_NAME_RE,
-    _TIMER_RANK_RE,
-    _TRACEBACK_MAX_LINES,
-    _VERSION_RE,
-    _VOCAB_RE,
-    _WRAP_MAX_LINES,
-    _continues,
-    _elapsed_ms,
-    _join_wrapped,
-    _record_complete,
-    _Run,
-    _Stream,
-    _tflops,
+    AFTER_RE,
+    ARG_RE,
+    DS_CFG_LINE_RE,
+    DS_INFO_RE,
+    DS_LOGGER_RE,
+    EXC_NAME_SUFFIX,
+    EXC_RE,
+    GIT_RE,
+    GLUE_RE,
+    INT_FIELDS,
+    ITER_FIELDS,
+    ITER_RE,
+    JSON_MAX_LINES,
+    KILLED_RE,
+    MEGATRON_PLAIN_NAMES,
+    MEM_HEAD_RE,
+    MEMALLOC_RE,
+    NCCL_RE,
+    OOM_RE,
+    PARAMS_RE,
+    RANK_RE,
+    SEE_MEM_RE,
+    SLURM_RE,
+    STEPS_RE,
+    STRICT,
+    TIMER_HEAD_RE,
+    TIMER_LINE_RE,
+    TIMER_NAME_RE,
+    TIMER_RANK_RE,
+    TRACEBACK_MAX_LINES,
+    VERSION_RE,
+    VOCAB_RE,
+    WRAP_MAX_LINES,
+    RunState,
+    StreamState,
+    classify_failure,
+    continues_record,
+    join_wrapped,
+    record_complete,
+    to_elapsed_ms,
+    to_tflops,
 )
 
 
-class _Core(_CoreFailures):
+class Core:
     """The line-by-line state machine shared by every entry point."""
 
     def __init__(self, source: str) -> None:
         self.source = source
         self.runs: list[ParsedRun] = []
-        self.run = _Run(source=source, first_line=1)
-        self.streams: dict[str, _Stream] = {}
+        self.run = RunState(source=source, first_line=1)
+        self.streams: dict[str, StreamState] = {}
         self.open_blocks = 0
         self.timer_keys: set[str] = set()
         self.truncated = 0
-        self.strict = _STRICT.get()
+        self.strict = STRICT.get()
         self.line = 0
 
     # -- driver interface -------------------------------------------------------------------
@@ -138,10 +147,10 @@ class _Core(_CoreFailures):
         if dispatch:
             self._dispatch(key, text, lineno)
 
-    def _open(self, key: str, mode: str, lineno: int) -> _Stream:
+    def _open(self, key: str, mode: str, lineno: int) -> StreamState:
         st = self.streams.get(key)
         if st is None:
-            st = self.streams[key] = _Stream()
+            st = self.streams[key] = StreamState()
         if st.mode is None:
             self.open_blocks += 1
         st.mode = mode
@@ -159,7 +168,7 @@ class _Core(_CoreFailures):
         st.offset = 0
         return st
 
-    def _close(self, st: _Stream) -> None:
+    def _close(self, st: StreamState) -> None:
         if st.mode is not None:
             self.open_blocks -= 1
         if st.mode == "timer":
@@ -171,7 +180,7 @@ class _Core(_CoreFailures):
     def _dispatch(self, key: str, text: str, lineno: int) -> None:
         run = self.run
         if "# run outcome" in text:
-            self._outcome(key, text, lineno)
+            outcome(self.run, key, text, lineno)
             return
         if "iteration" in text and self._iteration_line(key, text, lineno):
             if "|" in text:
@@ -184,7 +193,7 @@ class _Core(_CoreFailures):
             self._single_line_timers(key, text, lineno)
             return
         if "across ranks (ms)" in text:
-            m = _TIMER_HEAD_RE.search(text)
+            m = TIMER_HEAD_RE.search(text)
             if m:
                 st = self._open(key, "timer", lineno)
                 st.timer_kind = m.group(1)
@@ -193,9 +202,9 @@ class _Core(_CoreFailures):
             self._megatron_memory(text, lineno)
             return
         if "MemAllocated=" in text:
-            m = _MEMALLOC_RE.search(text)
+            m = MEMALLOC_RE.search(text)
             if m:
-                rank = _RANK_RE.search(text)
+                rank = RANK_RE.search(text)
                 self.run.memory_other.append(
                     Memory(
                         rank=int(rank.group(1)) if rank else None,
@@ -207,7 +216,7 @@ class _Core(_CoreFailures):
                 )
                 return
         if "Max_MA" in text:
-            m = _SEE_MEM_RE.search(text)
+            m = SEE_MEM_RE.search(text)
             if m:
                 # see_memory_usage prints bytes / 1024**3 rounded to 2 decimals ("GB"; Max_CA
                 # rounded to a whole number), so * 1024 gives MiB to that precision.
@@ -227,10 +236,10 @@ class _Core(_CoreFailures):
         if self._failure_line(key, text, lineno):
             return
         if "exits" in text:
-            self._launcher_exit(key, text, lineno)
+            launcher_exit(self.run, key, text, lineno)
             return
         if "ssh exited" in text:
-            self._ssh_exit(key, text, lineno)
+            ssh_exit(self.run, key, text, lineno)
             return
         if (
             run.training
@@ -244,12 +253,12 @@ class _Core(_CoreFailures):
 
     # -- multi-line blocks ------------------------------------------------------------------
 
-    def _continue_block(self, key: str, st: _Stream, text: str, lineno: int) -> bool:
+    def _continue_block(self, key: str, st: StreamState, text: str, lineno: int) -> bool:
         """Feed a line to the open block of its stream; False if the block ended before it."""
         st.lines += 1
         mode = st.mode
         if mode == "timer":
-            m = _TIMER_LINE_RE.match(text)
+            m = TIMER_LINE_RE.match(text)
             if m and st.timer_kind != "times":
                 a = to_float(m.group(2))
                 b = to_float(m.group(3)) if m.group(3) else None
@@ -257,14 +266,14 @@ class _Core(_CoreFailures):
                     st.timer_values[m.group(1).strip()] = (a, b) if b is not None else a
                     return True
             if st.timer_kind == "times":
-                r = _TIMER_RANK_RE.match(text)
+                r = TIMER_RANK_RE.match(text)
                 if r and st.timer_name is not None:
                     v = to_float(r.group(2))
                     if v is not None:
                         lo, hi = st.timer_values.get(st.timer_name, (v, v))
                         st.timer_values[st.timer_name] = (min(lo, v), max(hi, v))
                     return True
-                n = _TIMER_NAME_RE.match(text)
+                n = TIMER_NAME_RE.match(text)
                 if n:
                     st.timer_name = n.group(1).strip()
                     return True
@@ -275,7 +284,7 @@ class _Core(_CoreFailures):
                 self._close(st)
                 self._config_read()
                 return True
-            m = _ARG_RE.match(text)
+            m = ARG_RE.match(text)
             if m:
                 self.run.args[m.group(1)] = typed_value(m.group(2))
                 return True
@@ -285,11 +294,11 @@ class _Core(_CoreFailures):
                 return False
             return True  # interleaved text inside the dump is ignored
         if mode == "engine":
-            body = _DS_LOGGER_RE.sub("", text, count=1)
+            body = DS_LOGGER_RE.sub("", text, count=1)
             if "json =" in body:
                 self._close(st)
                 return False
-            m = _DS_CFG_LINE_RE.match(body)
+            m = DS_CFG_LINE_RE.match(body)
             if m and "print" in text:
                 self.run.ds_engine[m.group(1)] = typed_value(m.group(3))
                 return True
@@ -298,29 +307,29 @@ class _Core(_CoreFailures):
         if mode == "json":
             st.buf.append(text)
             st.depth += text.count("{") - text.count("}")
-            if st.depth <= 0 or st.lines > _JSON_MAX_LINES:
+            if st.depth <= 0 or st.lines > JSON_MAX_LINES:
                 self._close_block(key, st, lineno)
             return True
         if mode == "traceback":
             return self._traceback_line(key, st, text, lineno)
         if mode == "wrap":
-            if _continues(text) and st.lines <= _WRAP_MAX_LINES:
+            if continues_record(text) and st.lines <= WRAP_MAX_LINES:
                 st.buf.append(text)
-                joined = _join_wrapped(st.buf)
-                if _record_complete(joined, st.timer_kind == "timer"):
+                joined = join_wrapped(st.buf)
+                if record_complete(joined, st.timer_kind == "timer"):
                     self._close_block(key, st, lineno)
                 return True
             self._close_block(key, st, lineno)
             return False
         if mode == "listtb":
             st.buf.append(text)
-            if text.rstrip().endswith("]") or st.lines > _TRACEBACK_MAX_LINES:
+            if text.rstrip().endswith("]") or st.lines > TRACEBACK_MAX_LINES:
                 self._close_block(key, st, lineno)
             return True
         self._close(st)
         return False
 
-    def _close_block(self, key: str, st: _Stream, lineno: int, eof: bool = False) -> None:
+    def _close_block(self, key: str, st: StreamState, lineno: int, eof: bool = False) -> None:
         mode = st.mode
         if mode == "timer":
             if st.timer_values:
@@ -336,7 +345,7 @@ class _Core(_CoreFailures):
             self._json_dump("\n".join(st.buf), st.start_line)
         elif mode == "wrap":
             # Closed before the handlers run: they may open a block of their own.
-            joined, start, kind = _join_wrapped(st.buf), st.start_line, st.timer_kind
+            joined, start, kind = join_wrapped(st.buf), st.start_line, st.timer_kind
             self._close(st)
             if kind == "timer":
                 self._single_line_timers(key, joined, start, allow_wrap=False)
@@ -347,7 +356,7 @@ class _Core(_CoreFailures):
             # A list's repr is one logical line: a viewer cut it wherever the width fell.
             joined, start = "".join(st.buf)[st.offset :], st.start_line
             self._close(st)
-            self._list_traceback_end(key, joined, start, eof)
+            list_traceback_end(self.run, key, joined, start, eof)
             return
         elif mode == "traceback" and eof:
             self.run.problems.append(
@@ -360,7 +369,7 @@ class _Core(_CoreFailures):
     # -- iterations -------------------------------------------------------------------------
 
     def _iteration_line(self, key: str, text: str, lineno: int) -> bool:
-        matches = list(_GLUE_RE.finditer(text))
+        matches = list(GLUE_RE.finditer(text))
         lead = text[: matches[0].start()] if matches else ""
         if len(matches) > 1 or "time (ms)" in lead or "memory (MB)" in lead:
             # Several records glued on one line: split at each `iteration k/N`.
@@ -374,7 +383,7 @@ class _Core(_CoreFailures):
         return self._iteration_text(key, text, lineno, allow_wrap=True)
 
     def _iteration_text(self, key: str, text: str, lineno: int, allow_wrap: bool) -> bool:
-        m = _ITER_RE.search(text)
+        m = ITER_RE.search(text)
         if m is None:
             return False
         rest = text[m.end() - len(m.group(4)) :]
@@ -385,7 +394,7 @@ class _Core(_CoreFailures):
             return False  # prose: "validation loss at iteration 137650 on ..."
         if "|" not in rest and "=" not in rest:
             return False  # prose that mentions an iteration, not an iteration record
-        if allow_wrap and "|" in rest and not _record_complete(text):
+        if allow_wrap and "|" in rest and not record_complete(text):
             st = self._open(key, "wrap", lineno)
             st.buf = [text]
             st.timer_kind = "iteration"
@@ -401,18 +410,18 @@ class _Core(_CoreFailures):
         values: dict[str, Any] = {}
         for raw_key, raw_value in parse_pairs(rest):
             k = norm_key(raw_key)
-            if k in _ITER_FIELDS:
-                name = _ITER_FIELDS[k]
+            if k in ITER_FIELDS:
+                name = ITER_FIELDS[k]
                 if name == "lm_loss" and k == "loss" and "lm_loss" in values:
                     continue
-                num = to_int(raw_value) if name in _INT_FIELDS else to_float(raw_value)
+                num = to_int(raw_value) if name in INT_FIELDS else to_float(raw_value)
                 if num is None and raw_value.strip().lower() in ("nan", "inf", "-inf"):
                     self.run.problems.append(f"line {lineno}: {raw_key} printed as {raw_value}")
                 values[name] = num
             elif k == "approx flops per gpu":  # GPT-NeoX: `approx flops per GPU: 112.9TFLOPS`
-                values["tflops"] = _tflops(raw_value)
+                values["tflops"] = to_tflops(raw_value)
             elif k.startswith(("elapsed", "iteration time", "step time", "time per iteration")):
-                ms = _elapsed_ms(k, raw_value)
+                ms = to_elapsed_ms(k, raw_value)
                 if ms is None:
                     self.run.problems.append(
                         f"line {lineno}: elapsed time {raw_key!r}={raw_value!r} has no readable "
@@ -451,7 +460,7 @@ class _Core(_CoreFailures):
                 run.ended = True
 
     def _steps(self, key: str, text: str, lineno: int) -> None:
-        m = _STEPS_RE.search(text)
+        m = STEPS_RE.search(text)
         if m is None or len(m.group(1)) > 18:
             return  # (a step number no int64 holds is not DeepSpeed's: not a step line)
         secs = to_float(m.group(3))
@@ -471,7 +480,7 @@ class _Core(_CoreFailures):
     def _single_line_timers(
         self, key: str, text: str, lineno: int, allow_wrap: bool = True
     ) -> None:
-        if allow_wrap and not _record_complete(text, timer=True):
+        if allow_wrap and not record_complete(text, timer=True):
             # A hard-wrapped `time (ms) | ... |` line: the rest follows on the next lines.
             st = self._open(key, "wrap", lineno)
             st.buf = [text]
@@ -485,10 +494,10 @@ class _Core(_CoreFailures):
                 values[k] = num
         if not values:
             return
-        rank_m = _RANK_RE.search(head)
+        rank_m = RANK_RE.search(head)
         rank = int(rank_m.group(1)) if rank_m else None
         megatron = rank_m is None and any(
-            "-" in k or " " in k or k in _MEGATRON_PLAIN_NAMES for k in values
+            "-" in k or " " in k or k in MEGATRON_PLAIN_NAMES for k in values
         )
         run = self.run
         if megatron:
@@ -513,13 +522,13 @@ class _Core(_CoreFailures):
 
     def _megatron_memory(self, text: str, lineno: int) -> None:
         # Reports of several ranks can be glued on one line: split at each report's head.
-        starts = [m.start() for m in _MEM_HEAD_RE.finditer(text)] or [0]
+        starts = [m.start() for m in MEM_HEAD_RE.finditer(text)] or [0]
         for i, start in enumerate(starts):
             end = starts[i + 1] if i + 1 < len(starts) else len(text)
             head, _, body = text[start:end].partition("memory (MB)")
             values = {norm_key(k): to_float(v) for k, v in parse_pairs(body)}
-            rank = _RANK_RE.search(head)
-            after = _AFTER_RE.search(head)
+            rank = RANK_RE.search(head)
+            after = AFTER_RE.search(head)
             self.run.memory.append(
                 Memory(
                     rank=int(rank.group(1)) if rank else None,
@@ -534,6 +543,78 @@ class _Core(_CoreFailures):
             )
 
     # -- failures and outcome ---------------------------------------------------------------
+
+    def _failure_line(self, key: str, text: str, lineno: int) -> bool:
+        if "Traceback (most recent call last)" in text:
+            start = text.find("['Traceback (most recent call last)")
+            if start >= 0:
+                # A traceback logged as a Python list (``logger.warning(format_exception(...))``).
+                body = text[start:]
+                if body.rstrip().endswith("]"):
+                    list_traceback_end(self.run, key, body, lineno, eof=False)
+                else:
+                    st = self._open(key, "listtb", lineno)
+                    st.buf = [text]
+                    st.offset = start
+                return True
+            self._open(key, "traceback", lineno)
+            return True
+        if "above exception" in text and text.lstrip().startswith(
+            ("During handling of the above exception", "The above exception")
+        ):
+            self.streams.setdefault(key, StreamState()).chained = True
+            return True
+        stripped = text.strip()
+        if "rror" in text or "Exception" in text:
+            m = EXC_RE.match(stripped)
+            if m and m.group(1).endswith(EXC_NAME_SUFFIX):
+                fail(self.run, classify_failure(stripped, "exception"), stripped, lineno, key)
+                return True
+        if "CANCELLED AT" in text and SLURM_RE.search(text):
+            kind: FailureKind = "time_limit" if "TIME LIMIT" in text else "cancelled"
+            fail(self.run, kind, stripped, lineno, key)
+            return True
+        nccl_hint = "Watchdog" in text or "rror" in text or "Gloo" in text or "by peer" in text
+        if nccl_hint and NCCL_RE.search(text):
+            fail(self.run, "nccl", stripped, lineno, key)
+            return True
+        oom_hint = "memory" in text or "Memory" in text or "Allocator" in text
+        if oom_hint and OOM_RE.search(text) and "memory (MB)" not in text:
+            fail(self.run, "oom", stripped, lineno, key)
+            return True
+        if ("Kill" in text or "KILL" in text or "Signal 9" in text) and KILLED_RE.search(text):
+            fail(self.run, "killed", stripped, lineno, key)
+            return True
+        return False
+
+    def _traceback_line(self, key: str, st: StreamState, text: str, lineno: int) -> bool:
+        stripped = text.strip()
+        if not stripped or text[:1] in (" ", "\t"):
+            if st.lines > TRACEBACK_MAX_LINES:
+                self.run.problems.append(f"line {st.start_line}: traceback never ended")
+                self._close(st)
+            return True
+        if stripped.startswith(("During handling of the above exception", "The above exception")):
+            st.chained = True
+            return True
+        if stripped.startswith("Traceback (most recent call last)"):
+            return True
+        m = EXC_RE.match(stripped)
+        if m is None:
+            return False  # other output interleaved; the traceback stays open
+        run = self.run
+        kind = classify_failure(stripped, "exception")
+        if st.chained and run.failure is not None and run.failure_stream == key:
+            # Chained exceptions: the last one printed is the one that ended the process.
+            run.problems.append(
+                f"line {run.failure.line}: chained into line {lineno}: {run.failure.message}"
+            )
+            run.failure = Failure(kind=kind, message=stripped[:2000], line=lineno)
+        else:
+            fail(self.run, kind, stripped, lineno, key)
+        self._close(st)
+        st.chained = False
+        return True
 
     # -- configuration ----------------------------------------------------------------------
 
@@ -561,12 +642,12 @@ class _Core(_CoreFailures):
             run.spawned += 1
             return
         if "number of parameters" in text:
-            m = _PARAMS_RE.search(text)
+            m = PARAMS_RE.search(text)
             if m:
                 run.params[f"({m.group(1)}, {m.group(2) or 0})"] = int(m.group(3))
             return
         if "padded vocab" in text:
-            m = _VOCAB_RE.search(text)
+            m = VOCAB_RE.search(text)
             if m:
                 run.vocab = {"vocab_size": int(m.group(1)), "padded_vocab_size": int(m.group(3))}
                 self._config_read()
@@ -583,17 +664,17 @@ class _Core(_CoreFailures):
                 self._close_block(key, st, lineno)
             return
         if "version" in text or "info ...." in text:
-            m = _VERSION_RE.match(text.strip())
+            m = VERSION_RE.match(text.strip())
             if m:
                 run.versions.setdefault(m.group(1), m.group(2))
                 return
         if "DeepSpeed info:" in text:
-            m = _DS_INFO_RE.search(text)
+            m = DS_INFO_RE.search(text)
             if m:
                 run.versions.setdefault("deepspeed", m.group(1))
             return
         if "git_hash=" in text:
-            m = _GIT_RE.search(text)
+            m = GIT_RE.search(text)
             if m:
                 run.versions.setdefault("megatron_git_hash", m.group(1))
                 if m.group(2):
@@ -653,8 +734,8 @@ class _Core(_CoreFailures):
 
     def _new_run(self, lineno: int, why: str) -> None:
         self._finish_run()
-        self.run = _Run(source=self.source, first_line=lineno)
+        self.run = RunState(source=self.source, first_line=lineno)
         self.run.problems.append(f"line {lineno}: new run in the same file ({why})")
 
     def _finish_run(self) -> None:
-        self.runs.append(_finish(self.run))
+        self.runs.append(finished_run(self.run))

@@ -5,14 +5,20 @@ per-node files of one run merged into one ``ParsedRun``.
 from __future__ import annotations
 
 from analysis.parse.records import Failure, ParsedRun, PipelineStep, PipelineStepTable
-from analysis.parse.rules import _attribute, _is_pipeline, _num_parameters, _Run, _summary
+from analysis.parse.rules import (
+    RunState,
+    attribute_ds_blocks,
+    is_pipeline,
+    num_parameters_of,
+    run_summary,
+)
 from analysis.parse.storage import DeepSpeedBlocks, merge_attribution, merge_iterations
 
 
-def _finish(run: _Run) -> ParsedRun:
+def finished_run(run: RunState) -> ParsedRun:
     """Turn the filled state into a ParsedRun: config, attribution, status."""
-    config, problems = _summary(run)
-    ds_blocks, attr_problems = _attribute(run, _is_pipeline(config, bool(run.steps)))
+    config, problems = run_summary(run)
+    ds_blocks, attr_problems = attribute_ds_blocks(run, is_pipeline(config, bool(run.steps)))
     had_ds_blocks = bool(run.ds_blocks)
     timers = run.megatron_blocks
     timers.extend(ds_blocks, move=True)
@@ -122,10 +128,10 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
     out.pipeline_steps = PipelineStepTable(sorted(seen_steps.values(), key=lambda s: s.step))
     by_rank = out.config.get("num_parameters_by_rank")
     if isinstance(by_rank, dict):
-        out.config["num_parameters"], why = _num_parameters(out.config, by_rank)
+        out.config["num_parameters"], why = num_parameters_of(out.config, by_rank)
         if why:
             out.problems.append(why)
-    pipeline = _is_pipeline(out.config, bool(out.pipeline_steps))
+    pipeline = is_pipeline(out.config, bool(out.pipeline_steps))
     last_it = out.iterations[-1].iteration if out.iterations else None
     out.problems.extend(merge_attribution(out.timers, last_it, pipeline))  # type: ignore[arg-type]
     failed = next((p for p in runs if p.status == "failed"), None)

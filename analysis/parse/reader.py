@@ -38,7 +38,7 @@ Interleaved nodes (pdsh, srun, torchrun prefixes)
   ``_LATE_CONFIG_LINES`` lines after training began.
 
 Records that are not one line
-  A hard-wrapped iteration or timer record is joined back (see ``_join_wrapped``), timers
+  A hard-wrapped iteration or timer record is joined back (see ``join_wrapped``), timers
   glued after an iteration record are read as a ``time (ms)`` line, and a traceback printed
   as a Python list (``['Traceback (most recent call last):\n', ...]``) fails the run with the
   list's last exception. ``strict()`` makes a handler's exception propagate (tests).
@@ -58,11 +58,10 @@ from typing import Any, BinaryIO
 
 from analysis.parse.columns import Column, json_text
 from analysis.parse.lines import Demux, demux_tagged, strip_prefix
-from analysis.parse.machine import _Core
-from analysis.parse.malloc import reading, return_freed_memory
+from analysis.parse.machine import Core
 from analysis.parse.merge import merge_runs
 from analysis.parse.records import ParsedRun, RecordTable, TimerBlock, TimerTable, block_dict
-from analysis.parse.rules import _KW, _OMPI_PEEK_BYTES, _OMPI_TAG_BYTES, strict
+from analysis.parse.rules import KW, OMPI_PEEK_BYTES, OMPI_TAG_BYTES, strict
 from analysis.parse.scan import drive_file
 
 __all__ = [
@@ -81,10 +80,10 @@ def parse_lines(lines: Iterable[str], source: str) -> list[ParsedRun]:
 
     Never raises on content; always returns at least one run.
     """
-    core = _Core(source)
+    core = Core(source)
     try:
         for lineno, line in enumerate(demux_tagged(lines), start=1):
-            if core.active or _KW.has(line, core.run.pipe_iterations):
+            if core.active or KW.has(line, core.run.pipe_iterations):
                 core.feed(lineno, line)
             elif core.timer_keys and core.stream_key(line) in core.timer_keys:
                 core.feed(lineno, line, dispatch=False)
@@ -110,7 +109,7 @@ def parse_file(path: str | Path, bulk: bool = True) -> list[ParsedRun]:
         with open(path, "rb") as fh:
             return parse_stream(fh, source, bulk)
     except OSError as exc:
-        core = _Core(source)
+        core = Core(source)
         core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
         return core.finish()
 
@@ -137,7 +136,7 @@ class _Demuxed:
 
     def read(self, _n: int = -1) -> bytes:
         while not self.done:
-            chunk = self.fh.read(_OMPI_PEEK_BYTES)
+            chunk = self.fh.read(OMPI_PEEK_BYTES)
             data = self.rest + chunk
             if not chunk:
                 self.done = True
@@ -159,7 +158,7 @@ class _Demuxed:
         match = _TAG_AT_START_RE.match
         for line in lines:
             if not demux.pending:
-                if _OMPI_TAG_BYTES not in line:
+                if OMPI_TAG_BYTES not in line:
                     out.append(line)
                     continue
                 m = match(line)
@@ -168,7 +167,7 @@ class _Demuxed:
                     rest = line[m.end() :].rstrip(b"\r")
                     if rest.endswith(tag):
                         rest = rest[: -len(tag)]
-                    if _OMPI_TAG_BYTES not in rest:
+                    if OMPI_TAG_BYTES not in rest:
                         out.append(tag + rest)
                         continue
             text = line.decode("utf-8", "replace") + "\n"
@@ -181,15 +180,14 @@ class _Demuxed:
 
 def parse_stream(fh: BinaryIO, source: str, bulk: bool = True) -> list[ParsedRun]:
     """Parse a log from an open binary file (``parse_file`` without the opening)."""
-    core = _Core(source)
+    core = Core(source)
     try:
         if fh.seekable():
-            tagged = _OMPI_TAG_BYTES in fh.read(_OMPI_PEEK_BYTES)
+            tagged = OMPI_TAG_BYTES in fh.read(OMPI_PEEK_BYTES)
             fh.seek(0)
             if tagged:  # mpirun --tag-output splits lines across ranks: put them back first
                 fh = _Demuxed(fh)  # type: ignore[assignment]
-        with reading():
-            drive_file(core, _KW, fh, bulk=bulk)
+        drive_file(core, KW, fh, bulk=bulk)
     except OSError as exc:
         core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
     return core.finish()
@@ -311,7 +309,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("logs", nargs="+", help="log files")
     ap.add_argument("--json", action="store_true", help='print {"logs": [...]} as JSON')
     ns = ap.parse_args(argv)
-    return_freed_memory()
     if ns.json:
         write = sys.stdout.write
         for text in _iter_json(ns.logs):

@@ -458,7 +458,7 @@ class _Group:
         return out
 
 
-def _shape(values: dict[str, Any]) -> tuple[int, ...]:
+def timer_shape(values: dict[str, Any]) -> tuple[int, ...]:
     return tuple(len(v) if isinstance(v, tuple) else 0 for v in values.values())
 
 
@@ -514,7 +514,7 @@ class TimerTable(_Rows[TimerBlock]):
     def append(self, block: TimerBlock) -> None:
         """Add one block."""
         values = block.values_ms
-        g = self.group(block.source, tuple(values), _shape(values))
+        g = self.group(block.source, tuple(values), timer_shape(values))
         cols = self._groups[g].cols
         j = 0
         for v in values.values():
@@ -835,7 +835,7 @@ def timer_groups(
     by: dict[tuple[Any, ...], list[tuple[int, TimerBlock]]] = {}
     for i, b in enumerate(timers):
         if b.source == source and (names is None or names(tuple(b.values_ms))):
-            by.setdefault((tuple(b.values_ms), _shape(b.values_ms)), []).append((i, b))
+            by.setdefault((tuple(b.values_ms), timer_shape(b.values_ms)), []).append((i, b))
     out = []
     for (names, shape), items in by.items():
         values = {

@@ -15,6 +15,7 @@ from typing import Any, get_args
 
 import numpy as np
 
+from analysis.parse.keywords import Keywords
 from analysis.parse.lines import OMPI_TAG_MARK, to_float
 from analysis.parse.records import (
     Failure,
@@ -24,10 +25,9 @@ from analysis.parse.records import (
     PipelineStepTable,
     TimerTable,
 )
-from analysis.parse.scan import Keywords
 from analysis.parse.storage import DeepSpeedBlocks, IterIndex, attribute_blocks
 
-_STRICT: ContextVar[bool] = ContextVar("analysis.parse.reader strict mode", default=False)
+STRICT: ContextVar[bool] = ContextVar("analysis.parse.reader strict mode", default=False)
 """Strict mode (``strict()``): a handler's exception propagates instead of becoming a problem."""
 
 
@@ -40,11 +40,11 @@ def strict(on: bool = True) -> Iterator[None]:
     odd line never costs a report.  Tests run in strict mode so that such a bug fails them
     instead of hiding behind a problem string.
     """
-    token = _STRICT.set(on)
+    token = STRICT.set(on)
     try:
         yield
     finally:
-        _STRICT.reset(token)
+        STRICT.reset(token)
 
 
 # Substrings one of which every line that can matter during training contains (see module
@@ -66,70 +66,70 @@ _KEYWORDS: tuple[str, ...] = (
     "MemAlloc",  # DeepSpeed ThroughputTimer memory
     "Max_MA",  # DeepSpeed see_memory_usage
 )
-_KW = Keywords(_KEYWORDS)
+KW = Keywords(_KEYWORDS)
 """How the readers look for them (``analysis.parse.scan``)."""
 _LATE_CONFIG_LINES = 5_000
 """Lines read in full after training began in one stream of an interleaved multi-node log while
 the set-up lines of another stream (Megatron's argument dump, the padded vocabulary) were still
 missing: pdsh interleaves nodes, so rank 0's set-up can come after the last rank's first
 iteration line."""
-_OMPI_TAG_BYTES = OMPI_TAG_MARK.encode()
-_OMPI_PEEK_BYTES = 1 << 20
+OMPI_TAG_BYTES = OMPI_TAG_MARK.encode()
+OMPI_PEEK_BYTES = 1 << 20
 """How much of a file is looked at for mpirun's ``--tag-output`` marks."""
-_TRACEBACK_MAX_LINES = 2000
-_JSON_MAX_LINES = 5000
+TRACEBACK_MAX_LINES = 2000
+JSON_MAX_LINES = 5000
 
-_ITER_RE = re.compile(r"(?<![\w-])iteration\s*(=?)\s*(\d+)(?:\s*/\s*(\d+))?\s*(\S?)")
-_GLUE_RE = re.compile(r"(?<![\w-])iteration\s+\d+\s*/\s*\d+")
-_RANK_RE = re.compile(r"\[Rank (\d+)\]")
-_MEM_HEAD_RE = re.compile(r"(?:\[Rank \d+\] )?(?:\(?after \d+ iterations?\)? )?memory \(MB\)")
-_AFTER_RE = re.compile(r"\(after (\d+) iterations?\)")
-_STEPS_RE = re.compile(
+ITER_RE = re.compile(r"(?<![\w-])iteration\s*(=?)\s*(\d+)(?:\s*/\s*(\d+))?\s*(\S?)")
+GLUE_RE = re.compile(r"(?<![\w-])iteration\s+\d+\s*/\s*\d+")
+RANK_RE = re.compile(r"\[Rank (\d+)\]")
+MEM_HEAD_RE = re.compile(r"(?:\[Rank \d+\] )?(?:\(?after \d+ iterations?\)? )?memory \(MB\)")
+AFTER_RE = re.compile(r"\(after (\d+) iterations?\)")
+STEPS_RE = re.compile(
     r"steps:\s*(\d+)\s+loss:\s*(\S+)(?:.*?)iter time \(s\):\s*(\S+)(?:\s+samples/sec:\s*(\S+))?"
 )
-_TIMER_HEAD_RE = re.compile(r"(\(min, max\) time|max time|times) across ranks \(ms\):")
-_TIMER_LINE_RE = re.compile(r"^\s*(\S.*?) \.*: \(?\s*([-\d.eE+]+)(?:\s*,\s*([-\d.eE+]+))?\)?\s*$")
-_TIMER_RANK_RE = re.compile(r"^\s+rank\s+(\d+):\s*([-\d.eE+]+)\s*$")
-_TIMER_NAME_RE = re.compile(r"^\s{1,3}(\S[^:]*):\s*$")
-_ARG_RE = re.compile(r"^\s+(\S+) \.+ ?(.*)$")
-_DS_LOGGER_RE = re.compile(r"^\[[^\]]*\] \[[A-Z]+\] \[[^\]]*\] ?")
-_DS_CFG_LINE_RE = re.compile(r"^\s+(\w+) (\.*) ?(.*)$")
-_MEMALLOC_RE = re.compile(r"MemAllocated=([\d.]+)\s*GB.*?MaxMemAllocated=([\d.]+)\s*GB")
-_SEE_MEM_RE = re.compile(
+TIMER_HEAD_RE = re.compile(r"(\(min, max\) time|max time|times) across ranks \(ms\):")
+TIMER_LINE_RE = re.compile(r"^\s*(\S.*?) \.*: \(?\s*([-\d.eE+]+)(?:\s*,\s*([-\d.eE+]+))?\)?\s*$")
+TIMER_RANK_RE = re.compile(r"^\s+rank\s+(\d+):\s*([-\d.eE+]+)\s*$")
+TIMER_NAME_RE = re.compile(r"^\s{1,3}(\S[^:]*):\s*$")
+ARG_RE = re.compile(r"^\s+(\S+) \.+ ?(.*)$")
+DS_LOGGER_RE = re.compile(r"^\[[^\]]*\] \[[A-Z]+\] \[[^\]]*\] ?")
+DS_CFG_LINE_RE = re.compile(r"^\s+(\w+) (\.*) ?(.*)$")
+MEMALLOC_RE = re.compile(r"MemAllocated=([\d.]+)\s*GB.*?MaxMemAllocated=([\d.]+)\s*GB")
+SEE_MEM_RE = re.compile(
     r"MA ([\d.]+) GB\s+Max_MA ([\d.]+) GB\s+CA ([\d.]+) GB\s+Max_CA ([\d.]+) GB"
 )
-_PARAMS_RE = re.compile(
+PARAMS_RE = re.compile(
     r"number of parameters on (?:\(tensor, pipeline\) )?model parallel rank "
     r"\(?(\d+)(?:, (\d+))?\)?: (\d+)"
 )
-_VOCAB_RE = re.compile(r"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
-_VERSION_RE = re.compile(r"^(torch|deepspeed) (?:version|info) \.+ ([^,\s]+)")
-_DS_INFO_RE = re.compile(r"DeepSpeed info: version=([^,\s]+)")
-_GIT_RE = re.compile(r"git_hash=(\S+)(?: git_branch=(\S+))?")
-_EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(_?[A-Z]\w*)(?::(?:\s.*)?)?$")
-_EXC_NAME_SUFFIX = ("Error", "Exception", "Interrupt", "Exit", "Failure", "Timeout")
-_RC_RE = re.compile(r"exits with return code = (-?\d+)")
-_SSH_RC_RE = re.compile(r"([\w.\-]+): ssh exited with exit code (\d+)")
-_OUTCOME_RE = re.compile(
+VOCAB_RE = re.compile(r"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
+VERSION_RE = re.compile(r"^(torch|deepspeed) (?:version|info) \.+ ([^,\s]+)")
+DS_INFO_RE = re.compile(r"DeepSpeed info: version=([^,\s]+)")
+GIT_RE = re.compile(r"git_hash=(\S+)(?: git_branch=(\S+))?")
+EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(_?[A-Z]\w*)(?::(?:\s.*)?)?$")
+EXC_NAME_SUFFIX = ("Error", "Exception", "Interrupt", "Exit", "Failure", "Timeout")
+RC_RE = re.compile(r"exits with return code = (-?\d+)")
+SSH_RC_RE = re.compile(r"([\w.\-]+): ssh exited with exit code (\d+)")
+OUTCOME_RE = re.compile(
     r"# run outcome:\s*(completed|failed|incomplete|interrupted)(?:\s+kind=(\w+))?"
     r"(?:\s+reason=(.*))?$"
 )
-_KILLED_RE = re.compile(r"\bKilled\b|\bSIGKILL\b|Signal 9\b")
-_SLURM_RE = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT")
-_OOM_RE = re.compile(
+KILLED_RE = re.compile(r"\bKilled\b|\bSIGKILL\b|Signal 9\b")
+SLURM_RE = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT")
+OOM_RE = re.compile(
     r"CUDA out of memory|OutOfMemoryError|DefaultCPUAllocator|can't allocate memory"
     r"|not enough memory|out of memory|MemoryError|Unable to allocate"
 )
-_NCCL_RE = re.compile(
+NCCL_RE = re.compile(
     r"NCCL error|nccl\w*Error|\bNCCL\b.*\b(?:failure|failed|timeout)|Watchdog caught collective"
     r"|Gloo connectFullMesh failed|third_party/gloo|Connection (?:closed|reset) by peer"
     r"|DistBackendError|ProcessGroupNCCL.*(?:timed out|Timeout)"
 )
-_FAILURE_KINDS = frozenset(get_args(FailureKind))
+FAILURE_KINDS = frozenset(get_args(FailureKind))
 
 # Iteration-line keys (normalised by norm_key) -> Iteration field.  Elapsed time is handled
 # separately because of its unit.
-_ITER_FIELDS: dict[str, str] = {
+ITER_FIELDS: dict[str, str] = {
     "lm loss": "lm_loss",
     "loss": "lm_loss",
     "loss scale": "loss_scale",
@@ -158,14 +158,14 @@ _ITER_FIELDS: dict[str, str] = {
     "tokens per gpu per second (tgs)": "tokens_per_gpu_per_s",
     "tgs": "tokens_per_gpu_per_s",
 }
-_INT_FIELDS = frozenset(
+INT_FIELDS = frozenset(
     ("skipped", "nan", "global_batch_size", "consumed_samples", "consumed_tokens")
 )
 
 # Megatron's minmax block names use dashes; DeepSpeed's use underscores.  A single-line
 # `time (ms) | ...` block without `[Rank N]` is Megatron's (older Megatron's Timers.log) when a
 # name has a dash or a space or is one of Megatron's own plain names.
-_MEGATRON_PLAIN_NAMES = frozenset(("optimizer", "allreduce", "batch generator"))
+MEGATRON_PLAIN_NAMES = frozenset(("optimizer", "allreduce", "batch generator"))
 
 _SUMMARY_KEYS = (
     "num_layers",
@@ -185,7 +185,7 @@ _SUMMARY_KEYS = (
 
 
 @dataclass
-class _Stream:
+class StreamState:
     """Per-prefix state of an open multi-line block."""
 
     mode: str | None = None
@@ -216,8 +216,8 @@ class _Stream:
 
 
 @dataclass
-class _Run:
-    """A run being filled; turned into a ParsedRun by ``_finish``."""
+class RunState:
+    """A run being filled; turned into a ParsedRun by ``finished_run``."""
 
     source: str
     first_line: int
@@ -290,7 +290,7 @@ class _Run:
         self.iter_index = IterIndex(self.iterations)
 
 
-_WRAP_MAX_LINES = 40
+WRAP_MAX_LINES = 40
 """Physical lines one hard-wrapped record may span."""
 _ELAPSED_RE = re.compile(r"elapsed|iteration[ _]time|step[ _]time|time[ _]per[ _]iteration", re.I)
 _LAST_PAIR_RE = re.compile(r"\|[^|]*:\s*[-+\d.eE]+$")
@@ -299,23 +299,23 @@ _WRAP_WIDTHS = frozenset((72, 78, 79, 80, 100, 120, 128, 132, 150, 160, 200, 240
 """Widths at which terminals, pagers and log viewers cut lines (a cut, not a word wrap)."""
 
 
-def _continues(text: str) -> bool:
+def continues_record(text: str) -> bool:
     """Whether a line can be the continuation of a hard-wrapped iteration or timer record:
     ``key: value |`` pieces, or a last ``key: value``, and nothing that starts a record."""
     s = text.strip()
     if not s or s.startswith(("[", "time (ms)", "(min, max)", "steps:")) or "memory (MB)" in s:
         return False
-    if _GLUE_RE.search(s) is not None or _ITER_RE.search(s) is not None:
+    if GLUE_RE.search(s) is not None or ITER_RE.search(s) is not None:
         return False
     return "|" in s or _TAIL_PAIR_RE.fullmatch(s) is not None
 
 
-def _record_complete(text: str, timer: bool = False) -> bool:
+def record_complete(text: str, timer: bool = False) -> bool:
     """Whether a (joined) record is whole: Megatron ends an iteration line with ``|`` and a
     timer line (``time (ms) | a: 1 | b: 2``) without; an iteration line with timers glued
     after it ends like a timer line."""
     if not timer:
-        m = _ITER_RE.search(text)
+        m = ITER_RE.search(text)
         timer = m is not None and "time (ms)" in text[m.end() :]
     body = text.rstrip()
     if not timer:
@@ -326,7 +326,7 @@ def _record_complete(text: str, timer: bool = False) -> bool:
     return _LAST_PAIR_RE.search(body) is not None
 
 
-def _join_wrapped(parts: list[str]) -> str:
+def join_wrapped(parts: list[str]) -> str:
     """Join the physical lines of a hard-wrapped record. A cut at a fixed width (every line
     but the last equally long, or one line of a usual terminal width) splits wherever it falls:
     joined as is; a word wrap dropped the space at the break: joined with one. A number cut in
@@ -342,7 +342,7 @@ def _join_wrapped(parts: list[str]) -> str:
     return out
 
 
-def _elapsed_ms(key: str, value: str) -> float | None:
+def to_elapsed_ms(key: str, value: str) -> float | None:
     """Elapsed time in ms from a normalised key (which carries the unit) and a value."""
     num = to_float(value.rstrip("ms").rstrip())
     if num is None:
@@ -356,7 +356,7 @@ def _elapsed_ms(key: str, value: str) -> float | None:
     return None
 
 
-def _tflops(value: str) -> float | None:
+def to_tflops(value: str) -> float | None:
     """TFLOP/s from a value with its unit (``112.9TFLOPS``, ``950.1GFLOPS``); None if no unit."""
     m = re.fullmatch(r"\s*([-+\d.eE]+)\s*([TGP])FLOPS?(?:/s)?\s*", value, flags=re.I)
     if m is None:
@@ -366,24 +366,24 @@ def _tflops(value: str) -> float | None:
     return num * scale if num is not None else None
 
 
-def _classify(message: str, default: FailureKind) -> FailureKind:
+def classify_failure(message: str, default: FailureKind) -> FailureKind:
     """Failure kind of an exception or error message."""
-    if _OOM_RE.search(message):
+    if OOM_RE.search(message):
         return "oom"
-    if _NCCL_RE.search(message):
+    if NCCL_RE.search(message):
         return "nccl"
     if "SIGKILL" in message or "Signal 9" in message:
         return "killed"
     return default
 
 
-def _attribute(run: _Run, pipeline: bool) -> tuple[TimerTable, list[str]]:
+def attribute_ds_blocks(run: RunState, pipeline: bool) -> tuple[TimerTable, list[str]]:
     """DeepSpeed/pipeline timer blocks with their iteration (see module doc)."""
     steps = run.steps.column("step").ints() if len(run.steps) else np.zeros(0, dtype=np.int64)
     return attribute_blocks(run.ds_blocks, run.iter_numbers, steps, pipeline)
 
 
-def _summary(run: _Run) -> tuple[dict[str, Any], list[str]]:
+def run_summary(run: RunState) -> tuple[dict[str, Any], list[str]]:
     """The config dict: Megatron's typed args plus the summary keys (None when unknown)."""
     problems: list[str] = []
     config: dict[str, Any] = dict(run.args)
@@ -423,13 +423,13 @@ def _summary(run: _Run) -> tuple[dict[str, Any], list[str]]:
     config["train_iters"] = train_iters
     if run.params:
         config["num_parameters_by_rank"] = dict(run.params)
-    config["num_parameters"], why = _num_parameters(config, run.params)
+    config["num_parameters"], why = num_parameters_of(config, run.params)
     if why:
         problems.append(why)
     return config, problems
 
 
-def _num_parameters(config: dict[str, Any], params: dict[str, int]) -> tuple[int | None, str]:
+def num_parameters_of(config: dict[str, Any], params: dict[str, int]) -> tuple[int | None, str]:
     """Parameters of the model as printed, when the log states it for the whole model.
 
     Megatron prints ``number of parameters on (tensor, pipeline) model parallel rank (t, p)``
@@ -452,6 +452,6 @@ def _num_parameters(config: dict[str, Any], params: dict[str, int]) -> tuple[int
     )
 
 
-def _is_pipeline(config: dict[str, Any], has_steps: bool) -> bool:
+def is_pipeline(config: dict[str, Any], has_steps: bool) -> bool:
     pp = config.get("pipeline_model_parallel_size")
     return has_steps or (isinstance(pp, int) and pp > 1)

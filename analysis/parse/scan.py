@@ -1,13 +1,13 @@
-"""The file reader of ``analysis.parse.reader``: feeds a log to the line state machine (``_Core``),
+"""The file reader of ``analysis.parse.reader``: feeds a log to the line state machine (``Core``),
 handling the frequent line kinds of a training phase in bulk.
 
 Two paths, one result:
 
-- the line path: every line that can matter goes through ``_Core.feed``.  Until training starts,
+- the line path: every line that can matter goes through ``Core.feed``.  Until training starts,
   after it ends and while a multi-line block is open, that is every line; during training it is
   the lines holding a keyword (found with ``bytes.find`` over whole chunks, anchored on a rare
   byte of each keyword), and the lines of a stream whose Megatron timer block is open.
-- the bulk path (``_Bulk``), during training while no block is open: over a segment of the
+- the bulk path (``Bulk``), during training while no block is open: over a segment of the
   chunk, a look at a few bytes of each line (from the newline positions) finds the frequent
   lines (DeepSpeed ``[Rank N] time (ms) | k: v`` lines at the offsets of ``[Rank`` seen before,
   Megatron iteration lines among the lines that end in ``|``, timer block headers among those
@@ -30,24 +30,22 @@ from __future__ import annotations
 import re
 from array import array
 from itertools import compress
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
+from analysis.parse.keywords import Keywords
 from analysis.parse.lines import MAX_LINE_CHARS, split_prefix
-
-if TYPE_CHECKING:  # pragma: no cover
-    from analysis.parse.machine import _Core
-
+from analysis.parse.machine import Core
+from analysis.parse.records import TimerBlock, timer_shape
 from analysis.parse.scan_bytes import (
-    _ALLOC_AFTER,
-    _DS_AFTER,
-    _DS_LIT,
-    _DS_OFFSETS,
-    _MISSING,
-    _PREFIXES_RE,
-    _WORD,
+    ALLOC_AFTER,
     CHUNK_BYTES,
+    DS_AFTER,
+    DS_LIT,
+    DS_OFFSETS,
+    MISSING,
+    PREFIXES_RE,
     SEG_MAX,
     SEG_MIN,
     SEG_START,
@@ -55,23 +53,23 @@ from analysis.parse.scan_bytes import (
     SHORT_LINES,
     SPARSE_BYTES,
     SPARSE_LINES,
-    Keywords,
-    _BareBlocks,
-    _BlockPattern,
-    _group_values,
-    _IterPattern,
-    _line_end,
-    _MemLines,
-    _printable,
-    _StepLines,
+    WORD,
+    BareBlocks,
+    BlockPattern,
+    IterPattern,
+    MemLines,
+    StepLines,
+    ds_group_values,
+    is_printable,
+    line_end,
     line_step,
 )
-from analysis.parse.scan_readers import _BulkReaders
-from analysis.parse.scan_shapes import _BulkShapes
+from analysis.parse.scan_readers import BulkReaders
+from analysis.parse.scan_shapes import BulkShapes
 
 
 def drive_block(
-    core: _Core, kw: Keywords, bulk: _Bulk | None, block: bytes, lineno: int, end: int = -1
+    core: Core, kw: Keywords, bulk: Bulk | None, block: bytes, lineno: int, end: int = -1
 ) -> int:
     """Feed the whole lines of ``block``; return the line number after it.  Where the last
     bulk step took few lines (a log of mostly NCCL chatter), the line path, which jumps
@@ -102,9 +100,9 @@ def drive_block(
     return lineno
 
 
-def drive_file(core: _Core, kw: Keywords, fh: BinaryIO, bulk: bool = True) -> None:
+def drive_file(core: Core, kw: Keywords, fh: BinaryIO, bulk: bool = True) -> None:
     """Feed a whole file, ``CHUNK_BYTES`` at a time; an over-long line's tail is skipped."""
-    fast = _Bulk(core, kw) if bulk else None
+    fast = Bulk(core, kw) if bulk else None
     lineno = 1
     carry = b""
     skipping = False  # inside the tail of an over-long line
@@ -165,11 +163,15 @@ class _Spans:
         return (i >= 0) & (at < self.ends[np.maximum(i, 0)])
 
 
-class _Bulk(_BulkShapes, _BulkReaders):
+class Bulk:
     """The bulk path over one file (module doc)."""
 
-    def __init__(self, core: _Core, kw: Keywords) -> None:
+    def __init__(self, core: Core, kw: Keywords) -> None:
         self.core = core
+        self.readers = BulkReaders(self)
+        """Its block readers."""
+        self.shapes = BulkShapes(self)
+        """Its shape learning."""
         self.kw = kw
         # Where ``[Rank`` of DeepSpeed's lines was in the lines, from their starts: the
         # offsets their lines are looked for at (``_ds_lines``).
@@ -192,7 +194,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.prefixes: dict[bytes, str | None] = {}
         # Shapes (a line with its digits removed) -> names, or None: not taken in bulk.
         # A DeepSpeed line's shape -> 2 x its group + whether its values are plain decimals
-        # (``_values_fast``); a group: the names its lines are read with, or None.
+        # (``values_fast``); a group: the names its lines are read with, or None.
         self.ds_codes: dict[bytes, int] = {}
         self.ds_names: list[tuple[str, ...] | None] = []
         self.mem_shapes: dict[bytes, tuple[str, ...] | None] = {}
@@ -201,26 +203,26 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.mem_read = 0  # memory reports of the run when the last step ended
         # -> [(piece, Iteration field, "int" | "float", factor)], or None.
         self.it_shapes: dict[bytes, list[tuple[int, str, str, float]] | None] = {}
-        self.it_tmpls: list[_IterPattern] = []
+        self.it_tmpls: list[IterPattern] = []
         self.it_heads: dict[bytes, bool] = {}  # text before "iteration" -> takeable
         self.head_keys: dict[bytes, str] = {}  # such text -> stream key (``_head_key``)
         self.stream_res: dict[str, re.Pattern[bytes]] = {}
         # Lines found by a stream's pattern -> (stream key, where the content starts in the
         # line, or -1), as ``_line_key`` gives them.
         self.line_keys: dict[bytes, tuple[str, int]] = {}
-        # Prefix runs as matched by _PREFIXES_RE -> (key, length that really is prefixes).
+        # Prefix runs as matched by PREFIXES_RE -> (key, length that really is prefixes).
         self.prefix_runs: dict[bytes, tuple[str, int]] = {}
         self.timer_res: tuple[re.Pattern[bytes], ...] | None = None
         self.str_timer_res: tuple[Any, ...] = ()
         self.body_res: dict[bytes, re.Pattern[bytes]] = {}
         # A timer block's header line as printed -> patterns of whole blocks seen after it.
-        self.block_tmpls: dict[bytes, list[_BlockPattern]] = {}
+        self.block_tmpls: dict[bytes, list[BlockPattern]] = {}
 
     # -- checks against the line path -------------------------------------------------------
 
-    def _key(self, raw: bytes, content: bytes) -> str | None:
-        key = self.prefixes.get(raw, _MISSING)
-        if key is _MISSING:
+    def key(self, raw: bytes, content: bytes) -> str | None:
+        key = self.prefixes.get(raw, MISSING)
+        if key is MISSING:
             key = None
             if b"\x1b" not in raw and b"\x00" not in raw:
                 text = (raw + content).decode("utf-8", "replace")
@@ -230,21 +232,19 @@ class _Bulk(_BulkShapes, _BulkReaders):
             self.prefixes[raw] = key
         return key  # type: ignore[return-value]
 
-    def _probe(self, line: str) -> _Core:
+    def probe(self, line: str) -> Core:
         """A fresh state machine in its training phase that has read ``line``."""
-        from analysis.parse.machine import _Core
-
-        core = _Core(self.core.source)
+        core = Core(self.core.source)
         core.run.training = True
         core.feed(1, line)
         return core
 
     # -- streams ----------------------------------------------------------------------------
 
-    def _line_key(self, block: bytes, s: int, e: int) -> tuple[str, int]:
+    def line_key(self, block: bytes, s: int, e: int) -> tuple[str, int]:
         """Stream key of the line ``block[s:e]`` and where its content starts (-1 when the
         content does not start with plain ASCII: then only the key is known)."""
-        m = _PREFIXES_RE.match(block, s, e)
+        m = PREFIXES_RE.match(block, s, e)
         raw = m.group(0) if m else b""
         got = self.prefix_runs.get(raw)
         if got is None:
@@ -258,28 +258,28 @@ class _Bulk(_BulkShapes, _BulkReaders):
 
     def _body_re(self, raw: bytes) -> re.Pattern[bytes]:
         """A Megatron timer line of a stream printed with the launcher prefixes ``raw``: the
-        line path's ``_TIMER_LINE_RE`` on the content, in one match from the line start."""
+        line path's ``TIMER_LINE_RE`` on the content, in one match from the line start."""
         pat = self.body_res.get(raw)
         if pat is None:
-            from analysis.parse.rules import _TIMER_LINE_RE
+            from analysis.parse.rules import TIMER_LINE_RE
 
-            inner = _TIMER_LINE_RE.pattern.removeprefix("^").removesuffix("$").encode()
+            inner = TIMER_LINE_RE.pattern.removeprefix("^").removesuffix("$").encode()
             pat = self.body_res[raw] = re.compile(re.escape(raw) + b"(?:" + inner + rb")\n")
         return pat
 
-    def _kept_key(self, block: bytes, s: int, e: int) -> tuple[str, int]:
+    def kept_key(self, block: bytes, s: int, e: int) -> tuple[str, int]:
         """``_line_key`` of the line ``block[s:e]`` as (key, offset of its content or -1),
         kept by the line's bytes (a stream's lines repeat)."""
         line = block[s:e]
         got = self.line_keys.get(line)
         if got is None:
-            k, c = self._line_key(block, s, e)
+            k, c = self.line_key(block, s, e)
             if len(self.line_keys) >= 4096:
                 self.line_keys.clear()
             got = self.line_keys[line] = (k, c - s if c >= 0 else -1)
         return got
 
-    def _next_of_stream(
+    def next_of_stream(
         self, block: bytes, key: str, q: int, end: int
     ) -> tuple[int, int, int] | None:
         """The next line at or after ``q`` (a line start) of stream ``key``: (start, end,
@@ -306,16 +306,16 @@ class _Bulk(_BulkShapes, _BulkReaders):
                 e = block.find(b"\n", s, end)
                 if e < 0:
                     return None
-                got = self._kept_key(block, s, e)
+                got = self.kept_key(block, s, e)
                 if got[0] == key:
                     return s, e, s + got[1] if got[1] >= 0 else -1
                 p = e
         s = q
         while s < end:
-            e = _line_end(block, s, end)
+            e = line_end(block, s, end)
             if e >= end:
                 return None
-            k, c = self._line_key(block, s, e)
+            k, c = self.line_key(block, s, e)
             if k == "":
                 return s, e, c
             s = e + 1
@@ -327,7 +327,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         """Take the lines from ``pos`` (a line start) in bulk up to the first one the line
         path must read.  Returns (position, line number there, whether the line there must be
         read by the line path)."""
-        if not self.alloc and len(self.core.run.memory_other) >= _ALLOC_AFTER:
+        if not self.alloc and len(self.core.run.memory_other) >= ALLOC_AFTER:
             self.alloc = True
         seg_end = min(end, pos + self.seg)
         if seg_end < end:
@@ -344,7 +344,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         # A line holding another keyword (an error, a launcher exit, DeepSpeed's
         # see_memory_usage line) ends the step when it is not one the step takes:
         # ``_first_keyword`` finds the first such line among the others.  (In one it takes,
-        # such a keyword changes nothing: ``_Core._dispatch`` reads each kind of line taken in
+        # such a keyword changes nothing: ``Core._dispatch`` reads each kind of line taken in
         # bulk before it looks for failures and launcher exits, and the lines of an open
         # timer block before it dispatches them.)
         limit = min(seg_end, hard)
@@ -404,27 +404,27 @@ class _Bulk(_BulkShapes, _BulkReaders):
             )
             + pos
         )
-        T, bare, blocks, headers, bodies = self._timer_blocks(block, pos, limit, nl)
+        T, bare, blocks, headers, bodies = self.readers.timer_blocks(block, pos, limit, nl)
         if self.open_at_limit and can_grow and pos >= T:
             return None  # look at more bytes (nothing was added)
         self.open_block = T if self.open_at_limit else -1
         if limit > T:
             nl = nl[: np.searchsorted(nl, T)]
-        ds = self._ds_lines(block, pos, T, nl)
+        ds = self.readers.ds_lines(block, pos, T, nl)
         # Megatron prints its memory report once in most runs: after steps that found none
         # the report is not looked for, until the line path reads one (a step holding one
         # ends there, at its keyword).
         if self.mem_idle < _MEM_IDLE or len(run.memory) != self.mem_read:
-            mem = self._mem_lines(block, pos, T, nl)
+            mem = self.readers.mem_lines(block, pos, T, nl)
             self.mem_idle = 0 if len(mem) else self.mem_idle + 1
         else:
-            mem = _MemLines.of([])
-        alloc = self._memalloc_lines(block, pos, T) if self.alloc else []
+            mem = MemLines.of([])
+        alloc = self.readers.memalloc_lines(block, pos, T) if self.alloc else []
         # PipelineEngine step lines, once the line path read one (a run with them).
-        steps = _StepLines.of_rows([])
+        steps = StepLines.of_rows([])
         if len(run.steps):
-            steps = self._steps_lines(block, pos, T, nl)
-        its = self._iteration_lines(block, pos, T, nl)
+            steps = self.readers.steps_lines(block, pos, T, nl)
+        its = self.readers.iteration_lines(block, pos, T, nl)
         # The blocks' starts and closes; their header and body lines.
         b_start = np.concatenate([bare.hs, np.array([b[0] for b in blocks], dtype=np.int64)])
         b_close = np.concatenate([bare.close, np.array([b[1] for b in blocks], dtype=np.int64)])
@@ -454,7 +454,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         R = self._first_keyword(block, pos, T, span_s, span_e)
         if R is not None:
             T = min(T, R)
-            self._ds_offset(block, R, limit)
+            self.ds_offset(block, R, limit)
 
         # Iteration numbers must go up; a repeat changes nothing; the final iteration, or a
         # counter going back, is for the line path.
@@ -599,7 +599,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
                         n_steps[rows],
                         stream[rows],
                     )
-        if len(steps):  # PipelineEngine step lines, as ``_Core._steps`` reads them
+        if len(steps):  # PipelineEngine step lines, as ``Core._steps`` reads them
             line_s = lines_at(steps.ls)
             run.steps.add_columns(
                 len(steps),
@@ -613,7 +613,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
             )
             for key in dict.fromkeys(steps.keys):  # (each stream's first)
                 run.begin_training(key, int(line_s[steps.keys.index(key)]))
-        if alloc:  # DeepSpeed's `MemAllocated=` lines, as ``_Core._dispatch`` reads them
+        if alloc:  # DeepSpeed's `MemAllocated=` lines, as ``Core._dispatch`` reads them
             from analysis.parse.records import Memory
 
             for (_s, _e, rank, a, m), line in zip(
@@ -633,12 +633,12 @@ class _Bulk(_BulkShapes, _BulkReaders):
         if len(b_start):
             # The line path keeps a state per stream, created on its first block: the order
             # in which open blocks are closed at the end of the file.
-            from analysis.parse.rules import _Stream
+            from analysis.parse.rules import StreamState
 
             keys = [bare.pattern.key] if len(bare) and bare.pattern is not None else []
             for key in dict.fromkeys(keys + [b[3] for b in blocks]):
                 if key not in self.core.streams:
-                    self.core.streams[key] = _Stream(key=key)
+                    self.core.streams[key] = StreamState(key=key)
             self._add_blocks(
                 bare,
                 blocks,
@@ -652,13 +652,13 @@ class _Bulk(_BulkShapes, _BulkReaders):
         self.lineno_at = lineno + int(np.searchsorted(nl, T))
         return T
 
-    def _head_key(self, head: bytes) -> str:
+    def head_key(self, head: bytes) -> str:
         """Stream key of an iteration line whose text before ``iteration`` is ``head`` (one
         ``_it_head`` took), as ``_line_key`` finds it."""
         key = self.head_keys.get(head)
         if key is not None:
             return key
-        m = _PREFIXES_RE.match(head)
+        m = PREFIXES_RE.match(head)
         raw = m.group(0) if m else b""
         got = self.prefix_runs.get(raw)
         if got is None:
@@ -668,19 +668,19 @@ class _Bulk(_BulkShapes, _BulkReaders):
             self.head_keys[head] = got[0]
         return got[0]
 
-    def _it_head(self, head: bytes) -> bool:
+    def it_head(self, head: bytes) -> bool:
         """Whether a line whose text before ``iteration`` is ``head`` is read in bulk (its
         prefixes valid, nothing in it that makes the line path read it otherwise)."""
         got = self.it_heads.get(head)
         if got is None:
             got = False
-            if (not head or head[-1] not in _WORD) and b"\n" not in head:
-                m = _PREFIXES_RE.match(head)
+            if (not head or head[-1] not in WORD) and b"\n" not in head:
+                m = PREFIXES_RE.match(head)
                 raw = m.group(0) if m else b""
                 _k, rest = split_prefix(raw.decode("ascii"))
                 text = head[len(raw) - len(rest) :]
                 got = (
-                    _printable(text)
+                    is_printable(text)
                     and (not text or 0x20 <= text[0] < 0x7F)
                     and not any(
                         w in text
@@ -699,7 +699,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
 
     def _add_blocks(
         self,
-        bare: _BareBlocks,
+        bare: BareBlocks,
         blocks: list[tuple[int, int, dict[str, Any] | None, str, Any]],
         closes: np.ndarray,
         hlines: np.ndarray,
@@ -710,9 +710,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
         """Add Megatron timer blocks, ``bare``'s then ``blocks`` (``closes``, ``hlines``: the
         closes and header line numbers of both, in that order): the iteration is the last one
         of the block's stream read when it closed, else the last one of the run
-        (``_Core._last_iter``)."""
-        from analysis.parse.records import TimerBlock, _shape
-
+        (``Core._last_iter``)."""
         it_pos, it_num, it_sid, it_ids = its
         table = self.core.run.megatron_blocks
         nb = len(bare)
@@ -770,7 +768,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
                 key, nums = (flat[0], flat[1]), flat[2]
             elif values:
                 nums = [x for v in values.values() for x in (v if isinstance(v, tuple) else (v,))]
-                key = (tuple(values), _shape(values))
+                key = (tuple(values), timer_shape(values))
             else:
                 continue
             by_group.setdefault(key, []).append(nb + i)
@@ -791,7 +789,7 @@ class _Bulk(_BulkShapes, _BulkReaders):
                     table.append(
                         TimerBlock(
                             "megatron",
-                            _group_values(names, shape, row),
+                            ds_group_values(names, shape, row),
                             None,
                             it if known[i] else None,
                             int(hlines[i]),
@@ -806,16 +804,16 @@ class _Bulk(_BulkShapes, _BulkReaders):
                 hlines[at],
             )
 
-    def _ds_offset(self, block: bytes, ls: int, end: int) -> None:
+    def ds_offset(self, block: bytes, ls: int, end: int) -> None:
         """Look for DeepSpeed lines at the offset of ``[Rank`` in the line at ``ls`` (one the
         step left to the line path) from now on, when it is one of them."""
-        e = _line_end(block, ls, end)
-        at = block.find(_DS_LIT, ls, e)
+        e = line_end(block, ls, end)
+        at = block.find(DS_LIT, ls, e)
         if (
             at >= 0
             and at - ls not in self.ds_offsets
-            and len(self.ds_offsets) < _DS_OFFSETS
-            and block.find(_DS_AFTER, at, e) >= 0
+            and len(self.ds_offsets) < DS_OFFSETS
+            and block.find(DS_AFTER, at, e) >= 0
         ):
             self.ds_offsets.append(at - ls)
 

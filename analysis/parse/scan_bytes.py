@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from analysis.parse.keywords import Keywords
 from analysis.parse.lines import MAX_LINE_CHARS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from analysis.parse.machine import _Core
-    from analysis.parse.scan import _Bulk
+    from analysis.parse.machine import Core
 
 
 CHUNK_BYTES = 8 << 20
@@ -34,141 +34,19 @@ SHORT_LINES, SHORT_BYTES = 4, 64 << 10
 SHORT_LINES lines and stopped in the first quarter of what it looked at (a look costs about
 what the line path pays for 10-30 lines); doubled for each more, up to SPARSE_BYTES."""
 
-_DIGITS = b"0123456789"
-
-
-# -- keywords: the line path's scan --------------------------------------------------------
-
-# Bytes that are rare in log text, rarest first: a keyword is found by its first byte in this
-# list (one memchr-speed pass per byte), then checked at that position.  A keyword with none
-# of them is searched for whole.
-_RARE = "|#*KM)TE"
-
-
-def build_anchors(
-    keywords: tuple[str, ...],
-) -> tuple[tuple[bytes, tuple[tuple[bytes, int], ...]], ...]:
-    """(anchor, ((keyword, offset of the anchor in it), ...)) for every keyword."""
-    by_anchor: dict[bytes, list[tuple[bytes, int]]] = {}
-    whole: list[bytes] = []
-    for kw in keywords:
-        anchor = next((c for c in _RARE if c in kw), None)
-        if anchor is None:
-            whole.append(kw.encode())
-        else:
-            by_anchor.setdefault(anchor.encode(), []).append((kw.encode(), kw.index(anchor)))
-    out = [(a, tuple(checks)) for a, checks in by_anchor.items()]
-    # Keywords searched whole that share a part are found by one search of it ("exits" and
-    # "ssh exited" by "exit"): each multi-byte pass over a chunk costs ~0.3-0.6 ms/MB, less
-    # the longer the part.
-    shared: dict[bytes, list[bytes]] = {}
-    for kw in whole:
-        part = b"exit" if b"exit" in kw else kw
-        shared.setdefault(part, []).append(kw)
-    for part, kws in shared.items():
-        if kws == [part]:
-            out.append((part, ()))
-        else:
-            out.append((part, tuple((kw, kw.index(part)) for kw in kws)))
-    return tuple(out)
-
-
-def _next_hit(
-    block: bytes, anchor: bytes, checks: tuple[tuple[bytes, int], ...], pos: int, end: int
-) -> int:
-    """Position of the next keyword hit of one anchor in [pos, end), or -1."""
-    find = block.find
-    p = find(anchor, pos, end)
-    if not checks or (len(checks) == 1 and checks[0][1] == 0 and checks[0][0] == anchor):
-        return p
-    startswith = block.startswith
-    misses, since = 0, p
-    while p >= 0:
-        for kw, off in checks:
-            if p >= off and startswith(kw, p - off):
-                return p
-        misses += 1
-        if misses == _MISSES and len(checks) == 1 and p - since < _MISSES * _DENSE_GAP:
-            return _whole_hit(block, len(anchor), checks[0], p + 1, end)
-        p = find(anchor, p + 1, end)
-    return -1
-
-
-_MISSES, _DENSE_GAP = 8, 1024
-"""When the anchor byte of an anchor's only keyword was found ``_MISSES`` times in a row
-without the keyword, less than ``_DENSE_GAP`` bytes apart on average (``E`` and ``T`` of
-NCCL's ``INFO`` and ``NET`` lines, in a log full of them), the keyword is searched for
-whole: one ``bytes.find`` of the keyword costs less than stopping at every such byte."""
-
-
-def _whole_hit(block: bytes, alen: int, check: tuple[bytes, int], pos: int, end: int) -> int:
-    """``_next_hit`` of one keyword searched for whole: the first anchor position in
-    [pos, end) (the anchor ends by ``end``; the keyword may go on past it) that starts the
-    keyword at its offset."""
-    kw, off = check
-    q = block.find(kw, max(pos - off, 0), end - alen - off + len(kw))
-    return q + off if q >= 0 else -1
-
-
-class Keywords:
-    """The keyword scan: the first line holding a keyword in a range of a chunk."""
-
-    def __init__(self, keywords: tuple[str, ...], iteration_keyword: str = "iteration") -> None:
-        self.keywords = keywords
-        self.pipe_keywords = tuple(k for k in keywords if k != iteration_keyword)
-        self.anchors = build_anchors(keywords)
-        self.pipe_anchors = build_anchors(self.pipe_keywords)
-        self._cache: list[Any] = [None, -1, None, [], 0]
-
-    def forget(self) -> None:
-        """Drop what ``first`` remembers (and the buffer it holds)."""
-        self._cache = [None, -1, None, [], 0]
-
-    def has(self, line: str, pipe_iterations: bool) -> bool:
-        """Whether a line holds a keyword."""
-        return any(k in line for k in (self.pipe_keywords if pipe_iterations else self.keywords))
-
-    def first(
-        self, block: bytes, pos: int, end: int, pipe_iterations: bool, once: bool = False
-    ) -> int:
-        """Position of the first keyword in ``block[pos:end]``, or -1.  The next hit of each
-        anchor is remembered for the same buffer, so that successive calls over one chunk
-        search each byte about once (``once``: a buffer searched only once, not remembered)."""
-        anchors = self.pipe_anchors if pipe_iterations else self.anchors
-        if once:
-            best = -1
-            for anchor, checks in anchors:
-                p = _next_hit(block, anchor, checks, pos, end if best < 0 else best)
-                if p >= 0 and (best < 0 or p < best):
-                    best = p
-            return best
-        cache = self._cache
-        if cache[0] is not block or cache[1] != end or cache[2] is not anchors:
-            cache = self._cache = [block, end, anchors, [-2] * len(anchors), pos]
-        elif pos < cache[4]:  # going back: forget
-            cache[3] = [-2] * len(anchors)
-        cache[4] = pos
-        nxt = cache[3]
-        best = -1
-        for i, (anchor, checks) in enumerate(anchors):
-            p = nxt[i]
-            if p < pos and p != -1:
-                p = nxt[i] = _next_hit(block, anchor, checks, pos, end)
-            if p >= 0 and (best < 0 or p < best):
-                best = p
-        return best
+DIGITS = b"0123456789"
 
 
 # -- the line path ---------------------------------------------------------------------------
 
 
-def _line_end(block: bytes, s: int, end: int) -> int:
+def line_end(block: bytes, s: int, end: int) -> int:
     e = block.find(b"\n", s, end)
     return end if e < 0 else e
 
 
 def line_step(
-    core: _Core,
+    core: Core,
     kw: Keywords,
     block: bytes,
     pos: int,
@@ -176,17 +54,17 @@ def line_step(
     lineno: int,
     look_here: bool = False,
 ) -> tuple[int, int]:
-    """Feed the next line of ``block[pos:end]`` that can matter (``_Core.active``, keywords,
+    """Feed the next line of ``block[pos:end]`` that can matter (``Core.active``, keywords,
     streams with an open timer block); skip the lines before it.  Returns (pos, lineno) after
     the fed line, or (end, lineno at end) when none is left.  ``look_here``: the line at
     ``pos`` most likely holds a keyword (a bulk step ended there): look for one in it first,
     before the keywords are looked for through the rest of the chunk."""
     if core.active:
-        e = _line_end(block, pos, end)
+        e = line_end(block, pos, end)
         core.feed(lineno, block[pos:e].decode("utf-8", "replace"))
         return e + 1, lineno + 1
     if core.timer_keys:  # lines of those streams continue or close the block: each line
-        e = _line_end(block, pos, end)
+        e = line_end(block, pos, end)
         line = block[pos:e].decode("utf-8", "replace")
         if kw.has(line, core.run.pipe_iterations):
             core.feed(lineno, line)
@@ -195,65 +73,65 @@ def line_step(
         return e + 1, lineno + 1
     hit = -1
     if look_here:
-        hit = kw.first(block, pos, _line_end(block, pos, end), core.run.pipe_iterations, True)
+        hit = kw.first(block, pos, line_end(block, pos, end), core.run.pipe_iterations, True)
     if hit < 0:
         hit = kw.first(block, pos, end, core.run.pipe_iterations)
     if hit < 0:
         return end, lineno + block.count(b"\n", pos, end)
     s = block.rfind(b"\n", pos, hit) + 1 or pos
     lineno += block.count(b"\n", pos, s)
-    e = _line_end(block, s, end)
+    e = line_end(block, s, end)
     core.feed(lineno, block[s:e].decode("utf-8", "replace"))
     return e + 1, lineno + 1
 
 
 # -- the bulk path ---------------------------------------------------------------------------
 
-_DS_LIT = b"[Rank "
-_DS_AFTER = b"] time (ms) |"
-"""A DeepSpeed ``[Rank N] time (ms) |`` line: the text around its rank (``_ds_heads``)."""
-_DS_OFFSETS = 16
+DS_LIT = b"[Rank "
+DS_AFTER = b"] time (ms) |"
+"""A DeepSpeed ``[Rank N] time (ms) |`` line: the text around its rank (``ds_heads``)."""
+DS_OFFSETS = 16
 """Offsets of ``[Rank`` in a line (the launcher prefixes' widths) the bulk path looks at."""
-_DS_PROBES = 4
+DS_PROBES = 4
 """Bulk steps that search their text for a DeepSpeed line while none was seen."""
 _IS_DIGIT = np.zeros(256, dtype=bool)
 _IS_DIGIT[48:58] = True
-_MEM_LIT = b"memory (MB) |"
-_MEM_BULK_RE = re.compile(rb"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \|([^\n]*)\n")
+MEM_LIT = b"memory (MB) |"
+MEM_BULK_RE = re.compile(rb"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \|([^\n]*)\n")
 """A memory report of one rank after some iterations (Megatron's ``report_memory`` on every
-rank), as ``_Bulk._mem_bulk`` reads a segment of them."""
-_MEM_BULK_HEAD = b"[Rank ] (after  iterations) memory (MB) |"
-"""Its text up to the values, without digits: how its shape starts (``_Bulk.mem_shapes``)."""
-_MEM_BULK_MIN = 64
+rank), as ``BulkReaders.mem_bulk`` reads a segment of them."""
+MEM_BULK_HEAD = b"[Rank ] (after  iterations) memory (MB) |"
+"""Its text up to the values, without digits: how its shape starts (``Bulk.mem_shapes``)."""
+MEM_BULK_MIN = 64
 """Reports in a segment below which the line-by-line reader reads them."""
-"""A memory report (its text up to the end of the line: ``_finds(..., to_eol=True)``)."""
-_MEM_HEAD_RE = re.compile(rb"(?:\[Rank (\d+)\] )?(?:\(after (\d+) iterations\) )?\Z")
-_IT_RE = re.compile(rb"iteration +(\d+)/ *(\d+) *\|")
+"""A memory report (its text up to the end of the line: ``find_all(..., to_eol=True)``)."""
+MEM_HEAD_RE = re.compile(rb"(?:\[Rank (\d+)\] )?(?:\(after (\d+) iterations\) )?\Z")
+IT_RE = re.compile(rb"iteration +(\d+)/ *(\d+) *\|")
 # The line path's own patterns, on bytes (the same on printable ASCII, which is all the bulk
 # path takes).
-_HEAD_LIT = b"across ranks (ms):"
-_HEADS = {
+HEAD_LIT = b"across ranks (ms):"
+HEADS = {
     b"(min, max) time across ranks (ms):": "(min, max) time",
     b"max time across ranks (ms):": "max time",
     b"times across ranks (ms):": "times",
 }
-_NAME_RE = re.compile(rb"[A-Za-z_]+\Z")
+NAME_RE = re.compile(rb"[A-Za-z_]+\Z")
 # Launcher prefixes at the start of a line, as ``_lines.split_prefix`` reads them (which then
 # says how many of them really are prefixes).
-_PREFIXES_RE = re.compile(
+PREFIXES_RE = re.compile(
     rb"(?:\s{0,4}\d{1,5}:\s|\[\d{1,9},\d{1,6}\]<std(?:out|err)>:|\[(?:default\d+|rank\d+)\]:\s?"
     rb"|[A-Za-z0-9][A-Za-z0-9_.-]{0,62}:\s){0,4}"
 )
-_MEM_FIELDS = {
+MEM_FIELDS = {
     b"allocated": "allocated_mb",
     b"max allocated": "max_allocated_mb",
     b"reserved": "reserved_mb",
     b"max reserved": "max_reserved_mb",
 }
-_MISSING = object()
+MISSING = object()
 
 
-def _finds(block: bytes, lit: bytes, pos: int, end: int, to_eol: bool = False) -> Any:
+def find_all(block: bytes, lit: bytes, pos: int, end: int, to_eol: bool = False) -> Any:
     """(start, end) of each occurrence of ``lit`` in [pos, end), as ``re.finditer`` of the
     literal gives them (``to_eol``: of ``lit[^\n]*\n``), by ``bytes.find``: a sparse
     literal is found several times faster than by a regular expression."""
@@ -272,7 +150,7 @@ def _finds(block: bytes, lit: bytes, pos: int, end: int, to_eol: bool = False) -
             p = find(lit, p + n, end)
 
 
-def _pairs(body: bytes) -> tuple[list[bytes], list[bytes]] | None:
+def byte_pairs(body: bytes) -> tuple[list[bytes], list[bytes]] | None:
     """Names (stripped) and value tokens of ``name: value | ...``, every piece one colon."""
     names, values = [], []
     for piece in body.split(b"|"):
@@ -284,7 +162,7 @@ def _pairs(body: bytes) -> tuple[list[bytes], list[bytes]] | None:
     return names, values
 
 
-def _finite(token: bytes) -> float | None:
+def finite_float(token: bytes) -> float | None:
     try:
         x = float(token)
     except ValueError:
@@ -292,7 +170,7 @@ def _finite(token: bytes) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _group_values(
+def ds_group_values(
     names: tuple[str, ...], shape: tuple[int, ...], flat: list[float]
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -303,38 +181,36 @@ def _group_values(
     return out
 
 
-_PRINTABLE = bytes(range(0x20, 0x7F)) + b"\t"
+PRINTABLE = bytes(range(0x20, 0x7F)) + b"\t"
 
 
-def _printable(line: bytes) -> bool:
+def is_printable(line: bytes) -> bool:
     """Printable ASCII (and tabs), a trailing carriage return allowed."""
-    return not line.translate(None, _PRINTABLE) or not line.rstrip(b"\r").translate(
-        None, _PRINTABLE
-    )
+    return not line.translate(None, PRINTABLE) or not line.rstrip(b"\r").translate(None, PRINTABLE)
 
 
-_WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 _GLUE_AT_RE = re.compile(rb"iteration\s+\d+\s*/\s*\d+")
 
 
-def _other_glue(text: bytes, rel: int) -> bool:
-    """Whether the line path's ``_GLUE_RE`` matches ``text`` anywhere but at ``rel``."""
+def other_glue(text: bytes, rel: int) -> bool:
+    """Whether the line path's ``GLUE_RE`` matches ``text`` anywhere but at ``rel``."""
     j = text.find(b"iteration")
     while j >= 0:
-        if j != rel and (j == 0 or text[j - 1] not in _WORD) and _GLUE_AT_RE.match(text, j):
+        if j != rel and (j == 0 or text[j - 1] not in WORD) and _GLUE_AT_RE.match(text, j):
             return True
         j = text.find(b"iteration", j + 9)
     return False
 
 
-def _ds_values(bodies: list[bytes], k: int) -> np.ndarray | None:
+def ds_values(bodies: list[bytes], k: int) -> np.ndarray | None:
     """Values of DeepSpeed line bodies of one known shape (k names), as a (lines x k) array;
     None when one does not convert."""
     parts = b"|".join(bodies).replace(b":", b"|").split(b"|")
     if len(parts) != 2 * k * len(bodies):
         return None
     names = b"".join(parts[0::2])
-    if len(names.translate(None, _DIGITS)) != len(names):
+    if len(names.translate(None, DIGITS)) != len(names):
         return None
     try:
         vals = np.array(list(map(float, parts[1::2])), dtype=float)
@@ -348,21 +224,21 @@ def _ds_values(bodies: list[bytes], k: int) -> np.ndarray | None:
 # A piece of a DeepSpeed line's shape (its text without digits) whose value is a plain
 # decimal with spaces around it: deleting the names, colons and bars leaves the values, space
 # separated, for np.fromstring (which reads them exactly as float() does).  A digit in a name
-# would be a number too many, a value without a digit one too few: ``_ds_values_fast``
+# would be a number too many, a value without a digit one too few: ``ds_values_fast``
 # counts them.
-_FAST_PIECE_RE = re.compile(rb" [A-Za-z_]+: +-?\.? *\Z")
-_FAST_MEM_PIECE_RE = re.compile(rb" [A-Za-z_][A-Za-z_ ]*: +-?\.? *\Z")
+FAST_PIECE_RE = re.compile(rb" [A-Za-z_]+: +-?\.? *\Z")
+FAST_MEM_PIECE_RE = re.compile(rb" [A-Za-z_][A-Za-z_ ]*: +-?\.? *\Z")
 """The same for a piece of a memory report's shape (its names hold spaces)."""
 _NOT_VALUES = bytes(c for c in range(256) if chr(c).isalpha() and c < 128) + b"_:|"
 
 
-def _ds_values_fast(bodies: list[bytes], k: int) -> np.ndarray | None:
-    """``_ds_values`` for shapes of plain decimals (``_FAST_PIECE_RE``), in a few C passes."""
-    vals = _values_fast(b"\n".join(bodies), np.full(len(bodies), k, dtype=np.int64))
+def ds_values_fast(bodies: list[bytes], k: int) -> np.ndarray | None:
+    """``ds_values`` for shapes of plain decimals (``FAST_PIECE_RE``), in a few C passes."""
+    vals = values_fast(b"\n".join(bodies), np.full(len(bodies), k, dtype=np.int64))
     return None if vals is None else vals.reshape(len(bodies), k)
 
 
-def _values_fast(joined: bytes, counts: np.ndarray) -> np.ndarray | None:
+def values_fast(joined: bytes, counts: np.ndarray) -> np.ndarray | None:
     """The values of DeepSpeed line bodies of shapes of plain decimals, joined by newlines,
     ``counts[i]`` of them in line i, in the order printed; None when one does not convert or a
     line does not hold its count."""
@@ -429,13 +305,13 @@ def _fixed_point(
     return ints / _POWERS[ends - dots]
 
 
-def _words(block: bytes) -> np.ndarray:
+def word_array(block: bytes) -> np.ndarray:
     """Every 8 bytes of ``block`` from each offset, as a little-endian word (a view: an
     offset past ``len(block) - 8`` has none)."""
     return np.ndarray((len(block) - 7,), dtype="<u8", buffer=block, strides=(1,))
 
 
-def _line_starts(pos: int, nl: np.ndarray) -> np.ndarray:
+def line_starts(pos: int, nl: np.ndarray) -> np.ndarray:
     """Where each line from ``pos`` starts (``nl``: the newline that ends each)."""
     starts = np.empty_like(nl)
     if len(nl):
@@ -449,7 +325,7 @@ _TRAILING[list(b" \t\r\x0b\x0c")] = True
 """The bytes ``bytes.rstrip()`` takes off a line's end before its newline."""
 
 
-def _lines_ending(
+def lines_ending(
     block: bytes, pos: int, nl: np.ndarray, tail: bytes
 ) -> tuple[list[int], list[int]]:
     """Start and newline of each line from ``pos`` (``nl``: its newlines) that ends in ``tail``
@@ -459,7 +335,7 @@ def _lines_ending(
     if not len(nl):
         return [], []
     buf = np.frombuffer(block, dtype=np.uint8)
-    starts = _line_starts(pos, nl)
+    starts = line_starts(pos, nl)
     last = nl - 1
     live = last >= starts
     byte = np.where(live, buf[np.maximum(last, 0)], 0)
@@ -485,15 +361,15 @@ def _lines_ending(
 
 
 def _word(text: bytes, n: int = 8) -> np.uint64:
-    """The first ``n`` bytes of ``text`` as a little-endian word (``_ds_heads``)."""
+    """The first ``n`` bytes of ``text`` as a little-endian word (``ds_heads``)."""
     return np.uint64(int.from_bytes(text[:n], "little"))
 
 
-_DS_W = (_word(_DS_LIT, 6), _word(_DS_AFTER), _word(_DS_AFTER[5:]))
+_DS_W = (_word(DS_LIT, 6), _word(DS_AFTER), _word(DS_AFTER[5:]))
 _LOW6 = np.uint64((1 << 48) - 1)
 
 
-def _ds_heads(
+def ds_heads(
     block: bytes, starts: np.ndarray, nl: np.ndarray, offsets: list[int]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The DeepSpeed ``[Rank N] time (ms) |`` lines among those at ``starts`` (``nl``: their
@@ -505,7 +381,7 @@ def _ds_heads(
     if not len(nl) or not offsets or len(block) < 32:
         return none, none, none, none
     buf = np.frombuffer(block, dtype=np.uint8)
-    words = _words(block)
+    words = word_array(block)
     top = len(block) - 8
     lines, ats = [], []
     for w in offsets:
@@ -534,15 +410,15 @@ def _ds_heads(
             more = width > j
             rank[more] = rank[more] * 10 + digits[more, j] - 48
     q = at + 6 + width  # where "] time (ms) |" is
-    ok = (width > 0) & (q + len(_DS_AFTER) <= nl[idx])
+    ok = (width > 0) & (q + len(DS_AFTER) <= nl[idx])
     q = np.where(ok, q, at)
     ok &= (words[q] == _DS_W[1]) & (words[q + 5] == _DS_W[2])
     if not ok.all():
         idx, at, q, rank = idx[ok], at[ok], q[ok], rank[ok]
-    return idx, at, rank, q + len(_DS_AFTER)
+    return idx, at, rank, q + len(DS_AFTER)
 
 
-def _same_text(block: bytes, starts: np.ndarray, ends: Any) -> bytes | None:
+def same_text(block: bytes, starts: np.ndarray, ends: Any) -> bytes | None:
     """The text of ``block`` from each start to its end when it is the same for all (each
     followed by at least 8 bytes, when it is shorter: compared 8 bytes at a time), else
     None."""
@@ -554,14 +430,16 @@ def _same_text(block: bytes, starts: np.ndarray, ends: Any) -> bytes | None:
         return raw
     if w <= 8:
         mask = np.uint64((1 << (8 * w)) - 1)
-        same = ((_words(block)[starts] & mask) == np.uint64(int.from_bytes(raw, "little"))).all()
+        same = (
+            (word_array(block)[starts] & mask) == np.uint64(int.from_bytes(raw, "little"))
+        ).all()
     else:
         got = np.frombuffer(block, dtype=np.uint8)[starts[:, None] + np.arange(w)]
         same = (got == np.frombuffer(raw, dtype=np.uint8)).all()
     return raw if same else None
 
 
-class _MemLines:
+class MemLines:
     """Megatron memory reports of a segment, column-wise: starts, ends, rank and iteration
     after which each was printed (None where not printed), values (NaN where not printed)."""
 
@@ -576,7 +454,7 @@ class _MemLines:
         self.ls, self.le, self.rank, self.after, self.values = ls, le, rank, after, values
 
     @classmethod
-    def of(cls, rows: list[tuple[int, int, int | None, int | None, dict[str, float]]]) -> _MemLines:
+    def of(cls, rows: list[tuple[int, int, int | None, int | None, dict[str, float]]]) -> MemLines:
         """From (start, end, rank, after, values) a report each."""
         return cls(
             np.array([x[0] for x in rows], dtype=np.int64),
@@ -585,19 +463,19 @@ class _MemLines:
             [x[3] for x in rows],
             {
                 f: np.array([x[4].get(f, np.nan) for x in rows], dtype=float)
-                for f in _MEM_FIELDS.values()
+                for f in MEM_FIELDS.values()
             },
         )
 
     def __len__(self) -> int:
         return len(self.ls)
 
-    def select(self, mask: np.ndarray) -> _MemLines:
+    def select(self, mask: np.ndarray) -> MemLines:
         """The reports where ``mask`` holds."""
         if mask.all():
             return self
         keep = mask.tolist()
-        return _MemLines(
+        return MemLines(
             self.ls[mask],
             self.le[mask],
             list(compress(self.rank, keep)),
@@ -606,8 +484,8 @@ class _MemLines:
         )
 
 
-class _ItLines:
-    """Megatron iteration lines of a segment in file order (``_Bulk._iteration_lines``):
+class ItLines:
+    """Megatron iteration lines of a segment in file order (``BulkReaders.iteration_lines``):
     their values as one table when all are of one learned pattern, else each line's own."""
 
     def __init__(
@@ -634,7 +512,7 @@ class _ItLines:
     @classmethod
     def of_rows(
         cls, rows: list[tuple[int, int, int, int, tuple[tuple[str, ...], tuple[Any, ...]], str]]
-    ) -> _ItLines:
+    ) -> ItLines:
         """From (start, end, number, total, (names, values), stream) rows."""
         cols = list(zip(*rows, strict=True)) if rows else [()] * 6
         return cls(
@@ -670,11 +548,11 @@ class _ItLines:
     def __len__(self) -> int:
         return len(self.ls)
 
-    def select(self, which: np.ndarray) -> _ItLines:
+    def select(self, which: np.ndarray) -> ItLines:
         """The lines at ``which`` (a mask or indices)."""
         idx = np.flatnonzero(which) if which.dtype == bool else which
         pick = idx.tolist()
-        return _ItLines(
+        return ItLines(
             self.ls[idx],
             self.le[idx],
             self.number[idx],
@@ -687,8 +565,8 @@ class _ItLines:
         )
 
 
-class _StepLines:
-    """PipelineEngine step lines of a segment in file order (``_BulkReaders._steps_lines``),
+class StepLines:
+    """PipelineEngine step lines of a segment in file order (``BulkReaders.steps_lines``),
     column-wise; a value ``to_float`` gives None for is NaN."""
 
     def __init__(
@@ -709,7 +587,7 @@ class _StepLines:
         """The step numbers (int64) and the values (float64)."""
 
     @classmethod
-    def of_rows(cls, rows: list[tuple[Any, ...]]) -> _StepLines:
+    def of_rows(cls, rows: list[tuple[Any, ...]]) -> StepLines:
         """From (start, end, stream, step, loss, iter ms, samples/s) rows (None: NaN)."""
         cols = list(zip(*rows, strict=True)) if rows else [()] * 7
 
@@ -729,11 +607,11 @@ class _StepLines:
     def __len__(self) -> int:
         return len(self.ls)
 
-    def select(self, which: np.ndarray) -> _StepLines:
+    def select(self, which: np.ndarray) -> StepLines:
         """The lines at ``which`` (a mask)."""
         if which.all():
             return self
-        return _StepLines(
+        return StepLines(
             self.ls[which],
             self.le[which],
             list(compress(self.keys, which.tolist())),
@@ -744,9 +622,9 @@ class _StepLines:
         )
 
 
-class _BareBlocks:
+class BareBlocks:
     """Timer blocks of one stream that one learned pattern read at once
-    (``_BlockPattern.read_bare``, ``read_keyed``), column-wise, in file order."""
+    (``BlockPattern.read_bare``, ``read_keyed``), column-wise, in file order."""
 
     def __init__(
         self,
@@ -754,7 +632,7 @@ class _BareBlocks:
         body: np.ndarray,
         end: np.ndarray,
         close: np.ndarray,
-        pattern: _BlockPattern | None,
+        pattern: BlockPattern | None,
         nums: np.ndarray,
     ) -> None:
         self.hs, self.body, self.end, self.close = hs, body, end, close
@@ -767,7 +645,7 @@ class _BareBlocks:
         """One row of the flat values each."""
 
     @classmethod
-    def empty(cls) -> _BareBlocks:
+    def empty(cls) -> BareBlocks:
         """None."""
         none = np.zeros(0, dtype=np.int64)
         return cls(none, none, none, none, None, np.zeros((0, 0)))
@@ -775,9 +653,9 @@ class _BareBlocks:
     def __len__(self) -> int:
         return len(self.hs)
 
-    def select(self, which: np.ndarray) -> _BareBlocks:
+    def select(self, which: np.ndarray) -> BareBlocks:
         """The blocks at ``which`` (a mask)."""
-        return _BareBlocks(
+        return BareBlocks(
             self.hs[which],
             self.body[which],
             self.end[which],
@@ -787,7 +665,7 @@ class _BareBlocks:
         )
 
 
-class _DSLines:
+class DSLines:
     """DeepSpeed lines of a segment: starts, ends, ranks, which are taken, values by group."""
 
     def __init__(self, n: int) -> None:
@@ -803,7 +681,7 @@ class _DSLines:
         return len(self.ls)
 
 
-_VALUE = rb"( *[-+.0-9eE]+ *)"
+VALUE = rb"( *[-+.0-9eE]+ *)"
 """A value of an iteration line's learned pattern: the bytes of a number; ``float()`` then
 reads it or the line is not taken (the numbers it reads are those this pattern's tokens can
 be, as the line path's ``_VALUE_PIPE_RE`` then ``to_float`` read them), one pass of the
@@ -811,14 +689,14 @@ regular expression engine per byte."""
 
 
 @dataclass
-class _IterPattern:
-    """A Megatron iteration line shape as a pattern (``_Bulk._learn_iteration``)."""
+class IterPattern:
+    """A Megatron iteration line shape as a pattern (``BulkShapes.learn_iteration``)."""
 
     rx: re.Pattern[bytes]
     """From ``iteration`` to the end of the line; groups: spaces, number, spaces, total,
     spaces, one value per piece, trailing spaces."""
     fields: list[tuple[int, str, str, float]]
-    """(piece, Iteration field, "int" | "float", factor) as ``_Bulk._it_shape`` found."""
+    """(piece, Iteration field, "int" | "float", factor) as ``BulkShapes.it_shape`` found."""
     fast: re.Pattern[bytes]
     """The same pattern with groups only for the number, the total and the values of
     ``fields``' pieces (in piece order): what ``_iteration_patterns`` reads."""
@@ -828,13 +706,13 @@ class _IterPattern:
     """``fast`` with a group of the whole match first (``findall`` then gives its length)."""
 
 
-_ALLOC_AFTER = 4
-"""DeepSpeed's ``MemAllocated=`` lines are read in bulk too (``_Bulk.alloc``) once the run
+ALLOC_AFTER = 4
+"""DeepSpeed's ``MemAllocated=`` lines are read in bulk too (``Bulk.alloc``) once the run
 holds this many DeepSpeed memory lines."""
-_STEPS_LIT = b"steps:"
-"""What DeepSpeed's PipelineEngine step line holds (``_Bulk._steps_lines``)."""
-_ALLOC_LIT = b"MemAllocated="
-_ALLOC_NOT = (
+STEPS_LIT = b"steps:"
+"""What DeepSpeed's PipelineEngine step line holds (``BulkReaders.steps_lines``)."""
+ALLOC_LIT = b"MemAllocated="
+ALLOC_NOT = (
     b"# run outcome",
     b"iteration",
     b"steps:",
@@ -842,20 +720,20 @@ _ALLOC_NOT = (
     b"across ranks (ms)",
     b"memory (MB)",
 )
-"""Texts that send a line to an earlier branch of ``_Core._dispatch`` than the one of
+"""Texts that send a line to an earlier branch of ``Core._dispatch`` than the one of
 ``MemAllocated=``: such a line is left to the line path."""
-_MEMALLOC_RE = re.compile(rb"MemAllocated=([\d.]+)\s*GB.*?MaxMemAllocated=([\d.]+)\s*GB")
-_RANK_RE = re.compile(rb"\[Rank (\d+)\]")
+MEMALLOC_RE = re.compile(rb"MemAllocated=([\d.]+)\s*GB.*?MaxMemAllocated=([\d.]+)\s*GB")
+RANK_RE = re.compile(rb"\[Rank (\d+)\]")
 """``analysis.parse.rules``' patterns of the same names, on bytes (the same on printable
 ASCII, which is all the bulk path takes)."""
-_OPEN = object()
+OPEN = object()
 """A timer block that does not close in the bytes looked at."""
-_LONG = object()
+LONG = object()
 """A timer block with an over-long line (the line path truncates it, and counts it)."""
 _NUMBER = rb"([-\d.eE+]+)"
 
 
-def _pattern(raw: bytes, spans: list[tuple[int, int]], offset: int) -> bytes:
+def line_pattern(raw: bytes, spans: list[tuple[int, int]], offset: int) -> bytes:
     """A line as a pattern: its text, with the numbers at ``spans`` (of its content, which
     starts at ``offset``) as groups."""
     out, q = [], 0
@@ -867,17 +745,17 @@ def _pattern(raw: bytes, spans: list[tuple[int, int]], offset: int) -> bytes:
 
 
 _TIMER_TAIL = b"0123456789.eE+-(), \t\r\n\x0b\x0c\x1c\x1d\x1e\x1f"
-"""The ASCII bytes of what ``_TIMER_LINE_RE`` matches after the ``: `` that ends its name (the
+"""The ASCII bytes of what ``TIMER_LINE_RE`` matches after the ``: `` that ends its name (the
 last in the line: no colon follows), as bytes or as text (whose ``\\s`` and ``\\d`` match
 more, all of it outside ASCII but these)."""
 _NOT_ASCII = bytes(range(0x80, 0x100))
 _CLOSES_FOR_CERTAIN = frozenset(range(0x21, 0x7F)) - frozenset(b"0123456789.eE+-):")
-"""Last bytes of a line that no line of a timer block ends with: ``_TIMER_LINE_RE`` and
-``_TIMER_RANK_RE`` end in a number (a digit or one of ``.eE+-``) or ``)``, and
-``_TIMER_NAME_RE`` in ``:``, each then only whitespace (a line whose last byte is whitespace
+"""Last bytes of a line that no line of a timer block ends with: ``TIMER_LINE_RE`` and
+``TIMER_RANK_RE`` end in a number (a digit or one of ``.eE+-``) or ``)``, and
+``TIMER_NAME_RE`` in ``:``, each then only whitespace (a line whose last byte is whitespace
 or not ASCII is looked at in full)."""
 _HOST_LABEL_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,62}")
-"""A host label (``_PREFIXES_RE``'s, not all digits) ``read_keyed`` looks for at line
+"""A host label (``PREFIXES_RE``'s, not all digits) ``read_keyed`` looks for at line
 starts."""
 _TAG_LABEL_RE = re.compile(r"default\d+|rank\d+")
 """Labels of another launcher prefix form (``[rank3]:``) than a host's."""
@@ -888,18 +766,18 @@ _SPACE[list(b" \t\n\r\x0b\x0c")] = True
 _SPACE_OR_DIGIT = _SPACE | _IS_DIGIT
 _PREFIX_START = _SPACE_OR_DIGIT.copy()
 _PREFIX_START[list(b"[ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")] = True
-"""Bytes a launcher prefix (``_PREFIXES_RE``) can start with: whitespace (``\\s``), a digit, a
+"""Bytes a launcher prefix (``PREFIXES_RE``) can start with: whitespace (``\\s``), a digit, a
 letter, ``[``."""
-_START, _END, _GROUPS = re.Match.start, re.Match.end, re.Match.groups
+START, END, GROUPS = re.Match.start, re.Match.end, re.Match.groups
 """A match's start, end and groups, as functions of it (``map`` over matches)."""
 
 
 _VECTOR_VALUES = 32
-"""Values of a block of "rank" lines from which ``_BlockPattern.read`` reduces them with
+"""Values of a block of "rank" lines from which ``BlockPattern.read`` reduces them with
 NumPy."""
 
 
-class _BlockPattern:
+class BlockPattern:
     """A Megatron timer block as printed in one piece: the header line and each timer line
     of its stream, with the numbers as groups.  ``read`` checks the line after it too."""
 
@@ -914,7 +792,7 @@ class _BlockPattern:
     ) -> None:
         self.rx = rx
         self.apart = apart
-        """The same block with other streams' lines between its lines (``_Bulk._learn``)."""
+        """The same block with other streams' lines between its lines (``BulkShapes.learn``)."""
         self.prefix = prefix
         """The launcher prefixes its lines start with (those of the other lines do not)."""
         self.not_own = re.compile(b"\n(?!" + re.escape(prefix) + b")") if prefix else None
@@ -924,7 +802,7 @@ class _BlockPattern:
         self.key = key
         self.name = next((n for how, n in reversed(recipe) if how == "name"), None)
         # A block of only "one" and "pair" lines, every name once: its values in the order
-        # read are the block's flat values (``_Bulk._add_blocks``), names and shape fixed.
+        # read are the block's flat values (``Bulk._add_blocks``), names and shape fixed.
         named = [(how, n) for how, n in recipe if how in ("one", "pair")]
         names = tuple(n for _h, n in named)
         # How the values read are placed: (how, name, first, past the last) over the numbers,
@@ -967,9 +845,9 @@ class _BlockPattern:
         ):
             self.host = key.encode() + b":"
 
-    def read(self, bulk: _Bulk, block: bytes, ls: int, T: int) -> Any:
+    def read(self, bulk: Any, block: bytes, ls: int, T: int) -> Any:
         """(close, values, [span of its body lines], stream, flat) of the block at ``ls``,
-        ``_OPEN``, ``_LONG``, or None when it is not this block printed in one piece.  ``flat``:
+        ``OPEN``, ``LONG``, or None when it is not this block printed in one piece.  ``flat``:
         (names, shape, values) when the block's values are those (then ``values`` is None)."""
         m = self.rx.match(block, ls, T)
         apart = m is None
@@ -1034,31 +912,31 @@ class _BlockPattern:
                 return None
         name = self.name
         while q < T:
-            le = _line_end(block, q, T)
+            le = line_end(block, q, T)
             if le >= T:
-                return _OPEN
+                return OPEN
             if le - q > MAX_LINE_CHARS:
-                return _LONG
+                return LONG
             c = block[q] if q < le else 0x20
             if (
                 not self.key
-                and _PREFIXES_RE.match(block, q, le).end() == q
+                and PREFIXES_RE.match(block, q, le).end() == q
                 and (  # type: ignore[union-attr]
                     0x20 <= c < 0x7F or c == 0x09
                 )
             ):
                 s, cs = q, q  # (a line without prefixes, plain ASCII: the bare stream's next)
             else:
-                nxt = bulk._next_of_stream(block, self.key, q, T)  # (q > 0: after the header)
+                nxt = bulk.next_of_stream(block, self.key, q, T)  # (q > 0: after the header)
                 if nxt is None:
-                    return _OPEN
+                    return OPEN
                 s, le, cs = nxt
             if le - s > MAX_LINE_CHARS:
-                return _LONG
+                return LONG
             # (Whether the line closes the block does not depend on the values read.)  A line
             # that ends in a printable byte no timer line ends with closes it for certain, as
             # does, in a block of another kind than "times", one whose text after its last
-            # ``: `` holds a byte that ``_TIMER_LINE_RE`` does not match there.
+            # ``: `` holds a byte that ``TIMER_LINE_RE`` does not match there.
             if (
                 (le == s or block[le - 1] not in _CLOSES_FOR_CERTAIN)
                 and (
@@ -1068,11 +946,11 @@ class _BlockPattern:
                     .translate(None, _TIMER_TAIL)
                     .translate(None, _NOT_ASCII)
                 )
-                and bulk._body_step(block, s, le, cs, self.kind, name, {}) is not None
+                and bulk.readers.body_step(block, s, le, cs, self.kind, name, {}) is not None
             ):
                 return None  # the block goes on: read it line by line
             return s, values, mine, self.key, flat
-        return _OPEN
+        return OPEN
 
     def _match_all(
         self, block: bytes, hs: np.ndarray, T: int
@@ -1083,10 +961,10 @@ class _BlockPattern:
         matched = np.array([m is not None for m in ms], dtype=bool)
         hit = list(compress(ms, matched.tolist())) if not matched.all() else ms
         try:
-            nums = np.array(list(map(float, chain.from_iterable(map(_GROUPS, hit)))), dtype=float)
+            nums = np.array(list(map(float, chain.from_iterable(map(GROUPS, hit)))), dtype=float)
         except ValueError:
             return None
-        q = np.fromiter(map(_END, hit), dtype=np.int64, count=len(hit))
+        q = np.fromiter(map(END, hit), dtype=np.int64, count=len(hit))
         return matched, q, nums.reshape(len(hit), self.rx.groups)
 
     def read_bare(
@@ -1113,7 +991,7 @@ class _BlockPattern:
         c, c1 = buf[np.minimum(q, le)], buf[np.minimum(q + 1, le)]
         # The line at q is the stream's next when it has no launcher prefix: it starts with a
         # byte no prefix starts with, or whitespace and then a byte that is not a digit or
-        # whitespace (``_PREFIXES_RE``); plain ASCII (``_Bulk._line_key``).
+        # whitespace (``PREFIXES_RE``); plain ASCII (``Bulk line_key``).
         good = (
             (le > q)
             & (le - q <= MAX_LINE_CHARS)
@@ -1131,7 +1009,7 @@ class _BlockPattern:
         return taken, close, values
 
     def read_keyed(
-        self, bulk: _Bulk, block: bytes, hs: np.ndarray, pos: int, T: int, nl: np.ndarray
+        self, bulk: Any, block: bytes, hs: np.ndarray, pos: int, T: int, nl: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``read`` of the blocks of a stream of one host label (``host``) at the header lines
         ``hs`` (``nl``: the newlines of [pos, T)), in a few
@@ -1139,7 +1017,7 @@ class _BlockPattern:
         printed in one piece (no other stream's line inside), of values that convert, and
         closed for certain by the stream's next line (the first line after it that starts
         with the label: it ends in a printable byte no timer line ends with, and it is the
-        stream's as ``_Bulk._line_key`` finds), else not (``read`` reads it)."""
+        stream's as ``Bulk line_key`` finds), else not (``read`` reads it)."""
         n = len(hs)
         none = (
             np.zeros(n, dtype=bool),
@@ -1150,7 +1028,7 @@ class _BlockPattern:
         host = self.host
         if self.flat is None or host is None or not n or not len(nl):
             return none
-        starts = _line_starts(pos, nl)
+        starts = line_starts(pos, nl)
         if int(starts[-1]) > len(block) - max(8, len(host) + 3):
             return none  # (a line too near the end of the text for a look at its start)
         got = self._match_all(block, hs, T)
@@ -1159,11 +1037,11 @@ class _BlockPattern:
         matched, q, nums = got
         k = self.rx.groups
         # The lines that start with the label, a colon and whitespace: the only ones that can
-        # be the stream's (``_PREFIXES_RE``: a host label starts its line).
+        # be the stream's (``PREFIXES_RE``: a host label starts its line).
         buf = np.frombuffer(block, dtype=np.uint8)
         w = len(host)
         if w <= 8:  # (one word a line)
-            word = _words(block)[starts] & np.uint64((1 << (8 * w)) - 1)
+            word = word_array(block)[starts] & np.uint64((1 << (8 * w)) - 1)
             same = word == np.uint64(int.from_bytes(host, "little"))
         else:
             same = np.ones(len(starts), dtype=bool)
@@ -1177,7 +1055,7 @@ class _BlockPattern:
         le = nl[line] if len(own) else q
         # Its key is the stream's for certain when the byte after the label's whitespace can
         # start no other launcher prefix (``read_bare``'s test) and is plain ASCII; else as
-        # ``_Bulk._line_key`` finds it.
+        # ``Bulk line_key`` finds it.
         top = len(block) - 1
         c, c1 = buf[np.minimum(s + w + 1, top)], buf[np.minimum(s + w + 2, top)]
         sure = (~_PREFIX_START[c] | (_SPACE[c] & ~_SPACE_OR_DIGIT[c1])) & (
@@ -1199,7 +1077,7 @@ class _BlockPattern:
                 good[i] = False
                 continue
             if not sure[i]:
-                good[i] = bulk._kept_key(block, a, e)[0] == self.key
+                good[i] = bulk.kept_key(block, a, e)[0] == self.key
         taken = np.zeros(n, dtype=bool)
         close = np.zeros(n, dtype=np.int64)
         end = np.zeros(n, dtype=np.int64)
@@ -1208,7 +1086,7 @@ class _BlockPattern:
         return taken, close, end, values
 
     def _own_lines(
-        self, bulk: _Bulk, block: bytes, first: int, q: int
+        self, bulk: Any, block: bytes, first: int, q: int
     ) -> list[tuple[int, int]] | None:
         """The spans of the block's own lines in [first, q), which ``apart`` matched: the
         lines that start with its prefixes (the pattern takes no other line of its own);
@@ -1223,7 +1101,7 @@ class _BlockPattern:
         at = first
         for s in starts:
             e = block.find(b"\n", s, q)
-            if e - s > MAX_LINE_CHARS or bulk._line_key(block, s, e)[0] == key:
+            if e - s > MAX_LINE_CHARS or bulk.line_key(block, s, e)[0] == key:
                 return None
             if s > at:
                 mine.append((at, s))

@@ -1,5 +1,5 @@
-"""How the bulk scanner reads runs of known lines and timer blocks in one pass each: a mixin
-of ``analysis.parse.scan._Bulk``.
+"""How the bulk scanner reads runs of known lines and timer blocks in one pass each: a collaborator
+of ``analysis.parse.scan.Bulk``.
 """
 
 from __future__ import annotations
@@ -16,66 +16,68 @@ from analysis.parse.lines import MAX_LINE_CHARS, split_prefix
 if TYPE_CHECKING:  # pragma: no cover
     pass
 
+from analysis.parse.lines import to_float
+from analysis.parse.rules import STEPS_RE
 from analysis.parse.scan_bytes import (
-    _ALLOC_LIT,
-    _ALLOC_NOT,
-    _DIGITS,
-    _DS_LIT,
-    _DS_PROBES,
-    _FAST_MEM_PIECE_RE,
-    _GROUPS,
-    _HEAD_LIT,
-    _HEADS,
-    _IT_RE,
-    _LONG,
-    _MEM_BULK_HEAD,
-    _MEM_BULK_MIN,
-    _MEM_BULK_RE,
-    _MEM_FIELDS,
-    _MEM_HEAD_RE,
-    _MEM_LIT,
-    _MEMALLOC_RE,
-    _MISSING,
-    _OPEN,
-    _PRINTABLE,
-    _RANK_RE,
-    _START,
-    _STEPS_LIT,
-    _WORD,
-    _BareBlocks,
-    _ds_heads,
-    _ds_values,
-    _ds_values_fast,
-    _DSLines,
-    _finds,
-    _finite,
-    _ItLines,
-    _line_end,
-    _line_starts,
-    _lines_ending,
-    _MemLines,
-    _other_glue,
-    _pairs,
-    _pattern,
-    _printable,
-    _same_text,
-    _StepLines,
-    _values_fast,
-    _words,
+    ALLOC_LIT,
+    ALLOC_NOT,
+    DIGITS,
+    DS_LIT,
+    DS_PROBES,
+    FAST_MEM_PIECE_RE,
+    GROUPS,
+    HEAD_LIT,
+    HEADS,
+    IT_RE,
+    LONG,
+    MEM_BULK_HEAD,
+    MEM_BULK_MIN,
+    MEM_BULK_RE,
+    MEM_FIELDS,
+    MEM_HEAD_RE,
+    MEM_LIT,
+    MEMALLOC_RE,
+    MISSING,
+    OPEN,
+    PRINTABLE,
+    RANK_RE,
+    START,
+    STEPS_LIT,
+    WORD,
+    BareBlocks,
+    DSLines,
+    ItLines,
+    MemLines,
+    StepLines,
+    byte_pairs,
+    ds_heads,
+    ds_values,
+    ds_values_fast,
+    find_all,
+    finite_float,
+    is_printable,
+    line_end,
+    line_pattern,
+    line_starts,
+    lines_ending,
+    other_glue,
+    same_text,
+    values_fast,
+    word_array,
 )
 
 _STEPS_LINE_RE = re.compile(
     rb"steps:[ \t]*(\d+)[ \t]+loss:[ \t]*([^ \t\n]+)[^\n]*?iter time \(s\):[ \t]*([^ \t\n]+)"
     rb"(?:[ \t]+samples/sec:[ \t]*([^ \t\n]+))?"
 )
-"""``parse_rules._STEPS_RE`` on a line of printable ASCII without carriage returns (its
-whitespace then spaces and tabs; ``_BulkReaders._steps_fast``)."""
+"""``parse_rules.STEPS_RE`` on a line of printable ASCII without carriage returns (its
+whitespace then spaces and tabs; ``BulkReaders.steps_fast``)."""
 _STEPS_AT_RE = re.compile(rb"steps:")
 """Where ``_STEPS_LINE_RE`` can start."""
-_PRINTABLE_NL = _PRINTABLE + b"\n"
+_PRINTABLE_NL = PRINTABLE + b"\n"
 
 _BARE_MANY = 16
-"""Timer block headers in a step from which they are read at once (``_BlockPattern.read_bare``)."""
+"""Timer block headers in a step from which they are read at once (``BlockPattern.read_bare``)."""
 
 
 def _digit_in_a_key(rest: bytes) -> bool:
@@ -83,7 +85,7 @@ def _digit_in_a_key(rest: bytes) -> bool:
     shape of a line has none: a line of a learned shape may hold one where the line it was
     learned from did not, and the line path reads that key as another)."""
     keys = b"".join(p.partition(b":")[0] for p in rest.split(b"|"))
-    return len(keys.translate(None, _DIGITS)) != len(keys)
+    return len(keys.translate(None, DIGITS)) != len(keys)
 
 
 def _lengths(items: list[bytes]) -> np.ndarray:
@@ -93,10 +95,15 @@ def _lengths(items: list[bytes]) -> np.ndarray:
     return np.fromiter(map(len, items), dtype=np.int64, count=len(items))
 
 
-class _BulkReaders:
-    """Block readers of the bulk path (module doc)."""
+class BulkReaders:
+    """Block readers of the bulk path (module doc): a collaborator of ``Bulk``
+    (``analysis.parse.scan``), whose state they read and update through ``host``."""
 
-    def _split_lines(
+    def __init__(self, host: Any) -> None:
+        self.host = host
+        """The ``analysis.parse.scan.Bulk`` reading the file."""
+
+    def split_lines(
         self,
         parts: list[bytes],
         k: int,
@@ -117,54 +124,54 @@ class _BulkReaders:
         start = pos + np.cumsum(gl[:n]) + np.concatenate([[0], np.cumsum(ml[:-1])])
         before = np.searchsorted(nl, start) - 1  # the newline before each match, or -1
         ls = np.where(before >= 0, nl[before] + 1, pos)
-        return ls, start + ml, self._keys_of(block, ls, start)
+        return ls, start + ml, self.keys_of(block, ls, start)
 
-    def _prefix_key(self, raw: bytes) -> str | None:
+    def prefix_key(self, raw: bytes) -> str | None:
         """The stream key of the text before a line's ``[Rank`` (None: not only prefixes)."""
-        key = self.prefixes.get(raw, _MISSING)
-        return self._key(raw, b"[Rank") if key is _MISSING else key  # type: ignore[return-value]
+        key = self.host.prefixes.get(raw, MISSING)
+        return self.host.key(raw, b"[Rank") if key is MISSING else key  # type: ignore[return-value]
 
-    def _keys_of(self, block: bytes, ls: np.ndarray, start: np.ndarray) -> list[str | None]:
+    def keys_of(self, block: bytes, ls: np.ndarray, start: np.ndarray) -> list[str | None]:
         """The stream key of the text from each line start to ``[Rank`` (None when it is not
         only launcher prefixes)."""
         # Most often the text before every match is the same (one launcher prefix): one key.
-        raw = _same_text(block, ls, start)
+        raw = same_text(block, ls, start)
         if raw is not None:
-            return [self._prefix_key(raw)] * len(ls)
+            return [self.prefix_key(raw)] * len(ls)
         width = start - ls
         w = int(width[0])
         if 0 < w <= 8 and (width == w).all() and len(block) >= 8:
             # Prefixes of one width (" 7: ", "63: " of 64 ranks): told apart as words.
             mask = np.uint64((1 << (8 * w)) - 1)
             # (Each line goes on past its prefix: no word ends past the block.)
-            got, which = np.unique(_words(block)[ls] & mask, return_inverse=True)
-            keys_of = [self._prefix_key(int(g).to_bytes(8, "little")[:w]) for g in got.tolist()]
+            got, which = np.unique(word_array(block)[ls] & mask, return_inverse=True)
+            keys_of = [self.prefix_key(int(g).to_bytes(8, "little")[:w]) for g in got.tolist()]
             return list(map(keys_of.__getitem__, which.tolist()))
         raws = list(map(block.__getitem__, map(slice, ls.tolist(), start.tolist())))
-        keys = list(map(self.prefixes.get, raws, repeat(_MISSING)))
-        if _MISSING in keys:
+        keys = list(map(self.host.prefixes.get, raws, repeat(MISSING)))
+        if MISSING in keys:
             keys = [
-                self._key(r, b"[Rank") if key is _MISSING else key
+                self.host.key(r, b"[Rank") if key is MISSING else key
                 for r, key in zip(raws, keys, strict=True)
             ]
         return keys
 
-    def _ds_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _DSLines:
+    def ds_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> DSLines:
         """DeepSpeed ``[Rank N] time (ms) |`` lines of [pos, T) whose form the bulk path
         knows, converted (a look at a few bytes of each line, then maps: no Python step per
         line but a few).  Only lines whose ``[Rank`` is at an offset seen before are looked
         at (``ds_offsets``): another is left to the line path, which ends the step there, and
         the offset is looked at from then on (``_segment``)."""
-        if not self.ds_offsets and self.ds_probes < _DS_PROBES:
+        if not self.host.ds_offsets and self.host.ds_probes < DS_PROBES:
             # The first steps look for one in the text (a log without any stops looking).
-            self.ds_probes += 1
-            at = block.find(_DS_LIT, pos, T)
+            self.host.ds_probes += 1
+            at = block.find(DS_LIT, pos, T)
             if at >= 0:
-                self._ds_offset(block, block.rfind(b"\n", pos, at) + 1 or pos, T)
-        starts = _line_starts(pos, nl)
-        idx, at, rank, bs = _ds_heads(block, starts, nl, self.ds_offsets)
+                self.host.ds_offset(block, block.rfind(b"\n", pos, at) + 1 or pos, T)
+        starts = line_starts(pos, nl)
+        idx, at, rank, bs = ds_heads(block, starts, nl, self.host.ds_offsets)
         n = len(idx)
-        out = _DSLines(n)
+        out = DSLines(n)
         if not n:
             return out
         ne = nl[idx]
@@ -172,28 +179,28 @@ class _BulkReaders:
         joined = b"\n".join(bodies)
         out.ls = starts[idx]
         out.le = ne + 1
-        out.keys = keys = self._keys_of(block, out.ls, at)
+        out.keys = keys = self.keys_of(block, out.ls, at)
         out.keep = out.le - out.ls <= MAX_LINE_CHARS
         if None in keys:
             out.keep &= np.array([k is not None for k in keys], dtype=bool)
         # One translate of all bodies.
-        shapes = joined.translate(None, _DIGITS).split(b"\n")
+        shapes = joined.translate(None, DIGITS).split(b"\n")
         # Each shape's code: 2 x its group (the names it is read with) + whether its values
-        # are plain decimals (``_values_fast``); -1 for a shape not seen before.
-        code_of = self.ds_codes
+        # are plain decimals (``values_fast``); -1 for a shape not seen before.
+        code_of = self.host.ds_codes
         codes = np.fromiter(map(code_of.get, shapes, repeat(-1)), dtype=np.int64, count=n)
         if (codes < 0).any():
             for i in np.flatnonzero(codes < 0).tolist():
                 if shapes[i] not in code_of:
-                    self._ds_shape(shapes[i], bodies[i], int(rank[i]))
+                    self.host.shapes.ds_shape(shapes[i], bodies[i], int(rank[i]))
             codes = np.fromiter(map(code_of.__getitem__, shapes), dtype=np.int64, count=n)
         gid = codes >> 1
         out.rank = rank
-        names_of = self.ds_names
+        names_of = self.host.ds_names
         flat = None
         if (codes & 1).all():  # all plain decimals: every line's values in one read
             counts = np.array([len(nm or ()) for nm in names_of], dtype=np.int64)[gid]
-            flat = _values_fast(joined, counts) if counts.all() else None
+            flat = values_fast(joined, counts) if counts.all() else None
             first = np.cumsum(counts) - counts
         for g in np.flatnonzero(np.bincount(gid)).tolist():
             nm = names_of[g]
@@ -207,9 +214,9 @@ class _BulkReaders:
                 continue
             mine = list(map(bodies.__getitem__, idx.tolist()))
             fast = bool((codes[idx] & 1).all())
-            vals = _ds_values_fast(mine, k) if fast else _ds_values(mine, k)
+            vals = ds_values_fast(mine, k) if fast else ds_values(mine, k)
             if vals is None:  # a value does not convert: look line by line
-                rows = [_ds_values([bodies[i]], k) for i in idx.tolist()]
+                rows = [ds_values([bodies[i]], k) for i in idx.tolist()]
                 good = np.array([r is not None for r in rows], dtype=bool)
                 out.keep[idx[~good]] = False
                 idx = idx[good]
@@ -218,40 +225,37 @@ class _BulkReaders:
                 out.groups.append((nm, idx, vals))
         return out
 
-    def _plain_lines(
+    def plain_lines(
         self, block: bytes, lit: bytes, pos: int, T: int
     ) -> Iterator[tuple[int, int, str, bytes]]:
         """The lines of [pos, T) holding ``lit`` whose content (after the launcher prefixes)
         is printable ASCII and not over-long: (start, end after the newline, stream,
         content)."""
-        for ms, e in _finds(block, lit, pos, T, to_eol=True):
+        for ms, e in find_all(block, lit, pos, T, to_eol=True):
             ls = block.rfind(b"\n", pos, ms) + 1 or pos
             if e - ls > MAX_LINE_CHARS:
                 continue
-            key, c = self._line_key(block, ls, e - 1)
+            key, c = self.host.line_key(block, ls, e - 1)
             if c < 0:
                 continue
             text = block[c : e - 1].rstrip(b"\r\n")
-            if _printable(text):
+            if is_printable(text):
                 yield ls, e, key, text
 
-    def _steps_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _StepLines:
+    def steps_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> StepLines:
         """DeepSpeed PipelineEngine ``steps: N loss: L iter time (s): T samples/sec: S``
-        lines of [pos, T) as ``_Core._steps`` reads them (its pattern on the text, its
-        conversions).  Lines that an earlier branch of ``_Core._dispatch`` might take
+        lines of [pos, T) as ``Core._steps`` reads them (its pattern on the text, its
+        conversions).  Lines that an earlier branch of ``Core._dispatch`` might take
         (``iteration``, a run outcome) are left to the line path.  ``nl``: where the newlines
         of [pos, T) are."""
-        from analysis.parse.lines import to_float
-        from analysis.parse.rules import _STEPS_RE
-
-        fast = self._steps_fast(block, pos, T, nl)
+        fast = self.steps_fast(block, pos, T, nl)
         if fast is not None:
             return fast
         out = []
-        for ls, e, key, raw in self._plain_lines(block, _STEPS_LIT, pos, T):
+        for ls, e, key, raw in self.plain_lines(block, STEPS_LIT, pos, T):
             if b"iter time" not in raw or b"iteration" in raw or b"# run outcome" in raw:
                 continue
-            m = _STEPS_RE.search(raw.decode("ascii"))
+            m = STEPS_RE.search(raw.decode("ascii"))
             if m is None:
                 continue
             secs = to_float(m.group(3))
@@ -261,9 +265,9 @@ class _BulkReaders:
             if len(m.group(1)) > 18:
                 continue  # (not a step line for the line path either)
             out.append((ls, e, key, int(m.group(1)), loss, ms, sps))
-        return _StepLines.of_rows(out)
+        return StepLines.of_rows(out)
 
-    def _steps_fast(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _StepLines | None:
+    def steps_fast(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> StepLines | None:
         """``_steps_lines`` in one pass of a pattern over [pos, T) and a conversion of each
         field's values at once, when every line it finds is printable ASCII (no carriage
         return), one record long, with ``steps:`` after its launcher prefixes, no
@@ -274,13 +278,13 @@ class _BulkReaders:
         # in).  Else the matches are looked at one by one.
         found = _STEPS_LINE_RE.findall(block, pos, T)
         if not found:
-            return _StepLines.of_rows([])
+            return StepLines.of_rows([])
         n = len(found)
-        st = np.fromiter(map(_START, _STEPS_AT_RE.finditer(block, pos, T)), dtype=np.int64)
+        st = np.fromiter(map(START, _STEPS_AT_RE.finditer(block, pos, T)), dtype=np.int64)
         if len(st) != n:
             ms = list(_STEPS_LINE_RE.finditer(block, pos, T))
-            found = list(map(_GROUPS, ms))
-            st = np.fromiter(map(_START, ms), dtype=np.int64, count=n)
+            found = list(map(GROUPS, ms))
+            st = np.fromiter(map(START, ms), dtype=np.int64, count=n)
         # The line of each: from the newline before its start to the one after it, which must
         # be there (the line whole).
         j = np.searchsorted(nl, st)
@@ -297,7 +301,7 @@ class _BulkReaders:
         # (No line holds what one holding newline-free words does not, and no word spans two.)
         if text.translate(None, _PRINTABLE_NL) or b"iteration" in text or b"# run outcome" in text:
             return None
-        same = _same_text(block, ls, st)
+        same = same_text(block, ls, st)
         if same is not None:
             heads = {same}
         else:
@@ -306,7 +310,7 @@ class _BulkReaders:
         for head in heads:
             # The text before ``steps:`` must hold all of the line's launcher prefixes (the line
             # path looks for the pattern after them).
-            key, c = self._line_key(head + b"steps:\n", 0, len(head) + 6)
+            key, c = self.host.line_key(head + b"steps:\n", 0, len(head) + 6)
             if c < 0 or c > len(head):
                 return None
             keys[head] = key
@@ -329,130 +333,132 @@ class _BulkReaders:
             key_l = [keys[same]] * n
         else:
             key_l = [keys[block[s:t]] for s, t in zip(ls_l, st.tolist(), strict=True)]
-        return _StepLines(ls, le, key_l, step_a, loss_a, secs_a * 1000.0, sps_a)
+        return StepLines(ls, le, key_l, step_a, loss_a, secs_a * 1000.0, sps_a)
 
-    def _mem_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _MemLines:
+    def mem_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> MemLines:
         """Megatron ``memory (MB) |`` reports of [pos, T) the bulk path knows: in bulk
         (``_mem_bulk``) after a step that took many, else one by one."""
-        if self.mem_many:
-            bulk = self._mem_bulk(block, pos, T, nl)
+        if self.host.mem_many:
+            bulk = self.mem_bulk(block, pos, T, nl)
             if bulk is not None:
                 return bulk
         out: list[tuple[int, int, int | None, int | None, dict[str, float]]] = []
-        for ls, e, _key, text in self._plain_lines(block, _MEM_LIT, pos, T):
-            shape = text.translate(None, _DIGITS)
-            names = self.mem_shapes.get(shape, _MISSING)
-            if names is _MISSING:
-                names = self._mem_shape(shape, text)
+        for ls, e, _key, text in self.plain_lines(block, MEM_LIT, pos, T):
+            shape = text.translate(None, DIGITS)
+            names = self.host.mem_shapes.get(shape, MISSING)
+            if names is MISSING:
+                names = self.host.shapes.mem_shape(shape, text)
             if names is None:
                 continue
             head, _, body = text.partition(b"memory (MB) |")
-            hm = _MEM_HEAD_RE.match(head)
-            pairs = _pairs(body)
+            hm = MEM_HEAD_RE.match(head)
+            pairs = byte_pairs(body)
             if hm is None or pairs is None:
                 continue
-            vals = [_finite(t) for t in pairs[1]]
+            vals = [finite_float(t) for t in pairs[1]]
             if None in vals:
                 continue
             if tuple(n.decode() for n in pairs[0]) != names:
                 continue  # a report of the shape whose names differ by a digit
-            got = {_MEM_FIELDS[n]: v for n, v in zip(pairs[0], vals, strict=True)}
+            got = {MEM_FIELDS[n]: v for n, v in zip(pairs[0], vals, strict=True)}
             rank = int(hm.group(1)) if hm.group(1) else None
             after = int(hm.group(2)) if hm.group(2) else None
             out.append((ls, e, rank, after, got))
-        self.mem_many = len(out) >= _MEM_BULK_MIN
-        return _MemLines.of(out)
+        self.host.mem_many = len(out) >= MEM_BULK_MIN
+        return MemLines.of(out)
 
-    def _mem_bulk(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _MemLines | None:
+    def mem_bulk(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> MemLines | None:
         """``_mem_lines`` when every report of [pos, T) is one rank's after some iterations,
         of a known shape, printable and with values that convert (as 64 ranks print them every
         few iterations), read as ``_ds_lines`` reads DeepSpeed's lines: a split and a few
         passes, no step per line.  None when one is not: then they are read one by one."""
-        n = block.count(_MEM_LIT, pos, T)
-        if n < _MEM_BULK_MIN:
+        n = block.count(MEM_LIT, pos, T)
+        if n < MEM_BULK_MIN:
             return None
-        parts = _MEM_BULK_RE.split(memoryview(block)[pos:T])
+        parts = MEM_BULK_RE.split(memoryview(block)[pos:T])
         if len(parts) != 4 * n + 1:
             return None
         ranks, afters, bodies = parts[1::4], parts[2::4], parts[3::4]
         joined = b"\n".join(bodies)
-        if joined.translate(None, _PRINTABLE + b"\n"):
+        if joined.translate(None, PRINTABLE + b"\n"):
             return None  # (a carriage return, or a byte the line-by-line reader looks at)
-        ls, le, keys = self._split_lines(parts, 3, len(_MEM_BULK_HEAD) + 1, block, pos, nl)
+        ls, le, keys = self.split_lines(parts, 3, len(MEM_BULK_HEAD) + 1, block, pos, nl)
         if None in keys or (le - ls > MAX_LINE_CHARS).any():
             return None
-        shapes = joined.translate(None, _DIGITS).split(b"\n")
+        shapes = joined.translate(None, DIGITS).split(b"\n")
         ids = {sh: i for i, sh in enumerate(dict.fromkeys(shapes))}
         gid = np.fromiter(map(ids.__getitem__, shapes), dtype=np.int64, count=n)
-        values = {f: np.full(n, np.nan) for f in _MEM_FIELDS.values()}
+        values = {f: np.full(n, np.nan) for f in MEM_FIELDS.values()}
         for sh, g in ids.items():
             idx = np.flatnonzero(gid == g)
-            names = self.mem_shapes.get(_MEM_BULK_HEAD + sh, _MISSING)
-            if names is _MISSING:
+            names = self.host.mem_shapes.get(MEM_BULK_HEAD + sh, MISSING)
+            if names is MISSING:
                 i = int(idx[0])
                 text = b"[Rank %s] (after %s iterations) memory (MB) |%s" % (
                     ranks[i],
                     afters[i],
                     bodies[i],
                 )
-                names = self._mem_shape(_MEM_BULK_HEAD + sh, text)
+                names = self.host.shapes.mem_shape(MEM_BULK_HEAD + sh, text)
             if names is None:
                 return None
             mine = list(map(bodies.__getitem__, idx.tolist()))
-            if all(map(_FAST_MEM_PIECE_RE.match, sh.split(b"|"))):  # (plain decimals)
-                vals = _ds_values_fast(mine, len(names))
+            if all(map(FAST_MEM_PIECE_RE.match, sh.split(b"|"))):  # (plain decimals)
+                vals = ds_values_fast(mine, len(names))
             else:
-                vals = _ds_values(mine, len(names))
+                vals = ds_values(mine, len(names))
             if vals is None:
                 return None
             for j, nm in enumerate(names):
-                values[_MEM_FIELDS[nm.encode()]][idx] = vals[:, j]
-        return _MemLines(ls, le, list(map(int, ranks)), list(map(int, afters)), values)
+                values[MEM_FIELDS[nm.encode()]][idx] = vals[:, j]
+        return MemLines(ls, le, list(map(int, ranks)), list(map(int, afters)), values)
 
-    def _memalloc_lines(
+    def memalloc_lines(
         self, block: bytes, pos: int, T: int
     ) -> list[tuple[int, int, int | None, float, float]]:
         """DeepSpeed's ``MemAllocated=...GB MaxMemAllocated=...GB`` lines of [pos, T) that
-        ``_Core._dispatch`` reads as that and nothing else: (start, end, rank, allocated MiB,
+        ``Core._dispatch`` reads as that and nothing else: (start, end, rank, allocated MiB,
         max allocated MiB)."""
         out = []
-        for ls, e, _key, text in self._plain_lines(block, _ALLOC_LIT, pos, T):
-            if any(w in text for w in _ALLOC_NOT):
+        for ls, e, _key, text in self.plain_lines(block, ALLOC_LIT, pos, T):
+            if any(w in text for w in ALLOC_NOT):
                 continue  # a line an earlier branch of ``_dispatch`` reads: the line path's
-            m = _MEMALLOC_RE.search(text)
+            m = MEMALLOC_RE.search(text)
             if m is None:
                 continue
             try:
                 allocated, top = float(m.group(1)) * 1024.0, float(m.group(2)) * 1024.0
             except ValueError:
                 continue
-            rank = _RANK_RE.search(text)
+            rank = RANK_RE.search(text)
             out.append((ls, e, int(rank.group(1)) if rank else None, allocated, top))
         return out
 
-    def _iteration_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> _ItLines:
+    def iteration_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> ItLines:
         """Megatron iteration lines of [pos, T) the bulk path knows.  ``nl``: where the
         newlines of [pos, T) are."""
-        pieces, rest = self._iteration_patterns(block, _lines_ending(block, pos, nl, b"|"))
+        pieces, rest = self.host.shapes.iteration_patterns(
+            block, lines_ending(block, pos, nl, b"|")
+        )
         if not rest and len(pieces) == 1:  # every line that can be one is of one pattern
             return pieces[0]
         out = [row for piece in pieces for row in piece.rows()]
         found: list[tuple[int, int, int, int, bytes, list[tuple[int, str, str, float]], str]] = []
-        for m in (m for s, e in rest for m in _IT_RE.finditer(block, s, e)):
+        for m in (m for s, e in rest for m in IT_RE.finditer(block, s, e)):
             st = m.start()
-            if st > pos and block[st - 1] in _WORD:  # (?<![\w-]) of the line path
+            if st > pos and block[st - 1] in WORD:  # (?<![\w-]) of the line path
                 continue
             ls = block.rfind(b"\n", pos, st) + 1 or pos
             e = block.find(b"\n", m.end(), T)
             if e < 0 or e - ls > MAX_LINE_CHARS:
                 continue
-            key, c = self._line_key(block, ls, e)
+            key, c = self.host.line_key(block, ls, e)
             if c < 0 or c > st:
                 continue
             text = block[c:e]
             if text[-1:] == b"\r":
                 text = text.rstrip(b"\r\n")
-            if not _printable(text):
+            if not is_printable(text):
                 continue
             rel = st - c
             head = text[:rel]
@@ -463,14 +469,14 @@ class _BulkReaders:
                 or b"memory (MB)" in head
                 or b"# run outcome" in text
                 or not text.rstrip().endswith(b"|")
-                or _other_glue(text, rel)
+                or other_glue(text, rel)
             ):
                 continue
             rest = text[rel + m.end() - st - 1 :]
-            shape = rest.translate(None, _DIGITS)
-            fields = self.it_shapes.get(shape, _MISSING)
-            if fields is _MISSING:
-                fields = self._it_shape(shape, text, rest)
+            shape = rest.translate(None, DIGITS)
+            fields = self.host.it_shapes.get(shape, MISSING)
+            if fields is MISSING:
+                fields = self.host.shapes.it_shape(shape, text, rest)
             if fields is None or _digit_in_a_key(rest):
                 continue  # (a line of the shape whose keys differ from the learned ones by a digit)
             found.append((ls, e + 1, int(m.group(1)), int(m.group(2)), rest, fields, key))  # type: ignore[arg-type]
@@ -481,10 +487,10 @@ class _BulkReaders:
         got: list[dict[str, Any]] = [{} for _ in found]
         for idx in by_shape.values():
             fields = found[idx[0]][5]
-            vals = self._iter_values(fields, [found[i][4] for i in idx])
+            vals = self.host.shapes.iter_values(fields, [found[i][4] for i in idx])
             if vals is None:  # a value does not convert: look line by line
                 for i in idx:
-                    one = self._iter_values(fields, [found[i][4]])
+                    one = self.host.shapes.iter_values(fields, [found[i][4]])
                     if one is None:
                         keep[i] = False
                         continue
@@ -502,13 +508,13 @@ class _BulkReaders:
         ]
         if len(pieces) > 1 or (pieces and found):
             out.sort(key=lambda x: x[0])
-        return _ItLines.of_rows(out)
+        return ItLines.of_rows(out)
 
-    def _timer_blocks(
+    def timer_blocks(
         self, block: bytes, pos: int, T: int, nl: np.ndarray
     ) -> tuple[
         int,
-        _BareBlocks,
+        BareBlocks,
         list[tuple[int, int, dict[str, Any] | None, str, Any]],
         list[tuple[int, int]],
         list[tuple[int, int]],
@@ -516,32 +522,32 @@ class _BulkReaders:
         """Megatron timer blocks of [pos, T): the header, then the lines of its stream while
         they are timer lines; the first other line of the stream closes it.  Returns (T, the
         first blocks when one pattern read them at once, the other blocks as (header start,
-        close, values, stream, flat values: ``_BlockPattern.read``), their header lines,
+        close, values, stream, flat values: ``BlockPattern.read``), their header lines,
         their body lines); T moves to the header of a block that does not close before it.
         A block printed in one piece like one read before is read by one match of that
         block's pattern.  ``nl``: where the newlines of [pos, T) are (a header is a line that
-        ends in ``_HEAD_LIT``: the line path reads no other as one)."""
+        ends in ``HEAD_LIT``: the line path reads no other as one)."""
         blocks: list[tuple[int, int, dict[str, Any] | None, str, Any]] = []
         headers: list[tuple[int, int]] = []
         bodies: list[tuple[int, int]] = []
-        bare = _BareBlocks.empty()
-        hs, he = _lines_ending(block, pos, nl, _HEAD_LIT)
-        pre: list[Any] = []  # each header's block as ``_BlockPattern.read_bare`` read it
+        bare = BareBlocks.empty()
+        hs, he = lines_ending(block, pos, nl, HEAD_LIT)
+        pre: list[Any] = []  # each header's block as ``BlockPattern.read_bare`` read it
         if len(hs) >= _BARE_MANY:
             # Many headers of one text (one stream without prefixes, a block each iteration):
             # those one pattern reads, read at once; the first run of them kept as columns.
             hs_a, he_a = np.asarray(hs), np.asarray(he)
-            head = _same_text(block, hs_a, he_a + 1)
-            tmpls = self.block_tmpls.get(head, ()) if head is not None else ()
+            head = same_text(block, hs_a, he_a + 1)
+            tmpls = self.host.block_tmpls.get(head, ()) if head is not None else ()
             if tmpls:  # (the one ``read`` tries first: what it reads is what the loop takes)
                 tp = tmpls[0]
                 if tp.key:
-                    taken, close, end, nums = tp.read_keyed(self, block, hs_a, pos, T, nl)
+                    taken, close, end, nums = tp.read_keyed(self.host, block, hs_a, pos, T, nl)
                 else:
                     taken, close, nums = tp.read_bare(block, hs_a, T, nl)
                     end = close
                 n = int(np.argmin(taken)) if not taken.all() else len(hs)
-                bare = _BareBlocks(hs_a[:n], he_a[:n] + 1, end[:n], close[:n], tp, nums[:n])
+                bare = BareBlocks(hs_a[:n], he_a[:n] + 1, end[:n], close[:n], tp, nums[:n])
                 if taken[n:].any():
                     assert tp.flat is not None  # (else none is taken)
                     names, shape = tp.flat
@@ -560,21 +566,21 @@ class _BulkReaders:
                 bodies.append((e + 1, pre[i][1]))  # (its lines: to the end of its body)
                 continue
             got = None
-            for tmpl in self.block_tmpls.get(block[ls : e + 1], ()):
-                got = tmpl.read(self, block, ls, T)
+            for tmpl in self.host.block_tmpls.get(block[ls : e + 1], ()):
+                got = tmpl.read(self.host, block, ls, T)
                 if got is not None:
                     break
             if got is None:
-                key, c = self._line_key(block, ls, e)
+                key, c = self.host.line_key(block, ls, e)
                 if c < 0:
                     continue
                 text = block[c:e].rstrip()
-                kind = _HEADS.get(text) if _printable(text) else None
+                kind = HEADS.get(text) if is_printable(text) else None
                 if kind is None or e - ls > MAX_LINE_CHARS:
                     continue
-                got = self._read_block(block, ls, e, c, key, kind, T)
-            if got is _OPEN or got is _LONG:  # not closed here: the line path reads it
-                self.open_at_limit = got is _OPEN
+                got = self.read_block(block, ls, e, c, key, kind, T)
+            if got is OPEN or got is LONG:  # not closed here: the line path reads it
+                self.host.open_at_limit = got is OPEN
                 return ls, bare, blocks, headers, bodies
             close, values, mine, key, flat = got  # type: ignore[misc]
             blocks.append((ls, close, values, key, flat))
@@ -582,43 +588,41 @@ class _BulkReaders:
             bodies.extend(mine)
         # A header in the text after the last newline: it does not close here.
         tail = int(nl[-1]) + 1 if len(nl) else pos
-        if block.find(_HEAD_LIT, tail, T) >= 0:
-            self.open_at_limit = True
+        if block.find(HEAD_LIT, tail, T) >= 0:
+            self.host.open_at_limit = True
             return tail, bare, blocks, headers, bodies
         return T, bare, blocks, headers, bodies
 
-    def _read_block(
-        self, block: bytes, ls: int, e: int, c: int, key: str, kind: str, T: int
-    ) -> Any:
+    def read_block(self, block: bytes, ls: int, e: int, c: int, key: str, kind: str, T: int) -> Any:
         """One timer block line by line: (close, values, body lines, stream, None), or
-        _OPEN."""
+        OPEN."""
         values: dict[str, Any] = {}
         name: str | None = None
         q = e + 1
         mine: list[tuple[int, int]] = []
         recipe: list[tuple[bytes, str, str | None]] = []  # for a pattern of the block
         while q < T:
-            le = _line_end(block, q, T)
+            le = line_end(block, q, T)
             if le >= T:
-                return _OPEN
+                return OPEN
             if le - q > MAX_LINE_CHARS:  # truncated by the line path: it reads this block
-                return _LONG
-            k2, cs = self._line_key(block, q, le)
+                return LONG
+            k2, cs = self.host.line_key(block, q, le)
             s = q
             apart = k2 != key  # another stream's line: the next of this one is further on
             if apart:
-                nxt = self._next_of_stream(block, key, le + 1, T)
+                nxt = self.host.next_of_stream(block, key, le + 1, T)
                 if nxt is None:
-                    return _OPEN
+                    return OPEN
                 s, le, cs = nxt
                 if le - s > MAX_LINE_CHARS:
-                    return _LONG
-            step = self._body_step(block, s, le, cs, kind, name, values)
+                    return LONG
+            step = self.body_step(block, s, le, cs, kind, name, values)
             if step is None:
                 # The block's lines followed one another (the line that closes it may come
-                # after other streams' lines: ``_BlockPattern.read`` looks for it so).
+                # after other streams' lines: ``BlockPattern.read`` looks for it so).
                 if recipe is not None and mine and len(recipe) == len(mine):
-                    self._learn(block, ls, c, kind, recipe, mine)
+                    self.host.shapes.learn(block, ls, c, kind, recipe, mine)
                 return s, values, mine, key, None
             if apart:
                 recipe = []  # not in one piece
@@ -627,9 +631,9 @@ class _BulkReaders:
                 recipe.append(what)
             mine.append((s, le + 1))
             q = le + 1
-        return _OPEN
+        return OPEN
 
-    def _body_step(
+    def body_step(
         self,
         block: bytes,
         s: int,
@@ -639,28 +643,28 @@ class _BulkReaders:
         name: str | None,
         values: dict[str, Any],
     ) -> tuple[str | None, tuple[bytes, str, str | None] | None] | None:
-        """Read one line of a timer block's stream as ``_Core._continue_block`` does: None
+        """Read one line of a timer block's stream as ``Core._continue_block`` does: None
         when it closes the block, else (current name, how the line reads for a pattern)."""
-        if self.timer_res is None:
+        if self.host.timer_res is None:
             from analysis.parse.lines import to_float
-            from analysis.parse.rules import _TIMER_LINE_RE, _TIMER_NAME_RE, _TIMER_RANK_RE
+            from analysis.parse.rules import TIMER_LINE_RE, TIMER_NAME_RE, TIMER_RANK_RE
 
-            self.str_timer_res = (_TIMER_LINE_RE, _TIMER_NAME_RE, _TIMER_RANK_RE, to_float)
-            self.timer_res = tuple(
+            self.host.str_timer_res = (TIMER_LINE_RE, TIMER_NAME_RE, TIMER_RANK_RE, to_float)
+            self.host.timer_res = tuple(
                 re.compile(r.pattern.encode())
-                for r in (_TIMER_LINE_RE, _TIMER_NAME_RE, _TIMER_RANK_RE)
+                for r in (TIMER_LINE_RE, TIMER_NAME_RE, TIMER_RANK_RE)
             )
         body: bytes | str = block[cs:le] if cs >= 0 else b"\x00"
         if body[-1:] == b"\r":
             body = body.rstrip(b"\r\n")  # type: ignore[arg-type]
-        plain = _printable(body)  # type: ignore[arg-type]
+        plain = is_printable(body)  # type: ignore[arg-type]
         if plain:
-            (line_re, name_re, rank_re), num, dec = self.timer_res, _finite, bytes.decode
+            (line_re, name_re, rank_re), num, dec = self.host.timer_res, finite_float, bytes.decode
         else:  # read as the line path does
             body = split_prefix(
                 block[s:le].decode("utf-8", "replace")[:MAX_LINE_CHARS].rstrip("\r\n")
             )[1]
-            line_re, name_re, rank_re, num = self.str_timer_res  # type: ignore[assignment]
+            line_re, name_re, rank_re, num = self.host.str_timer_res  # type: ignore[assignment]
             dec = str  # type: ignore[assignment]
         raw = block[s:le] if plain else b"\x00"
         tm = line_re.match(body)
@@ -671,7 +675,11 @@ class _BulkReaders:
                 n = dec(tm.group(1).strip())
                 values[n] = (a, b) if b is not None else a
                 spans = [tm.span(2)] + ([tm.span(3)] if b is not None else [])
-                return name, (_pattern(raw, spans, cs - s), "pair" if b is not None else "one", n)
+                return name, (
+                    line_pattern(raw, spans, cs - s),
+                    "pair" if b is not None else "one",
+                    n,
+                )
         if kind == "times":
             r = rank_re.match(body)
             if r and name is not None:
@@ -680,7 +688,7 @@ class _BulkReaders:
                     return name, (b"\x00", "skip", name)
                 lo, hi = values.get(name, (v, v))
                 values[name] = (min(lo, v), max(hi, v))
-                return name, (_pattern(raw, [r.span(2)], cs - s), "rank", name)
+                return name, (line_pattern(raw, [r.span(2)], cs - s), "rank", name)
             nm = name_re.match(body)
             if nm:
                 n = dec(nm.group(1).strip())

@@ -1,5 +1,5 @@
 """How the bulk scanner learns a log's line shapes (checked against the line path on first
-sight) and turns them into patterns: a mixin of ``analysis.parse.scan._Bulk``.
+sight) and turns them into patterns: a collaborator of ``analysis.parse.scan.Bulk``.
 """
 
 from __future__ import annotations
@@ -7,83 +7,88 @@ from __future__ import annotations
 import re
 from itertools import compress, repeat
 from operator import itemgetter, methodcaller
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from analysis.parse.lines import MAX_LINE_CHARS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from analysis.parse.machine import _Core
+    from analysis.parse.machine import Core
 
 from analysis.parse.scan_bytes import (
-    _DIGITS,
-    _END,
-    _FAST_PIECE_RE,
-    _GROUPS,
-    _IT_RE,
-    _MEM_FIELDS,
-    _MEM_HEAD_RE,
-    _NAME_RE,
-    _START,
-    _VALUE,
-    _BlockPattern,
-    _finite,
-    _IterPattern,
-    _ItLines,
-    _pairs,
-    _printable,
-    _same_text,
+    DIGITS,
+    END,
+    FAST_PIECE_RE,
+    GROUPS,
+    IT_RE,
+    MEM_FIELDS,
+    MEM_HEAD_RE,
+    NAME_RE,
+    START,
+    VALUE,
+    BlockPattern,
+    IterPattern,
+    ItLines,
+    byte_pairs,
+    finite_float,
+    is_printable,
+    same_text,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
     pass
 
 
-class _BulkShapes:
-    """Shape learning of the bulk path (module doc)."""
+class BulkShapes:
+    """Shape learning of the bulk path (module doc): a collaborator of ``Bulk``
+    (``analysis.parse.scan``), whose learned shapes live in ``host``."""
 
-    def _ds_shape(self, shape: bytes, body: bytes, rank: int) -> None:
+    def __init__(self, host: Any) -> None:
+        self.host = host
+        """The ``analysis.parse.scan.Bulk`` reading the file."""
+
+    def ds_shape(self, shape: bytes, body: bytes, rank: int) -> None:
         """Learn a new DeepSpeed line shape (``ds_codes``): the names it is read with, when
         the line path reads it the same way."""
         result = None
         fast = False
-        pairs = _pairs(body)
-        if pairs is not None and len(self.ds_codes) < 4096:
+        pairs = byte_pairs(body)
+        if pairs is not None and len(self.host.ds_codes) < 4096:
             names, tokens = pairs
-            vals = [_finite(t) for t in tokens]
+            vals = [finite_float(t) for t in tokens]
             if (
-                all(_NAME_RE.match(n) for n in names)
+                all(NAME_RE.match(n) for n in names)
                 and len(set(names)) == len(names)
                 and None not in vals
                 and not any(w in body for w in (b"iteration", b"steps", b"iter", b"outcome"))
-                and _printable(body)
+                and is_printable(body)
             ):
                 want = dict(zip((n.decode() for n in names), vals, strict=True))
-                core = self._probe(f"[Rank {rank}] time (ms) |" + body.decode())
+                core = self.host.probe(f"[Rank {rank}] time (ms) |" + body.decode())
                 blocks = list(core.run.ds_blocks.table)
                 if len(blocks) == 1 and not core.run.problems and not core.run.iterations:
                     b = blocks[0]
                     if b.values_ms == want and b.rank == rank and b.line == 1:
                         result = tuple(want)
-                        fast = all(_FAST_PIECE_RE.match(p) for p in shape.split(b"|"))
-        if result not in self.ds_names:
-            self.ds_names.append(result)
-        self.ds_codes[shape] = 2 * self.ds_names.index(result) + fast
+                        fast = all(FAST_PIECE_RE.match(p) for p in shape.split(b"|"))
+        if result not in self.host.ds_names:
+            self.host.ds_names.append(result)
+        self.host.ds_codes[shape] = 2 * self.host.ds_names.index(result) + fast
 
-    def _mem_shape(self, shape: bytes, text: bytes) -> tuple[str, ...] | None:
+    def mem_shape(self, shape: bytes, text: bytes) -> tuple[str, ...] | None:
         """Names of a new memory report shape, when the line path reads it the same way."""
         result = None
         head, _, body = text.partition(b"memory (MB) |")
-        m = _MEM_HEAD_RE.match(head)
-        pairs = _pairs(body)
-        if m is not None and pairs is not None and len(self.mem_shapes) < 4096:
+        m = MEM_HEAD_RE.match(head)
+        pairs = byte_pairs(body)
+        if m is not None and pairs is not None and len(self.host.mem_shapes) < 4096:
             names, tokens = pairs
-            vals = [_finite(t) for t in tokens]
-            if all(n in _MEM_FIELDS for n in names) and len(set(names)) == len(names):
-                core = self._probe(text.decode())
+            vals = [finite_float(t) for t in tokens]
+            if all(n in MEM_FIELDS for n in names) and len(set(names)) == len(names):
+                core = self.host.probe(text.decode())
                 mem = list(core.run.memory)
-                want = {_MEM_FIELDS[n]: v for n, v in zip(names, vals, strict=True)}
+                want = {MEM_FIELDS[n]: v for n, v in zip(names, vals, strict=True)}
                 if (
                     None not in vals
                     and len(mem) == 1
@@ -92,13 +97,13 @@ class _BulkShapes:
                     and mem[0].rank == (int(m.group(1)) if m.group(1) else None)
                     and mem[0].after_iteration == (int(m.group(2)) if m.group(2) else None)
                     and mem[0].kind == "megatron"
-                    and all(getattr(mem[0], f) == want.get(f) for f in _MEM_FIELDS.values())
+                    and all(getattr(mem[0], f) == want.get(f) for f in MEM_FIELDS.values())
                 ):
                     result = tuple(n.decode() for n in names)
-        self.mem_shapes[shape] = result
+        self.host.mem_shapes[shape] = result
         return result
 
-    def _it_shape(
+    def it_shape(
         self, shape: bytes, text: bytes, rest: bytes
     ) -> list[tuple[int, str, str, float]] | None:
         """Which piece of a new iteration line shape feeds which Iteration field, found by
@@ -107,15 +112,15 @@ class _BulkShapes:
         pieces = rest.split(b"|")
         middle = pieces[1:-1]
         if (
-            len(self.it_shapes) < 4096
+            len(self.host.it_shapes) < 4096
             and pieces[0] == b""
             and pieces[-1].strip() == b""
             and all(p.count(b":") == 1 for p in middle)
         ):
             names = [p.partition(b":")[0] for p in middle]
             toks = [p.partition(b":")[2] for p in middle]
-            if not any(d in n for n in names for d in _DIGITS) and all(
-                _finite(t) is not None for t in toks
+            if not any(d in n for n in names for d in DIGITS) and all(
+                finite_float(t) is not None for t in toks
             ):
                 head = text[: len(text) - len(rest)].decode()
                 probe = [1000 + 7 * i for i in range(len(names))]
@@ -125,11 +130,11 @@ class _BulkShapes:
                     + "|".join(f"{n.decode()}: {v}" for n, v in zip(names, probe, strict=True))
                     + "|"
                 )
-                core = self._probe(line)
-                real = self._probe(text.decode())
-                fields = self._mapping(core, probe)
+                core = self.host.probe(line)
+                real = self.host.probe(text.decode())
+                fields = self.mapping(core, probe)
                 if fields is not None and len(real.run.iterations) == 1 and not real.run.problems:
-                    cols = self._iter_values(fields, [rest])
+                    cols = self.iter_values(fields, [rest])
                     it = real.run.iterations[0]
                     mapped = {f for _i, f, _k, _x in fields}
                     same = cols is not None and all(
@@ -143,7 +148,7 @@ class _BulkShapes:
                         if f not in mapped
                         and f not in ("iteration", "train_iters", "line", "source")
                     )
-                    m = _IT_RE.search(text)
+                    m = IT_RE.search(text)
                     if (
                         same
                         and others
@@ -151,35 +156,37 @@ class _BulkShapes:
                         and (it.iteration, it.train_iters) == (int(m.group(1)), int(m.group(2)))
                     ):
                         result = fields
-                        self._learn_iteration(text[m.start() :], rest, fields)
-        self.it_shapes[shape] = result
+                        self.learn_iteration(text[m.start() :], rest, fields)
+        self.host.it_shapes[shape] = result
         return result
 
-    def _learn_iteration(
+    def learn_iteration(
         self, text: bytes, rest: bytes, fields: list[tuple[int, str, str, float]]
     ) -> None:
         """Keep a pattern of an iteration line shape the line path reads as ``fields``: the
         keys as printed, the numbers as groups (``_iteration_patterns`` then reads such lines)."""
-        if len(self.it_tmpls) >= 4 or any(t.rx.match(text + b"\n") for t in self.it_tmpls):
+        if len(self.host.it_tmpls) >= 4 or any(
+            t.rx.match(text + b"\n") for t in self.host.it_tmpls
+        ):
             return
         pat = rb"iteration( +)(\d+)/( *)(\d+)( *)\|"
         fast = rb"iteration +(\d+)/ *(\d+) *\|"
         used = sorted({piece for piece, *_r in fields})
         for i, piece in enumerate(rest.split(b"|")[1:-1], start=1):
             key = re.escape(piece.partition(b":")[0] + b":")
-            pat += key + _VALUE + rb"\|"
-            fast += key + (_VALUE if i in used else b"(?:" + _VALUE[1:]) + rb"\|"
+            pat += key + VALUE + rb"\|"
+            fast += key + (VALUE if i in used else b"(?:" + VALUE[1:]) + rb"\|"
         rx = re.compile(pat + rb"([ \t]*\r?)\n")
         m = rx.match(text + b"\n")
         if m is None:  # a value not in plain decimals: such lines are read one by one
             return
         fast += rb"[ \t]*\r?\n"
-        self.it_tmpls.append(
-            _IterPattern(rx, fields, re.compile(fast), tuple(used), re.compile(b"(" + fast + b")"))
+        self.host.it_tmpls.append(
+            IterPattern(rx, fields, re.compile(fast), tuple(used), re.compile(b"(" + fast + b")"))
         )
 
     @staticmethod
-    def _mapping(core: _Core, probe: list[int]) -> list[tuple[int, str, str, float]] | None:
+    def mapping(core: Core, probe: list[int]) -> list[tuple[int, str, str, float]] | None:
         its = list(core.run.iterations)
         if len(its) != 1 or core.run.problems:
             return None
@@ -201,7 +208,7 @@ class _BulkShapes:
         return fields
 
     @staticmethod
-    def _iter_values(
+    def iter_values(
         fields: list[tuple[int, str, str, float]], rests: list[bytes]
     ) -> list[np.ndarray] | None:
         """Column values of iteration lines of one shape, or None if one does not convert."""
@@ -229,23 +236,23 @@ class _BulkShapes:
             cols.append(vals)
         return cols
 
-    def _iteration_patterns(
+    def iteration_patterns(
         self, block: bytes, lines: tuple[list[int], list[int]]
-    ) -> tuple[list[_ItLines], list[tuple[int, int]]]:
+    ) -> tuple[list[ItLines], list[tuple[int, int]]]:
         """Iteration lines of the learned patterns among ``lines`` (starts, newlines: the lines
         of a segment that can be iteration lines), those of each pattern read; the lines none
         of them took.  A pattern is looked for in each line from its start (its first
-        match there, as at each ``_IT_RE`` match: one such line holds no second)."""
-        out: list[_ItLines] = []
+        match there, as at each ``IT_RE`` match: one such line holds no second)."""
+        out: list[ItLines] = []
         line_of, nls = lines
-        if not self.it_tmpls or not line_of:
+        if not self.host.it_tmpls or not line_of:
             return out, list(zip(line_of, nls, strict=True))
         starts = np.asarray(line_of, dtype=np.int64)
         newline = np.asarray(nls, dtype=np.int64)
         free = np.ones(len(line_of), dtype=bool)
         lo, hi = line_of[0], nls[-1] + 1
         dense = 2 * int((newline - starts).sum()) > hi - lo
-        for tp in self.it_tmpls:
+        for tp in self.host.it_tmpls:
             if not free.any():
                 break
             # One search through the lines: a match holds no newline but the one it ends
@@ -278,8 +285,8 @@ class _BulkShapes:
                     ]
                 if not found:
                     continue
-                st = np.fromiter(map(_START, found), dtype=np.int64, count=len(found))
-                ends = np.fromiter(map(_END, found), dtype=np.int64, count=len(found))
+                st = np.fromiter(map(START, found), dtype=np.int64, count=len(found))
+                ends = np.fromiter(map(END, found), dtype=np.int64, count=len(found))
                 line = np.searchsorted(starts, st, side="right") - 1
                 mine = newline[line] + 1 == ends
                 mine &= free[line]
@@ -288,17 +295,17 @@ class _BulkShapes:
                     line, st, ends = line[mine], st[mine], ends[mine]
                 if not found:
                     continue
-                groups = list(zip(*map(_GROUPS, found), strict=True))
+                groups = list(zip(*map(GROUPS, found), strict=True))
             n = len(line)
             ls = starts[line]
             # Most often every line's text before ``iteration`` is the same: looked at once.
-            head = _same_text(block, ls, st)
+            head = same_text(block, ls, st)
             if head is not None:
                 heads = None
-                ok = np.full(n, self._it_head(head), dtype=bool)
+                ok = np.full(n, self.host.it_head(head), dtype=bool)
             else:
                 heads = list(map(block.__getitem__, map(slice, ls.tolist(), st.tolist())))
-                ok = np.array(list(map(self._it_head, heads)), dtype=bool)
+                ok = np.array(list(map(self.host.it_head, heads)), dtype=bool)
             ok &= ends - ls <= MAX_LINE_CHARS
             if not ok.any():
                 continue
@@ -322,11 +329,11 @@ class _BulkShapes:
             if not len(sel):
                 continue
             if heads is None:
-                keys = [self._head_key(head)] * len(sel) if len(sel) else []
+                keys = [self.host.head_key(head)] * len(sel) if len(sel) else []
             else:
-                keys = list(map(self._head_key, map(heads.__getitem__, sel.tolist())))
+                keys = list(map(self.host.head_key, map(heads.__getitem__, sel.tolist())))
             out.append(
-                _ItLines(
+                ItLines(
                     ls[sel],
                     ends[sel],
                     np.fromiter(map(int, groups[0]), dtype=np.int64, count=n)[sel],
@@ -340,7 +347,7 @@ class _BulkShapes:
             free[line[sel]] = False
         return out, [(line_of[i], nls[i]) for i in np.flatnonzero(free).tolist()]
 
-    def _learn(
+    def learn(
         self,
         block: bytes,
         ls: int,
@@ -352,12 +359,12 @@ class _BulkShapes:
         """Keep a pattern of a block read line by line that was printed in one piece."""
         e = mine[0][0] - 1
         head = block[ls : e + 1]
-        known = self.block_tmpls.get(head, [])
+        known = self.host.block_tmpls.get(head, [])
         if len(known) >= 8 or any(p == b"\x00" or how == "skip" for p, how, _n in recipe):
             return
-        if not _printable(head.rstrip(b"\n")):
+        if not is_printable(head.rstrip(b"\n")):
             return  # (not one line: the block is looked up by its header line alone)
-        self.block_tmpls[head] = known
+        self.host.block_tmpls[head] = known
         pattern = re.escape(head) + b"".join(p + b"\n" for p, _h, _n in recipe)
         # The same with any lines that do not start with its launcher prefixes between its
         # lines (none for a stream without prefixes: every line might be one of its own).
@@ -369,11 +376,11 @@ class _BulkShapes:
                 re.escape(head) + b"".join(other + p + b"\n" for p, _h, _n in recipe)
             )
         known.append(
-            _BlockPattern(
+            BlockPattern(
                 re.compile(pattern),
                 kind,
                 [(h, n) for _p, h, n in recipe],
-                self._line_key(block, ls, e)[0],
+                self.host.line_key(block, ls, e)[0],
                 apart,
                 prefix,
             )

@@ -24,7 +24,6 @@ from rich.table import Table
 from analysis.metrics import repeats, speedup
 from analysis.metrics import rows as metrics
 from analysis.metrics.rows import RunMetrics
-from analysis.parse.malloc import return_freed_memory
 from analysis.predict import prediction
 from analysis.report import predictions as report_predict
 from analysis.report.markdown import md_table
@@ -672,7 +671,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.logdir.exists():
         parser.error(f"{args.logdir} does not exist")
-    return_freed_memory()
     default = args.logdir if args.logdir.is_dir() else args.logdir.parent
     out = args.out or default / "report"
     rows = build(args.logdir, out, args.baseline)
