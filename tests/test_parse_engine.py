@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import strategies as st
+
 from analysis.parse import keywords, scan, scan_bytes, scan_readers, scan_shapes
 from analysis.parse import reader as parse
 from analysis.parse.columns import Column, json_text
 from analysis.parse.rules import _LATE_CONFIG_LINES, KW
-from hypothesis import HealthCheck, Phase, example, given, settings
-from hypothesis import strategies as st
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = REPO.parent / "shared" / "lab-logs"
@@ -586,6 +587,7 @@ def test_attribution_in_pieces_equals_one_piece(tmp_path, monkeypatch):
     kept whole) give the runs attributed in one piece; so do timer tables joined value by value
     (not by a copy of the storage into empty columns, nor by joining differences)."""
     import loggen
+
     from analysis.parse import columns, storage
 
     logs = [*_logs(LAB), *_logs(EXTERNAL), tmp_path / "ranks.log"]
@@ -774,6 +776,7 @@ def test_column_ints_with_a_none_mask_hold_what_extend_holds(first, second, delt
     ``extend`` of the same values holds, given as int64 or in the narrowest width that holds
     them (as the attribution gives int32)."""
     import numpy as np
+
     from analysis.parse import columns
 
     a, b = Column("i", delta=delta), Column("i", delta=delta)
@@ -814,6 +817,7 @@ def test_column_take_gives_the_values_at_the_order(args):
     """``take(order)`` holds the values at ``order``, exactly, whatever the storage (delta
     columns whose running sums fit int32 are taken a few at a time)."""
     import numpy as np
+
     from analysis.parse import columns
 
     kind, delta, values, rnd, piece = args
@@ -870,6 +874,7 @@ def test_small_ints_are_the_ints_in_fewer_bytes(values, delta, piece):
 @given(st.lists(st.booleans(), max_size=60), st.integers(1, 7))
 def test_rows_of_a_mask_found_in_pieces(mask, piece):
     import numpy as np
+
     from analysis.parse import storage
 
     old = storage._PIECE
@@ -917,6 +922,7 @@ def test_sort_order_of_two_sorted_runs_is_the_stable_argsort(first, second, sort
     """``_merge_order`` (two sorted runs merged a few at a time, or anything else) gives the
     order of a stable ``np.argsort``."""
     import numpy as np
+
     from analysis.parse import records
 
     keys = np.array((sorted(first) + sorted(second)) if sort_runs else first + second)

@@ -11,10 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from analysis.parse import reader as parse
-from analysis.parse.reader import parse_text
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from analysis.parse import reader as parse
+from analysis.parse.reader import parse_text
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 

@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from analysis.report import build as report
-from analysis.runs import load
-from analysis.theory import setup as run_setup
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_metrics import DP2_WINDOWS, SETUP, dp2_parsed, loaded
+
+from analysis.report import build as report
+from analysis.runs import load
+from analysis.theory import setup as run_setup
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 GOLDEN = Path(__file__).parent / "golden" / "report"
