@@ -135,7 +135,8 @@ def num_parameters(s: RunSetup) -> int | None:
     dims = (s.num_layers, s.hidden_size, s.positions, s.padded_vocab_size)
     if None in dims:
         return None
-    return gpt_parameters(*dims, s.normalization or "layernorm")  # type: ignore[arg-type]
+    norm = s.normalization or "layernorm"
+    return gpt_parameters(*dims, norm, ffn=s.ffn_hidden_size)  # type: ignore[arg-type]
 
 
 def tflops_per_gpu(flops: float, iter_ms: float, world_size: int) -> float:

@@ -14,13 +14,8 @@ from analysis.predict.prediction import predict
 from analysis.runs.load import derive_model_name
 from analysis.theory import comm
 from analysis.theory.costs import memory_estimate
-from analysis.theory.formulas import (
-    gpt_parameters,
-    model_table,
-    padded_vocab_size,
-    strategy_table,
-    zero_state_bytes,
-)
+from analysis.theory.formulas import gpt_parameters, padded_vocab_size, zero_state_bytes
+from analysis.theory.presets import model_table, strategy_table
 from analysis.theory.setup import RunSetup
 
 PROBE_RATES_MBIT = (100.0, 1000.0)

@@ -33,7 +33,8 @@ from analysis.parse.reader import merge_runs, parse_file, parse_stream
 from analysis.parse.records import ParsedRun, int_values
 from analysis.runs.problems import Problem
 from analysis.runs.record import Outcome, RunRecord, RunRecordError, from_json
-from analysis.theory.formulas import RATE_IN_NAME, model_table, padded_vocab_size, parse_rate
+from analysis.theory.formulas import RATE_IN_NAME, padded_vocab_size, parse_rate
+from analysis.theory.presets import model_table
 from analysis.theory.setup import Precision, RunSetup
 
 Status = Literal["completed", "failed", "incomplete", "interrupted", "running"]

@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from analysis.theory.formulas import ring_factor
+from analysis.theory.formulas import gpt_parameter_tensors, ring_factor
 from analysis.theory.setup import RunSetup
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
@@ -130,47 +130,19 @@ class CommPlan:
 
 
 def param_tensors(setup: RunSetup, stage: int = 0) -> list[tuple[str, int]]:
-    """Parameter tensors (name, elements) held by one rank of pipeline ``stage``.
-
-    Megatron GPT with learned positions: per layer QKV (3h x h + 3h), attention output
-    (h x h + h), MLP (f x h + f, h x f + h), two norms; TP shards QKV, MLP-in and the output
-    weights and the embedding along vocab; row-parallel biases and norms are replicated. Checked
-    against the logs' "number of parameters on (tensor, pipeline) model parallel rank" lines
-    (tp2: 447488; pp2 rmsnorm: 477952 first stage, 478080 last stage). The tensor-level form of
-    ``formulas.gpt_parameters_on_rank`` (ZeRO-3 buckets and persistence need the tensors); the
-    two are asserted equal on every preset x strategy (tests/test_formulas.py).
-    """
+    """Parameter tensors (name, elements) held by one rank of pipeline ``stage``
+    (:func:`formulas.gpt_parameter_tensors` of the setup; the FFN size is the setup's,
+    4h when unknown). Checked against the logs' "number of parameters on (tensor, pipeline)
+    model parallel rank" lines (tp2: 447488; pp2 rmsnorm: 477952 first stage, 478080 last
+    stage); ZeRO-3 buckets and persistence need the tensors."""
     layers, h = setup.num_layers, setup.hidden_size
     s = setup.positions
     v, tp, pp = setup.padded_vocab_size, setup.tp or 1, setup.pp or 1
     if None in (layers, h, s, v):
         raise ValueError("num_layers, hidden_size, seq_length and padded_vocab_size are needed")
     assert layers is not None and h is not None and s is not None and v is not None
-    f = setup.ffn_hidden_size or 4 * h
-    norm = 1 if setup.normalization == "rmsnorm" else 2
-    layer = [
-        ("qkv.weight", 3 * h * h // tp),
-        ("qkv.bias", 3 * h // tp),
-        ("proj.weight", h * h // tp),
-        ("proj.bias", h),
-        ("fc1.weight", f * h // tp),
-        ("fc1.bias", f // tp),
-        ("fc2.weight", h * f // tp),
-        ("fc2.bias", h),
-        ("norm1", norm * h),
-        ("norm2", norm * h),
-    ]
-    per_stage = layers // pp
-    tensors = [(f"layer{i}.{n}", e) for i in range(per_stage) for n, e in layer]
-    embedding = [("word_embeddings", v * h // tp), ("position_embeddings", s * h)]
-    if stage == 0:
-        tensors = embedding + tensors
-    if stage == pp - 1:
-        tensors = [*tensors, ("final_norm", norm * h)]
-        if pp > 1:
-            # The last stage instantiates the whole tied EmbeddingPipe (word + position).
-            tensors = tensors + embedding
-    return tensors
+    norm = setup.normalization or "layernorm"
+    return gpt_parameter_tensors(layers, h, s, v, norm, tp, pp, stage, ffn=setup.ffn_hidden_size)
 
 
 def rank_parameters(setup: RunSetup) -> int:

@@ -3,20 +3,15 @@
 Both packages import from here (``launchers`` already imports ``analysis``; nothing here imports
 either package): the padded vocabulary, the parameter count (per rank and per replica), the
 forward MACs and the FLOPs of an iteration (with activation recompute), the ring / bus-bandwidth
-factors, the link efficiency, link-rate and size parsing, the steady-state rule, and the model
-and strategy tables read from ``megatron_configs/`` (the presets the launcher runs).
+factors, the link efficiency, link-rate and size parsing, and the steady-state rule. The presets
+(``megatron_configs/``) are read by ``analysis.theory.presets``.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, TypeVar
-
-import yaml
 
 Normalization = Literal["layernorm", "rmsnorm"]
 """Megatron's ``--normalization``: LayerNorm (weight + bias) or RMSNorm (weight only)."""
@@ -35,6 +30,58 @@ def padded_vocab_size(vocab_size: int, tp: int = 1) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
+def gpt_parameter_tensors(
+    layers: int,
+    hidden: int,
+    positions: int,
+    padded_vocab: int,
+    normalization: Normalization | str = "layernorm",
+    tp: int = 1,
+    pp: int = 1,
+    stage: int = 0,
+    *,
+    ffn: int | None = None,
+) -> list[tuple[str, int]]:
+    """Parameter tensors (name, elements) of one (tensor, pipeline) rank of pipeline ``stage``:
+    the one parameter count of the project (launcher, analyzer, byte model).
+
+    Megatron GPT with learned positions, per layer: QKV (3h x h + 3h), attention output
+    (h x h + h), MLP (f x h + f, h x f + h; f = ``ffn``, ``--ffn-hidden-size``, 4h by default),
+    two norms (2h each for LayerNorm, weight and bias; h for RMSNorm). TP splits the QKV, the
+    attention output and both MLP weights, the QKV and first MLP biases (column parallel) and
+    the word embeddings (V/tp rows); the attention-output and second MLP biases (row parallel)
+    and the norms are replicated. The first stage holds the word embeddings and the learned
+    positions (``positions`` = ``--max-position-embeddings``, times h); the last stage the final
+    norm and, with PP > 1, GPTModelPipe's tied copy of the whole embedding module.
+    """
+    f = 4 * hidden if ffn is None else ffn
+    norm = 2 * hidden if normalization == "layernorm" else hidden
+    layer = [
+        ("qkv.weight", 3 * hidden * hidden // tp),
+        ("qkv.bias", 3 * hidden // tp),
+        ("proj.weight", hidden * hidden // tp),
+        ("proj.bias", hidden),
+        ("fc1.weight", f * hidden // tp),
+        ("fc1.bias", f // tp),
+        ("fc2.weight", hidden * f // tp),
+        ("fc2.bias", hidden),
+        ("norm1", norm),
+        ("norm2", norm),
+    ]
+    tensors = [(f"layer{i}.{n}", e) for i in range(layers // pp) for n, e in layer]
+    embedding = [
+        ("word_embeddings", padded_vocab * hidden // tp),
+        ("position_embeddings", positions * hidden),
+    ]
+    if stage == 0:
+        tensors = embedding + tensors
+    if stage == pp - 1:
+        tensors = [*tensors, ("final_norm", norm)]
+        if pp > 1:
+            tensors = tensors + embedding  # the last stage's tied EmbeddingPipe (word + position)
+    return tensors
+
+
 def gpt_parameters_on_rank(
     layers: int,
     hidden: int,
@@ -44,26 +91,18 @@ def gpt_parameters_on_rank(
     tp: int = 1,
     pp: int = 1,
     stage: int = 0,
+    *,
+    ffn: int | None = None,
 ) -> int:
     """What upstream prints as "number of parameters on (tensor, pipeline) model parallel rank
-    (t, ``stage``)", the same for every tensor rank t (``megatron/training.py``).
-
-    Per layer and tensor rank: the QKV, dense and two MLP weights 12h^2/tp; the QKV and first
-    MLP biases 7h/tp (column parallel: split); the dense and second MLP biases 2h (row parallel:
-    replicated); two norms, 2h each for LayerNorm (weight and bias), h for RMSNorm. The first
-    stage holds the word embeddings (V/tp rows) and the learned positions (``positions`` =
-    ``--max-position-embeddings``, times h); the last stage the final norm and, with PP > 1,
-    GPTModelPipe's tied copy of the whole embedding module (words and positions).
-    """
-    norm = 2 * hidden if normalization == "layernorm" else hidden
-    per_layer = 12 * hidden * hidden // tp + 7 * hidden // tp + 2 * hidden + 2 * norm
-    embedding = padded_vocab // tp * hidden + positions * hidden
-    count = layers // pp * per_layer
-    if stage == 0:
-        count += embedding
-    if stage == pp - 1:
-        count += norm + (embedding if pp > 1 else 0)
-    return count
+    (t, ``stage``)", the same for every tensor rank t (``megatron/training.py``): the sum of
+    :func:`gpt_parameter_tensors`. Per layer and tensor rank, with f = 4h: the QKV, dense and
+    two MLP weights 12h^2/tp; the QKV and first MLP biases 7h/tp; the dense and second MLP
+    biases 2h; two norms."""
+    tensors = gpt_parameter_tensors(
+        layers, hidden, positions, padded_vocab, normalization, tp, pp, stage, ffn=ffn
+    )
+    return sum(e for _, e in tensors)
 
 
 def gpt_parameters(
@@ -72,12 +111,15 @@ def gpt_parameters(
     positions: int,
     padded_vocab: int,
     normalization: Normalization | str = "layernorm",
+    *,
+    ffn: int | None = None,
 ) -> int:
-    """Parameters of one model replica: l(12h^2 + 13h) + V h + s h + 2h with LayerNorm,
-    l(12h^2 + 11h) + V h + s h + h with RMSNorm (no biases in the norms); s is the number of
+    """Parameters of one model replica: l(4h^2 + 2fh + 9h + f) + V h + s h + 2h with LayerNorm
+    (f = 4h: l(12h^2 + 13h) + V h + s h + 2h), l(4h^2 + 2fh + 7h + f) + V h + s h + h with
+    RMSNorm (no biases in the norms); f the FFN size (``ffn``, 4h by default), s the number of
     learned positions (``--max-position-embeddings``). Equals upstream's printed count at
     TP = PP = 1, and the sum over pipeline stages less the tied embedding."""
-    return gpt_parameters_on_rank(layers, hidden, positions, padded_vocab, normalization)
+    return gpt_parameters_on_rank(layers, hidden, positions, padded_vocab, normalization, ffn=ffn)
 
 
 def layer_macs(h: int, s: int, ffn: int | None = None) -> float:
@@ -234,93 +276,11 @@ STEADY_RULE = (
 """How the steady state is chosen, for every figure that needs one (report, matrix table,
 per-iteration interface bytes)."""
 
-T = TypeVar("T")
+W = TypeVar("W", bound=Sequence)
 
 
-def steady_windows(windows: Sequence[T]) -> list[T]:
+def steady_windows(windows: W) -> W:
     """The windows :data:`STEADY_RULE` keeps: all but the first (warm-up), in order; empty when
-    only the warm-up window was logged."""
-    return list(windows[1:])
-
-
-# ------------------------------------------------------------------ presets (megatron_configs)
-
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "megatron_configs"
-"""Directory of the preset YAML files (``launchers.config.presets`` validates them)."""
-
-STRATEGIES_FILE = "strategies.yaml"
-"""The strategy registry inside :data:`CONFIG_DIR`; every other ``*.yaml`` there is a model."""
-
-CORE_STRATEGIES = ("baseline", "pipeline", "tensor", "zero1", "zero2", "zero3")
-"""The six strategies every model is compared on (``matrix --strategies core``)."""
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The shape of a model preset (its ``model:`` section), as the analyzer needs it."""
-
-    dims: tuple[int, int, int, int]
-    """``(num_layers, hidden_size, num_attention_heads, seq_length)``: what names a preset in a
-    log."""
-    max_position_embeddings: int
-    """Learned positions (>= seq_length)."""
-    vocab_size: int
-    """Tokenizer vocabulary before Megatron's padding."""
-
-
-_DIMS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
-
-
-@dataclass(frozen=True)
-class StrategyShape:
-    """The parallel layout of a strategy preset."""
-
-    tp: int
-    """Tensor-parallel degree."""
-    pp: int
-    """Pipeline-parallel degree."""
-    zero_stage: int
-    """DeepSpeed ZeRO stage."""
-    offload: str = "none"
-    """ZeRO-Offload (``none``, ``optimizer``, ``optimizer+params``)."""
-
-
-def _yaml_mapping(path: Path) -> dict:
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a mapping (python -m launchers list checks the presets)")
-    return data
-
-
-@functools.cache
-def model_table(config_dir: Path = CONFIG_DIR) -> dict[str, ModelShape]:
-    """Model presets by name (file stem), read from ``megatron_configs/<name>.yaml``."""
-    table = {}
-    for path in sorted(config_dir.glob("*.yaml")):
-        if path.name == STRATEGIES_FILE:
-            continue
-        model = _yaml_mapping(path).get("model") or {}
-        try:
-            dims = tuple(int(model[k]) for k in _DIMS)
-            table[path.stem] = ModelShape(
-                dims, int(model["max_position_embeddings"]), int(model["vocab_size"])
-            )  # type: ignore[arg-type]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: model.{exc} missing or not an integer") from exc
-    return table
-
-
-@functools.cache
-def strategy_table(config_dir: Path = CONFIG_DIR) -> dict[str, StrategyShape]:
-    """Strategy presets by name, read from ``megatron_configs/strategies.yaml``."""
-    path = config_dir / STRATEGIES_FILE
-    table = {}
-    for name, entry in _yaml_mapping(path).items():
-        try:
-            table[name] = StrategyShape(
-                int(entry["tp"]), int(entry["pp"]), int(entry["zero_stage"]),
-                str(entry.get("offload", "none")),
-            )  # fmt: skip
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: {name}.{exc} missing or not an integer") from exc
-    return table
+    only the warm-up window was logged. The same kind of sequence comes back (a list, or a view
+    of a numpy array: a log-interval-1 run logs millions of windows)."""
+    return windows[1:]  # type: ignore[return-value]

@@ -1,7 +1,8 @@
 """Preset registries (``megatron_configs/*.yaml``) and resolution of a request into a RunSpec.
 
 Models are one YAML file each (``tiny.yaml`` ...); strategies are the entries of
-``strategies.yaml``. Loading checks every key and type and names the file, the key and the fix.
+``strategies.yaml``, read by ``analysis.theory.presets`` (every key and type checked, the file,
+the key and the fix named).
 :func:`resolve_spec` layers preset < environment < ``--set key=value`` overrides, applies the
 device's required settings (recorded as adjustments with their reasons) and builds the validated
 :class:`~launchers.config.spec.RunSpec`.
@@ -12,15 +13,22 @@ from __future__ import annotations
 import json
 import os
 import sys
-import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, get_type_hints
 
-import yaml
-
-from analysis.theory.formulas import CONFIG_DIR, CORE_STRATEGIES, STRATEGIES_FILE, padded_vocab_size
+from analysis.theory.formulas import padded_vocab_size
+from analysis.theory.presets import (
+    CONFIG_DIR,
+    CORE_STRATEGIES,
+    STRATEGIES_FILE,
+    PresetError,
+    coerce,
+    model_files,
+    read_model_file,
+    read_strategies,
+)
 from launchers.config.gpu import cuda_adjustments
 from launchers.config.hostfile import HostfileError, check_host_name
 from launchers.config.project import remote_value_problems
@@ -39,10 +47,6 @@ from launchers.config.spec import (
 from launchers.config.upstream import tiny_data, upstream_dir
 
 
-class PresetError(ValueError):
-    """A preset file or an override that cannot be used; says which file/key and the fix."""
-
-
 @dataclass(frozen=True)
 class ModelPreset:
     """A model preset file: the model and its training defaults."""
@@ -58,7 +62,7 @@ class ModelPreset:
 
 
 # ---------------------------------------------------------------------------------------------
-# Typed keys: one table drives YAML checking and --set parsing.
+# Typed keys of --set (converted by analysis.theory.presets.coerce, as the preset files are).
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -74,95 +78,12 @@ PATH_KEYS = _field_types(RunPaths)
 """Overridable path keys (all strings)."""
 RUN_KEYS: dict[str, Any] = {"master_addr": str, "master_port": int}
 """Overridable rendezvous keys."""
-STRATEGY_KEYS = {k: t for k, t in _field_types(Strategy).items() if k != "name"}
-"""Keys of a strategy entry."""
 
 OVERRIDE_KEYS: dict[str, Any] = MODEL_KEYS | TRAINING_KEYS | PATH_KEYS | RUN_KEYS
 """Every key ``--set key=value`` accepts, with its type."""
 
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
-
-
-def _type_name(kind: Any) -> str:
-    if get_origin(kind) is Literal:
-        return "one of " + ", ".join(map(str, get_args(kind)))
-    return getattr(kind, "__name__", str(kind))
-
-
-def coerce(key: str, value: Any, kind: Any) -> Any:
-    """Convert ``value`` (a string from the command line, or a YAML scalar) to ``kind``.
-
-    Raises ``ValueError`` with what was expected; callers add the file or flag.
-    """
-    expected = _type_name(kind)
-    if get_origin(kind) in (Union, types.UnionType):
-        kind = next(a for a in get_args(kind) if a is not type(None))
-    if get_origin(kind) is Literal:
-        allowed = get_args(kind)
-        for option in allowed:
-            if value == option or (isinstance(value, str) and value == str(option)):
-                return option
-        raise ValueError(f"{key} must be {expected}; got {value!r}")
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-            return value.lower() in _TRUE
-        raise ValueError(f"{key} must be true or false; got {value!r}")
-    if kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value, 10)
-            except ValueError:
-                pass
-        raise ValueError(f"{key} must be an integer; got {value!r}")
-    if kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ValueError(f"{key} must be a number; got {value!r}")
-    if kind is str:
-        if isinstance(value, str) and value:
-            return value
-        raise ValueError(f"{key} must be a non-empty string; got {value!r}")
-    raise TypeError(f"no coercion for {key}: {kind!r}")  # a new field type; extend coerce
-
-
 # ---------------------------------------------------------------------------------------------
 # Loading the registries
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise PresetError(f"{path}: cannot read: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise PresetError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise PresetError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
-
-
-def _section(path: Path, where: str, data: Any, keys: Mapping[str, Any]) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise PresetError(f"{path}: {where}: expected a mapping of keys to values")
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in keys:
-            raise PresetError(f"{path}: {where}.{key}: unknown key; valid keys: {', '.join(keys)}")
-        try:
-            out[key] = coerce(key, value, keys[key])
-        except ValueError as exc:
-            raise PresetError(f"{path}: {where}.{key}: {exc}") from None
-    return out
 
 
 def _build(path: Path, where: str, cls: type, **values: Any) -> Any:
@@ -175,31 +96,20 @@ def _build(path: Path, where: str, cls: type, **values: Any) -> Any:
 
 
 def load_model_file(path: Path) -> ModelPreset:
-    """Read one model preset file (its name is the file's stem)."""
-    data = _read_yaml(path)
-    allowed = {"description", "model", "training"}
-    unknown = set(data) - allowed
-    if unknown:
-        raise PresetError(
-            f"{path}: unknown top-level key(s) {', '.join(sorted(map(str, unknown)))}; "
-            f"valid: {', '.join(sorted(allowed))}"
-        )
-    model = _section(path, "model", data.get("model"), MODEL_KEYS)
-    training = _section(path, "training", data.get("training", {}), TRAINING_KEYS)
-    missing = [k for k in MODEL_KEYS if k not in model]
-    if missing:
-        raise PresetError(f"{path}: model: missing key(s) {', '.join(missing)}")
+    """Read one model preset file (its name is the file's stem): the document
+    ``analysis.theory.presets`` reads, built into the spec's model and training."""
+    doc = read_model_file(path)
     return ModelPreset(
-        model=_build(path, "model", ModelConfig, name=path.stem, **model),
-        training=_build(path, "training", Training, **training),
-        description=str(data.get("description", "")),
+        model=_build(path, "model", ModelConfig, name=path.stem, **doc.model.model_dump()),
+        training=_build(path, "training", Training, **doc.training.given()),
+        description=doc.description,
         source=str(path),
     )
 
 
 def load_models(config_dir: Path = CONFIG_DIR) -> dict[str, ModelPreset]:
     """Every model preset in ``config_dir``, by name."""
-    files = sorted(p for p in config_dir.glob("*.yaml") if p.name != STRATEGIES_FILE)
+    files = model_files(config_dir)
     if not files:
         raise PresetError(f"{config_dir}: no model presets (*.yaml)")
     return {p.stem: load_model_file(p) for p in files}
@@ -208,12 +118,10 @@ def load_models(config_dir: Path = CONFIG_DIR) -> dict[str, ModelPreset]:
 def load_strategies(config_dir: Path = CONFIG_DIR) -> dict[str, Strategy]:
     """Every strategy preset in ``config_dir/strategies.yaml``, by name."""
     path = config_dir / STRATEGIES_FILE
-    data = _read_yaml(path)
-    out: dict[str, Strategy] = {}
-    for name, entry in data.items():
-        values = _section(path, str(name), entry, STRATEGY_KEYS)
-        out[str(name)] = _build(path, str(name), Strategy, name=str(name), **values)
-    return out
+    return {
+        name: _build(path, name, Strategy, name=name, **entry.model_dump())
+        for name, entry in read_strategies(config_dir).items()
+    }
 
 
 def _pick(registry: Mapping[str, Any], name: str, what: str) -> Any:

@@ -99,6 +99,7 @@ def megatron_args(spec: RunSpec, run_dir: str) -> list[str]:
         ("no_pipeline_parallel", s.pp == 1),
         ("num_layers", m.num_layers),
         ("hidden_size", m.hidden_size),
+        ("ffn_hidden_size", m.ffn_hidden_size),  # None (Megatron's 4h): no flag
         ("num_attention_heads", m.num_attention_heads),
         ("seq_length", m.seq_length),
         ("max_position_embeddings", m.max_position_embeddings),
