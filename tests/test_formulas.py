@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import shlex
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from analysis.metrics import rows as metrics
 from analysis.runs import load
-from analysis.theory import comm, formulas
+from analysis.theory import comm, formulas, presets
 from analysis.theory import setup as run_setup
 from launchers.config.hostfile import parse_hostfile_text
-from launchers.config.presets import PresetError, load_models, load_strategies, resolve_spec
+from launchers.config.presets import (
+    CONFIG_DIR,
+    PresetError,
+    load_models,
+    load_strategies,
+    resolve_spec,
+)
 from launchers.config.project import ds_config, megatron_args
 from launchers.config.spec import PLACEHOLDER_PATHS, SpecError
 from launchers.run.render import read_run_record, render_run_dir
@@ -40,6 +48,54 @@ def test_launcher_and_analyzer_count_the_same_parameters(
     assert setup.normalization == spec.normalization
     assert setup.padded_vocab_size == spec.padded_vocab_size
     assert metrics.num_parameters(setup) == spec.num_parameters
+    per_stage = [sum(e for _, e in comm.param_tensors(setup, st)) for st in range(setup.pp or 1)]
+    assert per_stage == spec.parameters_per_stage
+
+
+FFN = 3 * 128
+"""An FFN that is not 4h (h = 128): 384."""
+
+TINY_FFN_COUNT = 4 * (4 * 128 * 128 + 2 * FFN * 128 + 9 * 128 + FFN) + 512 * 128 + 128 * 128 + 256
+"""By hand, tiny with f = 3h and LayerNorm: l(4h^2 + 2fh + 9h + f) + V h + s h + 2h = 743,680
+(875,264 with f = 4h)."""
+
+
+def test_an_ffn_that_is_not_4h_on_the_analyzers_side() -> None:
+    """The row's parameter count, the model-state column's tensors and the formula read
+    ``ffn_hidden_size``; with f = 4h they are the counts upstream printed."""
+    setup = run_setup.RunSetup(num_layers=4, hidden_size=128, seq_length=128,
+                               ffn_hidden_size=FFN, padded_vocab_size=512)  # fmt: skip
+    assert TINY_FFN_COUNT == 743_680
+    assert metrics.num_parameters(setup) == TINY_FFN_COUNT
+    assert comm.rank_parameters(setup) == TINY_FFN_COUNT
+    assert formulas.gpt_parameters(4, 128, 128, 512, ffn=FFN) == TINY_FFN_COUNT
+    assert formulas.gpt_parameters(4, 128, 128, 512, ffn=4 * 128) == 875_264
+    tp2 = formulas.gpt_parameters_on_rank(4, 128, 128, 512, tp=2, ffn=FFN)
+    assert tp2 == sum(e for _, e in comm.param_tensors(replace(setup, tp=2)))
+
+
+def test_an_ffn_that_is_not_4h_on_the_launchers_side(tmp_path: Path) -> None:
+    """A preset with ``ffn_hidden_size``: the launcher's count (``make list``, run.json), the
+    flag it passes to Megatron, and the analyzer's count of the run it renders agree."""
+    config = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, config)
+    tiny = config / "tiny.yaml"
+    text = tiny.read_text()
+    assert "  vocab_size: 488" in text
+    tiny.write_text(
+        text.replace("  vocab_size: 488", f"  ffn_hidden_size: {FFN}\n  vocab_size: 488")
+    )
+    assert load_models(config)["tiny"].model.num_parameters() == TINY_FFN_COUNT
+    spec = resolve_spec("tiny", "pipeline", FOUR_RANKS, device="cuda", launcher="pdsh",
+                        paths=PLACEHOLDER_PATHS, config_dir=config)  # fmt: skip
+    assert spec.num_parameters == TINY_FFN_COUNT
+    run_dir = render_run_dir(spec, tmp_path / "logs")
+    args = megatron_args(spec, str(run_dir))
+    assert args[args.index("--ffn-hidden-size") + 1] == str(FFN)
+    cmd = shlex.join(["deepspeed", "pretrain_gpt.py", *args])
+    setup, _ = load.resolve_setup(spec.name, read_run_record(run_dir), ds_config(spec), cmd, None)
+    assert setup.ffn_hidden_size == FFN
+    assert metrics.num_parameters(setup) == TINY_FFN_COUNT
     per_stage = [sum(e for _, e in comm.param_tensors(setup, st)) for st in range(setup.pp or 1)]
     assert per_stage == spec.parameters_per_stage
 
@@ -111,14 +167,14 @@ def test_ring_factor_rejects_unknown_op() -> None:
 def test_tables_are_the_launchers_presets() -> None:
     """The analyzer's tables are read from the same files the launcher validates."""
     models = load_models()
-    assert set(formulas.model_table()) == set(models)
-    for name, shape in formulas.model_table().items():
+    assert set(presets.model_table()) == set(models)
+    for name, shape in presets.model_table().items():
         m = models[name].model
         assert shape.dims == (m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length)
         assert shape.max_position_embeddings == m.max_position_embeddings
         assert shape.vocab_size == m.vocab_size
     for name, strategy in load_strategies().items():
-        shape = formulas.strategy_table()[name]
+        shape = presets.strategy_table()[name]
         assert (shape.tp, shape.pp, shape.zero_stage) == (strategy.tp, strategy.pp,
                                                            strategy.zero_stage)  # fmt: skip
         assert shape.offload == strategy.offload
