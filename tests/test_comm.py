@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from analysis.theory.setup import RunSetup
 
 from analysis.theory import comm
+from analysis.theory.setup import RunSetup
 
 TINY = dict(
     model="tiny",

@@ -6,13 +6,13 @@ import math
 from dataclasses import replace
 
 import pytest
-from analysis.theory.setup import RunSetup
 
 from analysis.metrics import rows as metrics
 from analysis.metrics import speedup, stats, timers
 from analysis.parse.records import Iteration, Memory, ParsedRun, TimerBlock
 from analysis.runs.load import LoadedRun
 from analysis.theory import formulas
+from analysis.theory.setup import RunSetup
 
 # dp2.log: "elapsed time per iteration (ms)" and "TFLOPs" at iterations 5..30 (log interval 5).
 DP2_WINDOWS = [(5, 201.6), (10, 186.6), (15, 219.0), (20, 211.9), (25, 217.7), (30, 214.0)]

@@ -8,11 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from analysis.theory.setup import RunSetup
 
 from analysis.predict import calibration, prediction, whatif
 from analysis.predict import cli as predict
 from analysis.theory import comm, costs, formulas
+from analysis.theory.setup import RunSetup
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 

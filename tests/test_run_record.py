@@ -277,10 +277,9 @@ def test_a_generated_run_directory_reads_back_through_the_record(tmp_path: Path)
 
 
 def test_metrics_read_identity_and_wire_bytes_from_the_record() -> None:
+    from analysis.metrics.rows import wire_bytes
     from analysis.runs.identity import identity
     from analysis.theory.setup import RunSetup
-
-    from analysis.metrics.rows import wire_bytes
 
     record = from_json(V1_LAB_RUN, "run.json")
     assert identity(record) == {"spec_hash": "0f3c", "repeat_group": "r3-abc", "repeat_round": 1}
