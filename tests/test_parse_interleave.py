@@ -41,7 +41,7 @@ import pytest
 from analysis.parse import reader as parse
 from analysis.parse.lines import split_prefix
 from analysis.report import build as report
-from analysis.runs.load import _NODE_SUFFIX
+from analysis.runs.load import NODE_SUFFIX
 from analysis.theory.formulas import RATE_IN_NAME
 
 LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
@@ -124,7 +124,7 @@ def lab_logs_source(root: Path) -> Source | None:
     """The ``2n_*_node<N>.log`` pairs of the shared lab logs (with their sidecars)."""
     pairs: dict[str, list[Path]] = {}
     for log in sorted(root.glob("2n_*_node*.log")):
-        m = _NODE_SUFFIX.match(log.stem)
+        m = NODE_SUFFIX.match(log.stem)
         if m:
             pairs.setdefault(m.group("stem"), []).append(log)
     if not pairs:

@@ -45,7 +45,8 @@ MODEL_PRESETS: dict[str, tuple[int, int, int, int]] = {
 }
 """Known model presets as (layers, hidden, heads, seq), read from ``megatron_configs``."""
 
-_NODE_SUFFIX = re.compile(r"^(?P<stem>.+)_node(?P<node>\d+)$")
+NODE_SUFFIX = re.compile(r"^(?P<stem>.+)_node(?P<node>\d+)$")
+"""A per-node log's name (``dp2_node1``): the run's stem and the node's number."""
 _ACCELERATOR_RE = re.compile(
     r"\bDS_ACCELERATOR=(cpu|cuda)\b|ds_accelerator to (?:be )?(cpu|cuda)\b"
 )
@@ -409,7 +410,7 @@ def _log_steps_per_print(parsed: ParsedRun, put: Callable[[str, Any, str], None]
 def _group_bare_logs(files: Iterable[Path]) -> dict[tuple[Path, str], list[Path]]:
     groups: dict[tuple[Path, str], list[Path]] = {}
     for path in sorted(files):
-        match = _NODE_SUFFIX.match(path.stem)
+        match = NODE_SUFFIX.match(path.stem)
         stem = match.group("stem") if match else path.stem
         groups.setdefault((path.parent, stem), []).append(path)
     return groups
@@ -492,7 +493,7 @@ def _make_runs(
     parsed_runs, log_text = _parse_all(logs, problems) if logs else ([], "")
     if not logs:
         problems.append(Problem("no_log", "log", "no *.log file"))
-    node_files = sum(1 for p in logs if _NODE_SUFFIX.match(p.stem) or p.stem.startswith("node"))
+    node_files = sum(1 for p in logs if NODE_SUFFIX.match(p.stem) or p.stem.startswith("node"))
     out = []
     for k, parsed in enumerate(parsed_runs or [None]):
         run_name = name if len(parsed_runs) <= 1 else f"{name}#{k + 1}"
