@@ -19,7 +19,11 @@ CPU times are user + system of the measured process (parse_file: of the parse ca
 machine shared with other work, wall times are longer and vary more: both are printed.
 
     python benchmarks/parse_bench.py [--size-mb 1024] [--logs noise,dense,ranks,...] [--dir DIR]
-                                     [--keep] [--skip-json] [--skip-report]
+                                     [--keep] [--reuse] [--code DIR] [--skip-json] [--skip-report]
+
+``--code DIR`` measures the parser of another checkout (e.g. ``git archive OLD | tar -x -C
+DIR``) on the same logs: with ``--dir D --keep`` once, then ``--dir D --reuse --code DIR``,
+both are measured on the very same files.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +44,14 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import loggen  # noqa: E402
 
-LAB = REPO.parent / "shared" / "lab-logs"
+LAB = next(
+    (p for p in (REPO / "tests" / "fixtures" / "lab-logs", REPO.parent / "shared" / "lab-logs")
+     if p.is_dir()),
+    REPO.parent / "shared" / "lab-logs",
+)  # fmt: skip
+"""The lab logs the dense, interval-1 and pipeline logs replay."""
+CODE = REPO
+"""The checkout whose parser is measured (``--code``)."""
 KINDS = ("noise", "dense", "ranks", "all-ranks", "interval1", "pipeline")
 """The log kinds (module doc), in the order measured."""
 PERL = (
@@ -88,7 +99,7 @@ class Measure:
 def _run(cmd: list[str], stdout: int | None = subprocess.PIPE) -> Measure:
     """Run ``cmd`` and measure it (its own rusage, through wait4)."""
     w0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, cwd=REPO)
+    proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, cwd=CODE)
     out = proc.stdout.read().decode() if proc.stdout else ""  # type: ignore[union-attr]
     err = proc.stderr.read().decode() if proc.stderr else ""  # type: ignore[union-attr]
     _pid, status, usage = os.wait4(proc.pid, 0)
@@ -116,13 +127,21 @@ def _write(kind: str, path: Path, size_mb: float) -> loggen.Written:
     return loggen.write_ranks(path, size_mb)
 
 
-def bench(kind: str, folder: Path, size_mb: float, json_too: bool, report_too: bool) -> dict:
-    """Write one log and measure everything on it; returns the figures."""
+def bench(
+    kind: str, folder: Path, size_mb: float, json_too: bool, report_too: bool, reuse: bool = False
+) -> dict:
+    """Write one log (``reuse``: unless it was written before) and measure everything on it;
+    returns the figures."""
     run_dir = folder / kind
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / f"{kind}.log"
+    counts = folder / f"{kind}.written.json"  # (outside the run directory the report reads)
     t0 = time.perf_counter()
-    written = _write(kind, path, size_mb)
+    if reuse and path.exists() and counts.exists():
+        written = loggen.Written(**json.loads(counts.read_text()))
+    else:
+        written = _write(kind, path, size_mb)
+        counts.write_text(json.dumps(asdict(written)))
     size = path.stat().st_size
     mb = size / 1e6
     print(
@@ -134,7 +153,7 @@ def bench(kind: str, folder: Path, size_mb: float, json_too: bool, report_too: b
     res: dict = {"log": kind, "mb": mb, "iterations": written.iterations}
     perl = _run(["perl", "-ne", PERL, str(path)])
     res["perl_mb_s"] = mb / perl.cpu
-    child = _run([sys.executable, "-c", _CHILD, str(path), str(REPO)])
+    child = _run([sys.executable, "-c", _CHILD, str(path), str(CODE)])
     got = json.loads(child.out)
     res |= {
         "parse_mb_s": mb / got["cpu"],
@@ -212,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--dir", type=Path, help="where to write the logs (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the logs")
+    ap.add_argument("--reuse", action="store_true", help="measure the logs already in --dir")
+    ap.add_argument(
+        "--code", type=Path, help="measure the parser of this checkout (default: this one)"
+    )
     ap.add_argument("--skip-json", action="store_true", help="do not time --json")
     ap.add_argument("--skip-report", action="store_true", help="do not time analysis.report")
     ap.add_argument("--out-json", type=Path, help="also write the figures here")
@@ -219,12 +242,19 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(ns.logs.split(",")) - set(KINDS))
     if unknown:
         ap.error(f"--logs: no log kind {', '.join(unknown)} (the kinds: {', '.join(KINDS)})")
+    global CODE
+    CODE = (ns.code or REPO).resolve()
     folder = ns.dir or Path(tempfile.mkdtemp(prefix="parse-bench-"))
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
+    print(
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; parser of {CODE}",
+        flush=True,
+    )
     results = []
     try:
         for kind in ns.logs.split(","):
-            results.append(bench(kind, folder, ns.size_mb, not ns.skip_json, not ns.skip_report))
+            results.append(
+                bench(kind, folder, ns.size_mb, not ns.skip_json, not ns.skip_report, ns.reuse)
+            )
     finally:
         if not ns.keep:
             shutil.rmtree(folder, ignore_errors=True)

@@ -21,9 +21,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from analysis.parse import keywords, scan, scan_bytes, scan_readers, scan_shapes
+from analysis.parse import keywords, scan, scan_blocks, scan_bytes, scan_readers, scan_shapes
 from analysis.parse import reader as parse
-from analysis.parse.columns import Column, json_text
+from analysis.parse.columns import Column
+from analysis.parse.encoding import json_text
 from analysis.parse.rules import _LATE_CONFIG_LINES, KW
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def test_corpus_bulk_equals_line_path(path):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks and segments of a few KB: records straddle their boundaries."""
-    monkeypatch.setattr(scan, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 4096)
     monkeypatch.setattr(scan, "SEG_START", 512)
     monkeypatch.setattr(scan, "SEG_MIN", 256)
     monkeypatch.setattr(scan, "SEG_MAX", 2048)
@@ -664,7 +665,7 @@ def test_iteration_heads_the_line_path_reads_otherwise(tmp_path, monkeypatch, ch
     (a glued word, a bar, another keyword, a control or non-ASCII byte, odd prefixes), among
     thousands of plain ones the bulk path takes: both paths give the same runs."""
     if chunks == "small":
-        monkeypatch.setattr(scan, "CHUNK_BYTES", 4096)
+        monkeypatch.setattr(parse, "CHUNK_BYTES", 4096)
         monkeypatch.setattr(scan, "SEG_START", 512)
         monkeypatch.setattr(scan, "SEG_MIN", 256)
         monkeypatch.setattr(scan, "SEG_MAX", 2048)
@@ -956,7 +957,7 @@ def test_deepspeed_memory_lines_read_in_bulk_as_the_line_path_reads_them(
     path reads them, each form as the line path does (a line another branch reads, or one
     whose values do not match, is left to the line path)."""
     if chunks == "small":
-        monkeypatch.setattr(scan, "CHUNK_BYTES", 4096)
+        monkeypatch.setattr(parse, "CHUNK_BYTES", 4096)
         monkeypatch.setattr(scan, "SEG_START", 512)
         monkeypatch.setattr(scan, "SEG_MIN", 256)
         monkeypatch.setattr(scan, "SEG_MAX", 2048)
@@ -1240,7 +1241,7 @@ def test_rank_blocks_with_zeros_of_both_signs_read_as_the_line_path_reads_them(t
     ``-0.00`` by others: the (min, max) the bulk path keeps are the line path's, each zero's
     sign too (``min`` keeps the first of equal values; NumPy's reduction need not), in blocks
     of many values (reduced with NumPy) and of a few (with Python's ``min`` and ``max``)."""
-    assert (2 * ranks >= scan_bytes._VECTOR_VALUES) == (ranks == 64)
+    assert (2 * ranks >= scan_blocks._VECTOR_VALUES) == (ranks == 64)
     n, rs = 300, range(ranks)
     lines = [" 0: training ...", "63: training ..."]
     for i in range(1, n + 1):
@@ -1280,7 +1281,7 @@ def _blocks_read_at_once(
         path,
         monkeypatch,
         reader,
-        owner=scan_bytes.BlockPattern,
+        owner=scan_blocks.BlockPattern,
         count=lambda got: int(got[0].sum()),  # (taken, ..., values)
     )
     assert at_once > n * 0.6, f"{at_once} of {n} blocks read at once"

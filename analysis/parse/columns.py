@@ -16,7 +16,6 @@ None is stored as the array type's smallest value (ints, scaled floats) or NaN (
 
 from __future__ import annotations
 
-import json
 import math
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -24,40 +23,22 @@ from typing import Any
 
 import numpy as np
 
-_CODES = ("b", "h", "i", "q")
-_MIN = {"b": -(2**7), "h": -(2**15), "i": -(2**31), "q": -(2**63)}
-_MAX = {c: -m - 1 for c, m in _MIN.items()}
-_MAX_SCALE = 9
-"""Largest number of decimals a float column is scaled by (10**9)."""
-_EXACT = 2**53
-"""Integers up to this are exact doubles."""
+from analysis.parse.encoding import (
+    CODES,
+    MAX,
+    MIN,
+    as_bytes,
+    code_for,
+    diff_from,
+    json_text,
+    present_range,
+    repeat_value,
+    running_sum,
+    scale_of,
+)
+
 _PIECE = 1 << 18
 """Values ``concat`` reads at a time."""
-
-
-def _code_for(lo: int, hi: int) -> str | None:
-    """Smallest array code holding every int in [lo, hi] (the code's minimum is None)."""
-    for code in _CODES:
-        if _MIN[code] < lo and hi <= _MAX[code]:
-            return code
-    return None
-
-
-def _scale_of(values: np.ndarray) -> int | None:
-    """Smallest number of decimals d with round(v * 10**d) / 10**d == v for every value."""
-    if not len(values):
-        return 0
-    if not np.isfinite(values).all() or (np.signbit(values) & (values == 0)).any():
-        return None
-    for d in range(_MAX_SCALE + 1):
-        f = 10.0**d
-        scaled = np.rint(values * f)
-        if np.abs(scaled).max() >= _EXACT:
-            return None
-        back = scaled / f
-        if (back == values).all() and (np.signbit(back) == np.signbit(values)).all():
-            return d
-    return None
 
 
 class Column:
@@ -121,7 +102,7 @@ class Column:
             return "objects"
         if self._arr is None:
             return "const"
-        width = f"int{8 * self._arr.itemsize}" if self._arr.typecode in _CODES else "float64"
+        width = f"int{8 * self._arr.itemsize}" if self._arr.typecode in CODES else "float64"
         if self._delta:
             width = "delta " + width
         return f"x1e{self._scale} {width}" if self._scale > 0 else width
@@ -134,10 +115,10 @@ class Column:
         if self.kind == "f":
             if self._scale < 0:
                 return None if x != x else x
-            if x == _MIN[arr.typecode]:
+            if x == MIN[arr.typecode]:
                 return None
             return x / 10.0**self._scale if self._scale else float(x)
-        return None if x == _MIN[arr.typecode] else x
+        return None if x == MIN[arr.typecode] else x
 
     def __getitem__(self, i: int) -> Any:
         if self._pend:
@@ -166,16 +147,18 @@ class Column:
             return iter(self._list)
         if self._arr is None:
             return (
-                iter([self._const] * self._n) if self._n < 4096 else _repeat(self._const, self._n)
+                iter([self._const] * self._n)
+                if self._n < 4096
+                else repeat_value(self._const, self._n)
             )
         if self._delta:
-            return _running(self._arr)
+            return running_sum(self._arr)
         if self.kind == "i":
-            low = _MIN[self._arr.typecode]
+            low = MIN[self._arr.typecode]
             return (None if x == low else x for x in self._arr)
         if self._scale < 0:
             return (None if x != x else x for x in self._arr)
-        low = _MIN[self._arr.typecode]
+        low = MIN[self._arr.typecode]
         f = 10.0**self._scale
         if self._scale == 0:
             return (None if x == low else float(x) for x in self._arr)
@@ -223,13 +206,13 @@ class Column:
         return self._floats_of(raw.copy() if self._arr.typecode == "d" else raw)
 
     def _floats_of(self, raw: np.ndarray) -> np.ndarray:
-        """Stored values (of a plain array: doubles, or ints with ``_MIN`` for None, scaled)
+        """Stored values (of a plain array: doubles, or ints with ``MIN`` for None, scaled)
         as float64."""
         assert self._arr is not None
         if self._arr.typecode == "d":
             return raw
         out = raw.astype(float)
-        out[raw == _MIN[self._arr.typecode]] = math.nan
+        out[raw == MIN[self._arr.typecode]] = math.nan
         if self._scale > 0:
             out /= 10.0**self._scale
         return out
@@ -253,7 +236,7 @@ class Column:
         if self.kind != "i" or self._list is not None or self._arr is None or self._delta:
             return np.flatnonzero(self.ints(fill=value - 1) == value)
         code = self._arr.typecode
-        if not _MIN[code] < value <= _MAX[code]:
+        if not MIN[code] < value <= MAX[code]:
             return np.zeros(0, dtype=np.int64)
         return np.flatnonzero(np.frombuffer(self._arr, dtype=code) == value)
 
@@ -272,7 +255,7 @@ class Column:
         if self._delta:
             return np.cumsum(raw, dtype=np.int64)
         out = raw.astype(np.int64)
-        out[raw == _MIN[self._arr.typecode]] = fill
+        out[raw == MIN[self._arr.typecode]] = fill
         return out
 
     def small_ints(self, fill: int = 0) -> np.ndarray:
@@ -286,11 +269,11 @@ class Column:
         n = len(self)
         if self._list is None and self._arr is None:  # one value repeated (or none at all)
             c = fill if self._const is None else self._const
-            return np.full(n, c, dtype=_code_for(c, c) or "q")
+            return np.full(n, c, dtype=code_for(c, c) or "q")
         if self._list is None and self._arr is not None and n:
             code = self._arr.typecode
             raw = np.frombuffer(self._arr, dtype=code)
-            if not self._delta and int(raw.min()) != _MIN[code]:
+            if not self._delta and int(raw.min()) != MIN[code]:
                 return raw.copy()
             if self._delta:  # running sums a piece at a time, kept as int32 while they fit
                 out = np.empty(n, dtype=np.int32)
@@ -349,7 +332,7 @@ class Column:
             elif code == "d":
                 yield part, np.isnan(part)
             else:
-                none = part == _MIN[code]
+                none = part == MIN[code]
                 if self.kind == "i":
                     yield np.where(none, 0, part).astype(np.int64), none
                     continue
@@ -379,7 +362,7 @@ class Column:
             if all(type(v) is float and v == v for v in vals):
                 self.extend_floats(np.array(vals, dtype=float))
                 return
-        elif all(type(v) is int for v in vals) and _MIN["q"] < min(vals) and max(vals) <= _MAX["q"]:
+        elif all(type(v) is int for v in vals) and MIN["q"] < min(vals) and max(vals) <= MAX["q"]:
             self.extend_ints(np.array(vals, dtype=np.int64))
             return
         for v in vals:
@@ -412,22 +395,22 @@ class Column:
         if self.kind == "i":
             if type(v) is not int:
                 if v is None and not self._delta:
-                    arr.append(_MIN[code])
+                    arr.append(MIN[code])
                     return True
                 return False
             if self._delta:
                 d = v - self._last
-                if _MIN[code] < d <= _MAX[code] and -(2**62) < v < 2**62:
+                if MIN[code] < d <= MAX[code] and -(2**62) < v < 2**62:
                     arr.append(d)
                     self._last = v
                     return True
                 return False
-            if _MIN[code] < v <= _MAX[code]:
+            if MIN[code] < v <= MAX[code]:
                 arr.append(v)
                 return True
             return False
         if v is None:
-            arr.append(math.nan if code == "d" else _MIN[code])
+            arr.append(math.nan if code == "d" else MIN[code])
             return True
         if type(v) is not float or v != v:
             return False
@@ -439,7 +422,7 @@ class Column:
         if not -9e18 < x < 9e18:
             return False
         s = round(x)
-        if _MIN[code] < s <= _MAX[code] and s / f == v and (s != 0 or math.copysign(1, v) > 0):
+        if MIN[code] < s <= MAX[code] and s / f == v and (s != 0 or math.copysign(1, v) > 0):
             arr.append(s)
             return True
         return False
@@ -459,7 +442,7 @@ class Column:
             return np.cumsum(raw, dtype=np.int64), np.zeros(n, dtype=bool)
         if self._arr.typecode == "d":
             return raw.copy(), np.isnan(raw)
-        none = raw == _MIN[self._arr.typecode]
+        none = raw == MIN[self._arr.typecode]
         if self.kind == "i":
             return raw.astype(np.int64), none
         out = raw.astype(float)
@@ -471,7 +454,7 @@ class Column:
     def _fits(self, v: Any) -> bool:
         """Whether ``v`` (not None) can live in an array of this column."""
         if self.kind == "i":
-            return type(v) is int and _MIN["q"] < v <= _MAX["q"]
+            return type(v) is int and MIN["q"] < v <= MAX["q"]
         return type(v) is float and v == v
 
     def _widen(self, new: list[Any]) -> None:
@@ -515,29 +498,29 @@ class Column:
                 ):
                     return
                 self._delta = False  # differences too large: plain values
-            lo, hi = _present_range(vals, none)
-            code = _code_for(lo, hi)
+            lo, hi = present_range(vals, none, _PIECE)
+            code = code_for(lo, hi)
             assert code is not None  # values are int64 or narrower here
             self._arr = array(code)
             for a in range(0, len(vals), _PIECE):  # (no whole-length copy in between)
                 out = vals[a : a + _PIECE].astype(code)
-                out[none[a : a + _PIECE]] = _MIN[code]
-                self._arr.frombytes(_buf(out))
+                out[none[a : a + _PIECE]] = MIN[code]
+                self._arr.frombytes(as_bytes(out))
             return
         present = vals[~none] if none.any() else vals
-        d = _scale_of(present)
+        d = scale_of(present)
         if d is not None:
             scaled = np.rint(present * 10.0**d)
-            code = _code_for(int(scaled.min(initial=0)), int(scaled.max(initial=0)))
+            code = code_for(int(scaled.min(initial=0)), int(scaled.max(initial=0)))
             if code is not None:
-                out = np.full(len(vals), _MIN[code], dtype=code)
+                out = np.full(len(vals), MIN[code], dtype=code)
                 out[~none] = scaled.astype(code)
                 self._arr = array(code)
-                self._arr.frombytes(_buf(out))
+                self._arr.frombytes(as_bytes(out))
                 self._scale = d
                 return
         self._arr = array("d")
-        self._arr.frombytes(_buf(np.where(none, math.nan, vals).astype(float)))
+        self._arr.frombytes(as_bytes(np.where(none, math.nan, vals).astype(float)))
 
     def extend(self, values: Iterable[Any]) -> None:
         """Add several values."""
@@ -566,11 +549,11 @@ class Column:
                 return
         if v is None and self._arr is not None and not self._delta:
             code = self._arr.typecode
-            self._arr.extend(array(code, [math.nan if code == "d" else _MIN[code]]) * n)
+            self._arr.extend(array(code, [math.nan if code == "d" else MIN[code]]) * n)
             return
         if self.kind == "f" and type(v) is float and v == v:
             self.extend_floats(np.full(n, v))
-        elif self.kind == "i" and type(v) is int and _MIN["q"] < v <= _MAX["q"]:
+        elif self.kind == "i" and type(v) is int and MIN["q"] < v <= MAX["q"]:
             self.extend_ints(np.full(n, v, dtype=np.int64))
         else:
             for _ in range(n):
@@ -601,14 +584,14 @@ class Column:
         arr = self._arr
         if arr is not None and not negzero and not np.isnan(v).any():
             if arr.typecode == "d":
-                arr.frombytes(_buf(v))
+                arr.frombytes(as_bytes(v))
                 return
             f = 10.0**self._scale
             with np.errstate(over="ignore"):  # (a value past the doubles: inf, not stored so)
                 scaled = np.rint(v * f)
             code = arr.typecode
-            if scaled.min() > _MIN[code] and scaled.max() <= _MAX[code] and (scaled / f == v).all():
-                arr.frombytes(_buf(scaled.astype(code)))
+            if scaled.min() > MIN[code] and scaled.max() <= MAX[code] and (scaled / f == v).all():
+                arr.frombytes(as_bytes(scaled.astype(code)))
                 return
         if self._list is None and (
             self._arr is not None or self._const is None or self._fits(self._const)
@@ -643,19 +626,19 @@ class Column:
             code = arr.typecode
             if self._delta:
                 if min(v.min(), self._last) > -(2**62) and max(v.max(), self._last) < 2**62:
-                    d = _diff(v, self._last)
-                    if d.min() > _MIN[code] and d.max() <= _MAX[code]:
-                        arr.frombytes(_buf(d.astype(code)))
+                    d = diff_from(v, self._last)
+                    if d.min() > MIN[code] and d.max() <= MAX[code]:
+                        arr.frombytes(as_bytes(d.astype(code)))
                         self._last = int(v[-1])
                         self._prefix = None
                         return
-            elif v.min() > _MIN[code] and v.max() <= _MAX[code]:
-                arr.frombytes(_buf(v.astype(code)))
+            elif v.min() > MIN[code] and v.max() <= MAX[code]:
+                arr.frombytes(as_bytes(v.astype(code)))
                 return
         if (
             self._list is None
             and (self._arr is not None or self._const is None or self._fits(self._const))
-            and v.min() > _MIN["q"]
+            and v.min() > MIN["q"]
         ):
             if len(self):
                 cur, none = self._current()
@@ -695,8 +678,8 @@ class Column:
             if arr is not None and not self._delta:  # appended as they are when they fit
                 code = arr.typecode
                 present = v[~none]
-                if not len(present) or (present.min() > _MIN[code] and present.max() <= _MAX[code]):
-                    arr.frombytes(_buf(np.where(none, _MIN[code], v).astype(code)))
+                if not len(present) or (present.min() > MIN[code] and present.max() <= MAX[code]):
+                    arr.frombytes(as_bytes(np.where(none, MIN[code], v).astype(code)))
                     return
             cur, cur_none = self._current()  # else stored anew, plain (a None: no deltas)
             vals, mask = np.concatenate([cur, v]), np.concatenate([cur_none, none])
@@ -736,7 +719,7 @@ class Column:
             raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
             out._arr = array(self._arr.typecode)
             for a in range(0, len(order), _PIECE):  # (no whole-length copy in between)
-                out._arr.frombytes(_buf(raw[order[a : a + _PIECE]]))
+                out._arr.frombytes(as_bytes(raw[order[a : a + _PIECE]]))
             out._scale = self._scale
         return out
 
@@ -746,15 +729,15 @@ class Column:
         copy); False when one needs more than 8 bytes."""
         lo = hi = before = 0
         for part in pieces():
-            d = _diff(part, before)
+            d = diff_from(part, before)
             lo, hi, before = min(lo, int(d.min())), max(hi, int(d.max())), int(part[-1])
-        code = _code_for(lo, hi)
+        code = code_for(lo, hi)
         if code is None:
             return False
         self._arr = array(code)
         before = 0
         for part in pieces():
-            self._arr.frombytes(_buf(_diff(part, before).astype(code)))
+            self._arr.frombytes(as_bytes(diff_from(part, before).astype(code)))
             before = int(part[-1])
         self._last = before
         return True
@@ -795,71 +778,15 @@ class Column:
         if not (self._delta and other._delta and mine is not None and theirs is not None):
             return False
         code = mine.typecode
-        if not len(theirs) or _CODES.index(theirs.typecode) > _CODES.index(code):
+        if not len(theirs) or CODES.index(theirs.typecode) > CODES.index(code):
             return False
         raw = np.frombuffer(theirs, dtype=theirs.typecode)
         first = int(raw[0]) - self._last  # other's first value minus this one's last
-        if not (_MIN[code] < first <= _MAX[code]) or not -(2**62) < other._last < 2**62:
+        if not (MIN[code] < first <= MAX[code]) or not -(2**62) < other._last < 2**62:
             return False
         diffs = raw.astype(code)
         diffs[0] = first
-        mine.frombytes(_buf(diffs))
+        mine.frombytes(as_bytes(diffs))
         self._last = other._last
         self._prefix = None
         return True
-
-    def replace_all(self, values: list[Any]) -> None:
-        """Replace every value."""
-        self._reset()
-        for v in values:
-            self.append(v)
-
-
-def json_text(v: Any) -> str:
-    """One value as JSON, as ``json`` writes it (a float that is not finite raises)."""
-    if v is None:
-        return "null"
-    if type(v) is float:
-        if v != v or v in (math.inf, -math.inf):
-            raise ValueError(f"out of range float value in the JSON output: {v!r}")
-        return float.__repr__(v)
-    if type(v) is int:
-        return int.__repr__(v)
-    return json.dumps(v, allow_nan=False, default=str)
-
-
-def _buf(values: np.ndarray) -> memoryview:
-    """The bytes of an array, for ``array.frombytes`` (no copy when it is contiguous)."""
-    return memoryview(np.ascontiguousarray(values)).cast("B")
-
-
-def _present_range(vals: np.ndarray, none: np.ndarray) -> tuple[int, int]:
-    """(min, max) of 0 and the values not marked None, a piece at a time: no whole-length
-    copy of the present values."""
-    lo = hi = 0
-    for a in range(0, len(vals), _PIECE):
-        part = vals[a : a + _PIECE][~none[a : a + _PIECE]]
-        if len(part):
-            lo, hi = min(lo, int(part.min())), max(hi, int(part.max()))
-    return lo, hi
-
-
-def _diff(values: np.ndarray, before: int) -> np.ndarray:
-    """``np.diff(values, prepend=before)`` (int64) without its whole-length concatenation."""
-    out = np.empty(len(values), dtype=np.int64)
-    if len(values):
-        out[0] = int(values[0]) - before
-        np.subtract(values[1:], values[:-1], out=out[1:], dtype=np.int64)  # (int32 in: no wrap)
-    return out
-
-
-def _repeat(value: Any, n: int) -> Iterator[Any]:
-    for _ in range(n):
-        yield value
-
-
-def _running(diffs: array[int]) -> Iterator[int]:
-    total = 0
-    for d in diffs:
-        total += d
-        yield total

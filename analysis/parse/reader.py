@@ -8,15 +8,16 @@ How a file is read
   Until a run's training starts (first iteration, ``steps:`` or DeepSpeed timer line, or
   Megatron's ``training ...``), after it ends (final iteration, launcher exit, failure), and
   while a multi-line block is open (argument dump, traceback, JSON dump), every line is
-  parsed.  In between, only lines holding one of ``_KEYWORDS`` are parsed; a line without one
-  of a stream (launcher prefix) whose Megatron timer block is open only continues or closes
-  that block.  ``iteration`` is a keyword of
+  parsed.  In between, only lines holding a keyword (``analysis.parse.rules``) are parsed; a
+  line without one of a stream (launcher prefix) whose Megatron timer block is open only
+  continues or closes that block.  ``iteration`` is a keyword of
   its own (``iteration=N`` lines have no ``|``) only until the run's first iteration line:
   once that line holds ``|``, the run's iteration lines are found by ``|``.  A new run that
   starts in the middle of training output without any of those lines is still split off
-  when the iteration counter goes back.  ``analysis.parse.scan`` is the file reader: it finds
-  keyword lines with ``bytes.find`` over whole chunks (what makes a 1 GB log of NCCL chatter
-  cheap) and reads the frequent lines of a training phase in bulk, with the same result.
+  when the iteration counter goes back.  ``drive_file`` reads a file: it finds keyword lines
+  with ``bytes.find`` over whole chunks (``analysis.parse.keywords``: what makes a 1 GB log of
+  NCCL chatter cheap), and ``analysis.parse.scan`` reads the frequent lines of a training
+  phase in bulk, with the same result.
 
 Attribution of DeepSpeed ``wall_clock_breakdown`` lines to iterations
   The plain engine prints one line per optimizer step and per timer group, before Megatron's
@@ -56,13 +57,17 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from analysis.parse.columns import Column, json_text
-from analysis.parse.lines import Demux, demux_tagged, strip_prefix
+from analysis.parse.columns import Column
+from analysis.parse.encoding import json_text
+from analysis.parse.keywords import Keywords
+from analysis.parse.lines import MAX_LINE_CHARS, Demux, demux_tagged, strip_prefix
 from analysis.parse.machine import Core
 from analysis.parse.merge import merge_runs
-from analysis.parse.records import ParsedRun, RecordTable, TimerBlock, TimerTable, block_dict
+from analysis.parse.records import ParsedRun, TimerBlock, TimerTable, block_dict
 from analysis.parse.rules import KW, OMPI_PEEK_BYTES, OMPI_TAG_BYTES, strict
-from analysis.parse.scan import drive_file
+from analysis.parse.scan import Bulk
+from analysis.parse.scan_bytes import CHUNK_BYTES, line_step
+from analysis.parse.tables import RecordTable
 
 __all__ = [
     "merge_runs",
@@ -99,8 +104,8 @@ def parse_text(text: str, source: str = "<text>") -> list[ParsedRun]:
 
 def parse_file(path: str | Path, bulk: bool = True) -> list[ParsedRun]:
     """Parse one log file, streaming it in chunks (memory grows with the records, not the
-    lines).  ``bulk=False`` reads every line through the line path (``analysis.parse.scan``; the
-    result is the same, only slower).
+    lines).  ``bulk=False`` reads every line through the line path (``drive_file``; the result is
+    the same, only slower).
 
     An unreadable file gives one incomplete run whose problems say why.
     """
@@ -314,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         for text in _iter_json(ns.logs):
             write(text)
         return 0
-    try:
+    try:  # (rich only for the text output: ``--json`` and the library do not load it)
         from rich.console import Console
 
         console: Any = Console(highlight=False)
@@ -332,3 +337,79 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(line)
     return 0
+
+
+def drive_block(
+    core: Core, kw: Keywords, bulk: Bulk | None, block: bytes, lineno: int, end: int = -1
+) -> int:
+    """Feed the whole lines of ``block``; return the line number after it.  Where the last
+    bulk step took few lines (a log of mostly NCCL chatter), the line path, which jumps
+    from keyword to keyword, reads the next ``SPARSE_BYTES``.  ``end``: where the whole
+    lines end (default: the end of ``block``)."""
+    end = len(block) if end < 0 else end
+    pos = 0
+    while pos < end:
+        stepped = False
+        if bulk is not None and not core.active and not core.timer_keys and bulk.line_budget <= 0:
+            pos, lineno, cut = bulk.advance(block, pos, end, lineno)
+            if pos >= end:
+                break
+            if not cut:  # it read all it looked at: the next step starts here
+                continue
+            stepped = True
+        start = pos
+        pos, lineno = line_step(core, kw, block, pos, end, lineno, look_here=stepped)
+        if bulk is None:
+            continue
+        # Keyword lines of a sparse stretch: feed them here until the budget is spent.
+        budget = bulk.line_budget - (pos - start)
+        while budget > 0 and pos < end and not core.active and not core.timer_keys:
+            start = pos
+            pos, lineno = line_step(core, kw, block, pos, end, lineno)
+            budget -= pos - start
+        bulk.line_budget = budget
+    return lineno
+
+
+def drive_file(core: Core, kw: Keywords, fh: BinaryIO, bulk: bool = True) -> None:
+    """Feed a whole file, ``CHUNK_BYTES`` at a time; an over-long line's tail is skipped."""
+    fast = Bulk(core, kw) if bulk else None
+    lineno = 1
+    carry = b""
+    skipping = False  # inside the tail of an over-long line
+    seekable = fh.seekable()
+    while True:
+        data = fh.read(CHUNK_BYTES)
+        if not data:
+            break
+        if seekable and not carry and not skipping and len(data) == CHUNK_BYTES:
+            # The whole lines of the chunk, then read again from the first byte of the
+            # line it cut (no copy of the chunk to join that line's two pieces).
+            cut = data.rfind(b"\n")
+            if cut >= 0:
+                lineno = drive_block(core, kw, fast, data, lineno, cut + 1)
+                if cut + 1 < len(data):
+                    fh.seek(cut + 1 - len(data), 1)
+                continue
+        if skipping:
+            nl = data.find(b"\n")
+            if nl < 0:
+                continue
+            core.feed(lineno, carry.decode("utf-8", "replace"))  # counted as truncated there
+            lineno += 1
+            carry, skipping = b"", False
+            data = data[nl + 1 :]
+        buf = carry + data if carry else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            carry = buf
+            if len(carry) > MAX_LINE_CHARS * 4:
+                carry, skipping = carry[: MAX_LINE_CHARS * 4], True
+            continue
+        lineno = drive_block(core, kw, fast, buf, lineno, cut + 1)
+        carry = buf[cut + 1 :]
+    if carry:
+        core.feed(lineno, carry.decode("utf-8", "replace"))
+    kw.forget()
+    if fast is not None:
+        fast.keywords.forget()

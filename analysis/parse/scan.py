@@ -1,5 +1,5 @@
-"""The file reader of ``analysis.parse.reader``: feeds a log to the line state machine (``Core``),
-handling the frequent line kinds of a training phase in bulk.
+"""The bulk path of the file reader (``analysis.parse.reader.drive_file``, which feeds a log to
+the line state machine ``Core``): the frequent line kinds of a training phase read in bulk.
 
 Two paths, one result:
 
@@ -30,17 +30,18 @@ from __future__ import annotations
 import re
 from array import array
 from itertools import compress
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
 from analysis.parse.keywords import Keywords
 from analysis.parse.lines import MAX_LINE_CHARS, split_prefix
 from analysis.parse.machine import Core
-from analysis.parse.records import TimerBlock, timer_shape
+from analysis.parse.records import Memory, TimerBlock, timer_shape
+from analysis.parse.rules import StreamState
+from analysis.parse.scan_blocks import BareBlocks, BlockPattern
 from analysis.parse.scan_bytes import (
     ALLOC_AFTER,
-    CHUNK_BYTES,
     DS_AFTER,
     DS_LIT,
     DS_OFFSETS,
@@ -54,95 +55,15 @@ from analysis.parse.scan_bytes import (
     SPARSE_BYTES,
     SPARSE_LINES,
     WORD,
-    BareBlocks,
-    BlockPattern,
     IterPattern,
     MemLines,
     StepLines,
     ds_group_values,
     is_printable,
     line_end,
-    line_step,
 )
 from analysis.parse.scan_readers import BulkReaders
 from analysis.parse.scan_shapes import BulkShapes
-
-
-def drive_block(
-    core: Core, kw: Keywords, bulk: Bulk | None, block: bytes, lineno: int, end: int = -1
-) -> int:
-    """Feed the whole lines of ``block``; return the line number after it.  Where the last
-    bulk step took few lines (a log of mostly NCCL chatter), the line path, which jumps
-    from keyword to keyword, reads the next ``SPARSE_BYTES``.  ``end``: where the whole
-    lines end (default: the end of ``block``)."""
-    end = len(block) if end < 0 else end
-    pos = 0
-    while pos < end:
-        stepped = False
-        if bulk is not None and not core.active and not core.timer_keys and bulk.line_budget <= 0:
-            pos, lineno, cut = bulk.advance(block, pos, end, lineno)
-            if pos >= end:
-                break
-            if not cut:  # it read all it looked at: the next step starts here
-                continue
-            stepped = True
-        start = pos
-        pos, lineno = line_step(core, kw, block, pos, end, lineno, look_here=stepped)
-        if bulk is None:
-            continue
-        # Keyword lines of a sparse stretch: feed them here until the budget is spent.
-        budget = bulk.line_budget - (pos - start)
-        while budget > 0 and pos < end and not core.active and not core.timer_keys:
-            start = pos
-            pos, lineno = line_step(core, kw, block, pos, end, lineno)
-            budget -= pos - start
-        bulk.line_budget = budget
-    return lineno
-
-
-def drive_file(core: Core, kw: Keywords, fh: BinaryIO, bulk: bool = True) -> None:
-    """Feed a whole file, ``CHUNK_BYTES`` at a time; an over-long line's tail is skipped."""
-    fast = Bulk(core, kw) if bulk else None
-    lineno = 1
-    carry = b""
-    skipping = False  # inside the tail of an over-long line
-    seekable = fh.seekable()
-    while True:
-        data = fh.read(CHUNK_BYTES)
-        if not data:
-            break
-        if seekable and not carry and not skipping and len(data) == CHUNK_BYTES:
-            # The whole lines of the chunk, then read again from the first byte of the
-            # line it cut (no copy of the chunk to join that line's two pieces).
-            cut = data.rfind(b"\n")
-            if cut >= 0:
-                lineno = drive_block(core, kw, fast, data, lineno, cut + 1)
-                if cut + 1 < len(data):
-                    fh.seek(cut + 1 - len(data), 1)
-                continue
-        if skipping:
-            nl = data.find(b"\n")
-            if nl < 0:
-                continue
-            core.feed(lineno, carry.decode("utf-8", "replace"))  # counted as truncated there
-            lineno += 1
-            carry, skipping = b"", False
-            data = data[nl + 1 :]
-        buf = carry + data if carry else data
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            carry = buf
-            if len(carry) > MAX_LINE_CHARS * 4:
-                carry, skipping = carry[: MAX_LINE_CHARS * 4], True
-            continue
-        lineno = drive_block(core, kw, fast, buf, lineno, cut + 1)
-        carry = buf[cut + 1 :]
-    if carry:
-        core.feed(lineno, carry.decode("utf-8", "replace"))
-    kw.forget()
-    if fast is not None:
-        fast.keywords.forget()
-
 
 _MEM_IDLE = 2
 """Steps in a row without a Megatron memory report after which they are not looked for."""
@@ -214,7 +135,6 @@ class Bulk:
         self.prefix_runs: dict[bytes, tuple[str, int]] = {}
         self.timer_res: tuple[re.Pattern[bytes], ...] | None = None
         self.str_timer_res: tuple[Any, ...] = ()
-        self.body_res: dict[bytes, re.Pattern[bytes]] = {}
         # A timer block's header line as printed -> patterns of whole blocks seen after it.
         self.block_tmpls: dict[bytes, list[BlockPattern]] = {}
 
@@ -255,17 +175,6 @@ class Bulk:
             line = block[s:e].decode("utf-8", "replace")[:MAX_LINE_CHARS].rstrip("\r\n")
             return split_prefix(line.replace("\x00", ""))[0], -1
         return got[0], c
-
-    def _body_re(self, raw: bytes) -> re.Pattern[bytes]:
-        """A Megatron timer line of a stream printed with the launcher prefixes ``raw``: the
-        line path's ``TIMER_LINE_RE`` on the content, in one match from the line start."""
-        pat = self.body_res.get(raw)
-        if pat is None:
-            from analysis.parse.rules import TIMER_LINE_RE
-
-            inner = TIMER_LINE_RE.pattern.removeprefix("^").removesuffix("$").encode()
-            pat = self.body_res[raw] = re.compile(re.escape(raw) + b"(?:" + inner + rb")\n")
-        return pat
 
     def kept_key(self, block: bytes, s: int, e: int) -> tuple[str, int]:
         """``_line_key`` of the line ``block[s:e]`` as (key, offset of its content or -1),
@@ -614,8 +523,6 @@ class Bulk:
             for key in dict.fromkeys(steps.keys):  # (each stream's first)
                 run.begin_training(key, int(line_s[steps.keys.index(key)]))
         if alloc:  # DeepSpeed's `MemAllocated=` lines, as ``Core._dispatch`` reads them
-            from analysis.parse.records import Memory
-
             for (_s, _e, rank, a, m), line in zip(
                 alloc, lines_at([x[0] for x in alloc]).tolist(), strict=True
             ):
@@ -633,8 +540,6 @@ class Bulk:
         if len(b_start):
             # The line path keeps a state per stream, created on its first block: the order
             # in which open blocks are closed at the end of the file.
-            from analysis.parse.rules import StreamState
-
             keys = [bare.pattern.key] if len(bare) and bare.pattern is not None else []
             for key in dict.fromkeys(keys + [b[3] for b in blocks]):
                 if key not in self.core.streams:

@@ -7,17 +7,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from itertools import repeat
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from analysis.parse.lines import MAX_LINE_CHARS, split_prefix
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
-
-from analysis.parse.lines import to_float
-from analysis.parse.rules import STEPS_RE
+from analysis.parse.lines import MAX_LINE_CHARS, split_prefix, to_float
+from analysis.parse.rules import STEPS_RE, TIMER_LINE_RE, TIMER_NAME_RE, TIMER_RANK_RE
+from analysis.parse.scan_blocks import GROUPS, START, BareBlocks, line_pattern
 from analysis.parse.scan_bytes import (
     ALLOC_LIT,
     ALLOC_NOT,
@@ -25,7 +21,6 @@ from analysis.parse.scan_bytes import (
     DS_LIT,
     DS_PROBES,
     FAST_MEM_PIECE_RE,
-    GROUPS,
     HEAD_LIT,
     HEADS,
     IT_RE,
@@ -41,10 +36,8 @@ from analysis.parse.scan_bytes import (
     OPEN,
     PRINTABLE,
     RANK_RE,
-    START,
     STEPS_LIT,
     WORD,
-    BareBlocks,
     DSLines,
     ItLines,
     MemLines,
@@ -57,7 +50,6 @@ from analysis.parse.scan_bytes import (
     finite_float,
     is_printable,
     line_end,
-    line_pattern,
     line_starts,
     lines_ending,
     other_glue,
@@ -646,9 +638,6 @@ class BulkReaders:
         """Read one line of a timer block's stream as ``Core._continue_block`` does: None
         when it closes the block, else (current name, how the line reads for a pattern)."""
         if self.host.timer_res is None:
-            from analysis.parse.lines import to_float
-            from analysis.parse.rules import TIMER_LINE_RE, TIMER_NAME_RE, TIMER_RANK_RE
-
             self.host.str_timer_res = (TIMER_LINE_RE, TIMER_NAME_RE, TIMER_RANK_RE, to_float)
             self.host.timer_res = tuple(
                 re.compile(r.pattern.encode())

@@ -7,27 +7,21 @@ from __future__ import annotations
 import re
 from itertools import compress, repeat
 from operator import itemgetter, methodcaller
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from analysis.parse.lines import MAX_LINE_CHARS
-
-if TYPE_CHECKING:  # pragma: no cover
-    from analysis.parse.machine import Core
-
+from analysis.parse.machine import Core
+from analysis.parse.scan_blocks import END, GROUPS, START, BlockPattern
 from analysis.parse.scan_bytes import (
     DIGITS,
-    END,
     FAST_PIECE_RE,
-    GROUPS,
     IT_RE,
     MEM_FIELDS,
     MEM_HEAD_RE,
     NAME_RE,
-    START,
     VALUE,
-    BlockPattern,
     IterPattern,
     ItLines,
     byte_pairs,
@@ -35,9 +29,6 @@ from analysis.parse.scan_bytes import (
     is_printable,
     same_text,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
 
 
 class BulkShapes:
