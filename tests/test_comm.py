@@ -6,28 +6,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from conftest import tiny_setup
 
 from analysis.theory import comm
 from analysis.theory.setup import RunSetup
 
-TINY = dict(
-    model="tiny",
-    num_layers=4,
-    hidden_size=128,
-    num_attention_heads=4,
-    seq_length=128,
-    padded_vocab_size=512,
-    micro_batch_size=1,
-    global_batch_size=8,
-    precision="fp32",
-)
 PSI = 875264
 """Parameters of the tiny model, as the lab logs print them (dp2.log)."""
 
 
 def tiny(tp: int = 1, pp: int = 1, zero: int = 0, nodes: int = 2, **kw) -> RunSetup:
     dp = 2 // (tp * pp)
-    return RunSetup(**TINY, tp=tp, pp=pp, dp=dp, zero_stage=zero, world_size=2, nodes=nodes, **kw)
+    return tiny_setup(tp=tp, pp=pp, dp=dp, zero_stage=zero, world_size=2, nodes=nodes, **kw)
 
 
 def total(setup: RunSetup, stage: int = 0) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import tiny_specs
 
 from launchers.config.hostfile import parse_hostfile_text
 from launchers.config.presets import resolve_spec
@@ -429,14 +430,9 @@ def _fake_render(spec, logs: Path) -> Path:
     return run_dir
 
 
-def _specs(strategies: list[str], **overrides: Any) -> list:
-    cluster = parse_hostfile_text("localhost slots=2\n", "hf")
-    return [resolve_spec("tiny", s, cluster, overrides, device="cpu") for s in strategies]
-
-
 def test_matrix_goes_on_past_a_failure_and_skips_completed_twins(tmp_path, capsys) -> None:
     logs = tmp_path / "logs"
-    rows = run_specs(_specs(["baseline", "zero1"]), logs, stall_s=30, render=_fake_render)
+    rows = run_specs(tiny_specs(["baseline", "zero1"]), logs, stall_s=30, render=_fake_render)
     assert [(r.name, r.status) for r in rows] == [("tiny-baseline", "failed"),
                                                    ("tiny-zero1", "completed")]  # fmt: skip
     assert rows[0].reason == "exception: ValueError: [/data/shard.cc:545] dataset shard missing"
@@ -445,13 +441,15 @@ def test_matrix_goes_on_past_a_failure_and_skips_completed_twins(tmp_path, capsy
     out = capsys.readouterr().out
     assert "matrix summary" in out and "ValueError: [/data/shard.cc:545] dataset shard" in out
 
-    again = run_specs(_specs(["baseline", "zero1"]), logs, stall_s=30, render=_fake_render)
+    again = run_specs(tiny_specs(["baseline", "zero1"]), logs, stall_s=30, render=_fake_render)
     assert [(r.name, r.status) for r in again] == [("tiny-baseline", "failed"),
                                                     ("tiny-zero1", "skipped")]  # fmt: skip
     assert again[1].run_dir == rows[1].run_dir
 
-    forced = run_specs(_specs(["zero1"]), logs, force=True, stall_s=30, render=_fake_render)
-    changed = run_specs(_specs(["zero1"], train_iters=12), logs, stall_s=30, render=_fake_render)
+    forced = run_specs(tiny_specs(["zero1"]), logs, force=True, stall_s=30, render=_fake_render)
+    changed = run_specs(
+        tiny_specs(["zero1"], train_iters=12), logs, stall_s=30, render=_fake_render
+    )
     assert forced[0].status == changed[0].status == "completed"
     runs = sorted((logs / "tiny-zero1").iterdir())
     assert len(runs) == 3, "first run, forced rerun, changed spec: three directories"

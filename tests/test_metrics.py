@@ -6,6 +6,7 @@ import math
 from dataclasses import replace
 
 import pytest
+from conftest import LAB_LOGS, tiny_setup
 
 from analysis.metrics import rows as metrics
 from analysis.metrics import speedup, stats, timers
@@ -25,16 +26,7 @@ DP2_STEPS = {
     6: (68.81, 79.37, 69.55, 9.73, 10.17),
     7: (66.23, 72.48, 60.32, 12.07, 8.81),
 }
-SETUP = RunSetup(
-    model="tiny",
-    num_layers=4,
-    hidden_size=128,
-    num_attention_heads=4,
-    seq_length=128,
-    padded_vocab_size=512,
-    micro_batch_size=1,
-    global_batch_size=8,
-    precision="fp32",
+SETUP = tiny_setup(
     strategy="baseline",
     tp=1,
     pp=1,
@@ -317,14 +309,12 @@ def test_megatron_timers_column_wise_equal_block_by_block(tmp_path):
     from analysis.parse.records import TimerTable
 
     repo = Path(__file__).resolve().parents[1]
-    lab = repo.parent / "shared" / "lab-logs"
     sys.path.insert(0, str(repo / "benchmarks"))
     import loggen
 
-    logs = sorted(lab.glob("*.log")) + sorted((repo / "tests/fixtures/external").glob("*.log"))
-    if lab.is_dir():
-        logs.append(tmp_path / "dense.log")
-        loggen.write_dense(logs[-1], 0.5, lab)
+    logs = sorted(LAB_LOGS.glob("*.log")) + sorted((repo / "tests/fixtures/external").glob("*.log"))
+    logs.append(tmp_path / "dense.log")
+    loggen.write_dense(logs[-1], 0.5, LAB_LOGS)
     runs = [r for p in logs for r in parse_file(p)]
     nan_blocks = [
         TimerBlock("megatron", {"forward-compute": (math.nan, 2.0), "optimizer": 1.0}, None, 1, 3),

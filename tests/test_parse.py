@@ -11,26 +11,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import LAB_LOGS
 
-from analysis.parse import reader as parse
 from analysis.parse.lines import demux_tagged
 from analysis.parse.reader import merge_runs, parse_file, parse_text, strip_prefix
 
-LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 REPO = Path(__file__).parents[1]
 
-needs_lab = pytest.mark.skipif(not LAB.is_dir(), reason=f"lab logs not found at {LAB}")
 
-
-@pytest.fixture(autouse=True)
-def _strict():
-    """A handler's exception fails the test instead of becoming a problem string."""
-    with parse.strict():
-        yield
+pytestmark = pytest.mark.usefixtures("strict_parse")
 
 
 def _one(name: str):
-    runs = parse_file(LAB / name)
+    runs = parse_file(LAB_LOGS / name)
     assert len(runs) == 1, [r.problems for r in runs]
     return runs[0]
 
@@ -38,7 +31,6 @@ def _one(name: str):
 # -- real logs --------------------------------------------------------------------------------
 
 
-@needs_lab
 def test_dp2_values_checked_by_hand():
     run = _one("dp2.log")
     assert run.status == "completed" and run.failure is None
@@ -101,7 +93,6 @@ def test_dp2_values_checked_by_hand():
     assert run.problems == []
 
 
-@needs_lab
 @pytest.mark.parametrize(
     ("name", "zero", "tp", "elapsed5", "loss30", "groups"),
     [
@@ -126,7 +117,6 @@ def test_single_machine_logs(name, zero, tp, elapsed5, loss30, groups):
     assert {t.iteration for t in ds} == set(range(1, 31))
 
 
-@needs_lab
 def test_zero1_optimizer_group_and_zero3_setup_block():
     z1 = _one("zero1.log")
     first = next(t for t in z1.timers if "optimizer_allgather" in t.values_ms)
@@ -141,7 +131,6 @@ def test_zero1_optimizer_group_and_zero3_setup_block():
     assert init.iteration is None  # one-off set-up timer, not a step
 
 
-@needs_lab
 def test_tp2_memory_of_both_ranks_and_params_not_summed():
     run = _one("tp2.log")
     mem = {m.rank: m.max_allocated_mb for m in run.memory if m.kind == "megatron"}
@@ -152,7 +141,6 @@ def test_tp2_memory_of_both_ranks_and_params_not_summed():
     assert any("num_parameters not derivable" in p for p in run.problems)
 
 
-@needs_lab
 def test_pp2_steps_and_missing_megatron_step_timers():
     run = _one("pp2.log")
     assert run.status == "completed"
@@ -172,7 +160,6 @@ def test_pp2_steps_and_missing_megatron_step_timers():
     assert mem == {1: 486.64453125, 0: 484.35546875}
 
 
-@needs_lab
 @pytest.mark.parametrize(
     ("name", "kind", "message", "line"),
     [
@@ -201,7 +188,6 @@ def test_failing_logs(name, kind, message, line):
     assert any("return code = 1" in p for p in run.problems)
 
 
-@needs_lab
 def test_rmsnorm_fail_keeps_the_gloo_consequence_as_a_problem():
     run = _one("pp2_rmsnorm_wallclock_FAIL.log")
     assert any(
@@ -213,7 +199,6 @@ def test_rmsnorm_fail_keeps_the_gloo_consequence_as_a_problem():
     assert [(f.kind, "Connection closed by peer" in f.message) for f in further] == [("nccl", True)]
 
 
-@needs_lab
 @pytest.mark.parametrize("strategy", ["dp2", "pp2", "zero2"])
 def test_two_node_pair_and_merge(strategy):
     node0 = _one(f"2n_{strategy}_1000mbit_node0.log")
@@ -224,7 +209,7 @@ def test_two_node_pair_and_merge(strategy):
     assert merged.status == "completed" and merged.failure is None
     assert [it.iteration for it in merged.iterations] == [5, 10, 15, 20, 25, 30]
     assert merged.config["world_size"] == 2 and merged.config["num_layers"] == 4
-    assert merged.sources == [str(LAB / f"2n_{strategy}_1000mbit_node{n}.log") for n in (0, 1)]
+    assert merged.sources == [str(LAB_LOGS / f"2n_{strategy}_1000mbit_node{n}.log") for n in (0, 1)]
     ds = [t for t in merged.timers if t.source in ("deepspeed", "pipeline")]
     if strategy == "pp2":
         assert [s.step for s in merged.pipeline_steps] == [10, 20, 30]
@@ -241,14 +226,13 @@ def test_two_node_pair_and_merge(strategy):
         assert ds[0].values_ms["fwd_microstep"] == 230.93
 
 
-@needs_lab
 @pytest.mark.parametrize("strategy", ["dp2", "zero2"])
 def test_node1_training_before_node0_setup_in_one_file(tmp_path, strategy):
     """pdsh can print the last rank's iteration lines before rank 0's set-up lines (its
     launcher command, argument dump, padded vocabulary): one run, nothing lost, and rank 0's
     DeepSpeed blocks attributed as for per-node files."""
-    node0 = (LAB / f"2n_{strategy}_1000mbit_node0.log").read_text().splitlines()
-    node1 = (LAB / f"2n_{strategy}_1000mbit_node1.log").read_text().splitlines()
+    node0 = (LAB_LOGS / f"2n_{strategy}_1000mbit_node0.log").read_text().splitlines()
+    node1 = (LAB_LOGS / f"2n_{strategy}_1000mbit_node1.log").read_text().splitlines()
     path = tmp_path / "pdsh.log"
     path.write_text("\n".join([f"n1: {x}" for x in node1] + [f"n0: {x}" for x in node0]) + "\n")
     runs = parse_file(path)
@@ -263,7 +247,6 @@ def test_node1_training_before_node0_setup_in_one_file(tmp_path, strategy):
     assert ds[0][0] == 1 and ds[-1][0] == 30
 
 
-@needs_lab
 def test_merge_failed_part_wins():
     ok = _one("dp2.log")
     bad = _one("pp2_layernorm_FAIL.log")
@@ -784,14 +767,13 @@ def test_missing_file_is_a_problem_not_an_exception(tmp_path):
     assert runs[0].status == "incomplete" and "cannot read" in runs[0].problems[0]
 
 
-@needs_lab
 def test_cli_json_contract(tmp_path):
     out = subprocess.run(
         [
             sys.executable,
             "-m",
             "analysis.parse",
-            str(LAB / "dp2.log"),
+            str(LAB_LOGS / "dp2.log"),
             str(tmp_path / "x.log"),
             "--json",
         ],
@@ -801,7 +783,7 @@ def test_cli_json_contract(tmp_path):
         check=True,
     )
     doc = json.loads(out.stdout)
-    assert [e["path"] for e in doc["logs"]] == [str(LAB / "dp2.log"), str(tmp_path / "x.log")]
+    assert [e["path"] for e in doc["logs"]] == [str(LAB_LOGS / "dp2.log"), str(tmp_path / "x.log")]
     run = doc["logs"][0]["runs"][0]
     assert run["status"] == "completed" and run["failure"] is None
     assert set(run["iterations"][0]) >= {
@@ -827,7 +809,7 @@ def test_cli_json_contract(tmp_path):
     assert meg["values_ms"]["forward-backward"] == [188.85, 189.42]
     assert "cannot read" in doc["logs"][1]["runs"][0]["problems"][0]
     human = subprocess.run(
-        [sys.executable, "-m", "analysis.parse", str(LAB / "pp2_layernorm_FAIL.log")],
+        [sys.executable, "-m", "analysis.parse", str(LAB_LOGS / "pp2_layernorm_FAIL.log")],
         cwd=REPO,
         capture_output=True,
         text=True,

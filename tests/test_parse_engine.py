@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import LAB_LOGS
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +29,6 @@ from analysis.parse.encoding import json_text
 from analysis.parse.rules import _LATE_CONFIG_LINES, KW
 
 REPO = Path(__file__).resolve().parents[1]
-LAB = REPO.parent / "shared" / "lab-logs"
 EXTERNAL = REPO / "tests" / "fixtures" / "external"
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -50,11 +50,11 @@ def _three_ways(path: Path) -> list[dict]:
 
 
 def _logs(folder: Path) -> list[Path]:
-    return sorted(folder.glob("*.log")) if folder.is_dir() else []
+    return sorted(folder.glob("*.log"))
 
 
 @pytest.mark.parametrize(
-    "path", _logs(LAB) + _logs(EXTERNAL), ids=lambda p: f"{p.parent.name}/{p.name}"
+    "path", _logs(LAB_LOGS) + _logs(EXTERNAL), ids=lambda p: f"{p.parent.name}/{p.name}"
 )
 def test_corpus_bulk_equals_line_path(path):
     _three_ways(path)
@@ -75,12 +75,10 @@ def test_generated_logs(tmp_path, kind, small_chunks):
 
     path = tmp_path / f"{kind}.log"
     if kind in ("dense", "interval1", "pipeline"):
-        if not LAB.is_dir():
-            pytest.skip(f"the {kind} generator replays {LAB} (not present)")
         write = {"dense": loggen.write_dense, "interval1": loggen.write_interval1}.get(
             kind, loggen.write_pipeline
         )
-        written = write(path, 0.3, LAB)
+        written = write(path, 0.3, LAB_LOGS)
     elif kind == "ranks":
         written = loggen.write_ranks(path, 0.3)
     elif kind == "all-ranks":
@@ -100,10 +98,8 @@ def test_bulk_path_reads_most_lines_in_bulk(tmp_path, monkeypatch):
     """On a content-dense log the line path sees few lines (else the bulk path is off)."""
     import loggen
 
-    if not LAB.is_dir():
-        pytest.skip(f"the dense generator replays {LAB} (not present)")
     path = tmp_path / "dense.log"
-    written = loggen.write_dense(path, 2, LAB)
+    written = loggen.write_dense(path, 2, LAB_LOGS)
     fed = []
     real = parse.Core.feed
     monkeypatch.setattr(
@@ -118,10 +114,8 @@ def test_bulk_steps_read_each_byte_once(tmp_path, monkeypatch):
     step starts there) instead of reading its bytes again over a longer look."""
     import loggen
 
-    if not LAB.is_dir():
-        pytest.skip(f"the dense generator replays {LAB} (not present)")
     path = tmp_path / "dense.log"
-    loggen.write_dense(path, 3, LAB)
+    loggen.write_dense(path, 3, LAB_LOGS)
     monkeypatch.setattr(scan, "SEG_MAX", 1 << 16)  # many steps, many limits inside a block
     looked = []
     real = scan.Bulk._segment
@@ -143,10 +137,8 @@ def test_the_line_path_does_not_scan_the_chunk_again_after_each_bulk_step(tmp_pa
     places through the rest of the chunk."""
     import loggen
 
-    if not LAB.is_dir():
-        pytest.skip(f"the dense generator replays {LAB} (not present)")
     path = tmp_path / "dense.log"
-    loggen.write_dense(path, 3, LAB)
+    loggen.write_dense(path, 3, LAB_LOGS)
     monkeypatch.setattr(scan, "SEG_MAX", 1 << 16)  # many bulk steps
     steps, scans = [], []
     real_advance, real_first = scan.Bulk.advance, keywords.Keywords.first
@@ -365,10 +357,14 @@ def test_json_stream_equals_the_records(tmp_path):
 
     import loggen
 
-    logs = [*_logs(LAB), tmp_path / "ranks.log", tmp_path / "dense.log", tmp_path / "missing.log"]
+    logs = [
+        *_logs(LAB_LOGS),
+        tmp_path / "ranks.log",
+        tmp_path / "dense.log",
+        tmp_path / "missing.log",
+    ]
     loggen.write_ranks(logs[-3], 0.2)
-    if LAB.is_dir():
-        loggen.write_dense(logs[-2], 0.5, LAB)
+    loggen.write_dense(logs[-2], 0.5, LAB_LOGS)
     odd = tmp_path / "odd%name.log"
     odd.write_text("training ...\n[Rank 0] time (ms) | a%b: 1.5 | c: 2\n")
     logs.append(odd)
@@ -591,11 +587,10 @@ def test_attribution_in_pieces_equals_one_piece(tmp_path, monkeypatch):
 
     from analysis.parse import columns, storage
 
-    logs = [*_logs(LAB), *_logs(EXTERNAL), tmp_path / "ranks.log"]
+    logs = [*_logs(LAB_LOGS), *_logs(EXTERNAL), tmp_path / "ranks.log"]
     loggen.write_ranks(logs[-1], 0.3)
-    if LAB.is_dir():
-        logs.append(tmp_path / "dense.log")
-        loggen.write_dense(logs[-1], 0.5, LAB)
+    logs.append(tmp_path / "dense.log")
+    loggen.write_dense(logs[-1], 0.5, LAB_LOGS)
     fast = [[r.to_dict() for r in parse.parse_file(p)] for p in logs]
 
     monkeypatch.setattr(storage, "_PIECE", 3)

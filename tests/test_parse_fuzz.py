@@ -8,47 +8,20 @@ prints how many examples ran (``pytest -s`` shows them).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from conftest import LAB_LOGS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis.parse import reader as parse
 from analysis.parse.reader import parse_text
 
-LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
-
-# Real line shapes (from lab-logs/dp2.log, pp2.log, the FAIL logs) used when the lab logs are
-# absent, so the properties still run.
-_SEED_LINES = [
-    "training ...",
-    " iteration        5/      30 | consumed samples:           40 | elapsed time per iteration"
-    " (ms): 201.6 | learning rate: 9.747E-04 | global batch size:     8 | lm loss: 5.866232E+00"
-    " | number of skipped iterations:   0 | samples per second: 39.677 | TFLOPs: 0.01 |",
-    "[Rank 0] time (ms) | fwd_microstep: 143.20 | bwd_microstep: 93.31 | step_microstep: 8.08",
-    "(min, max) time across ranks (ms):",
-    "    forward-backward ...............................: (188.85, 189.42)",
-    "[Rank 0] (after 5 iterations) memory (MB) | allocated: 505.1 | max allocated: 505.1 | "
-    "reserved: 505.1 | max reserved: 505.1",
-    "steps: 10 loss: 4.6757 iter time (s): 0.233 samples/sec: 34.389",
-    "[rank1]: Traceback (most recent call last):",
-    "[rank1]: TypeError: LayerNorm.__init__() got an unexpected keyword argument",
-    "------------------------ arguments ------------------------",
-    "  num_layers ...................................... 4",
-    "-------------------- end of arguments ---------------------",
-    "[2026-11-22 01:30:19,060] [INFO] [launch.py:367:main] Process 30444 exits successfully.",
-    "# run outcome: failed kind=hang reason=no output",
-]
-
 
 def _real_lines() -> list[str]:
     lines: list[str] = []
     for name in ("dp2.log", "pp2.log", "pp2_rmsnorm_wallclock_FAIL.log", "zero1.log"):
-        path = LAB / name
-        if path.is_file():
-            lines.extend(path.read_text(errors="replace").splitlines())
-    return lines or _SEED_LINES
+        lines.extend((LAB_LOGS / name).read_text(errors="replace").splitlines())
+    return lines
 
 
 REAL = _real_lines()
@@ -71,10 +44,7 @@ def _report_counts():
     print("\nhypothesis examples run:", dict(sorted(COUNTS.items())))
 
 
-@pytest.fixture(autouse=True)
-def _strict():
-    with parse.strict():
-        yield
+pytestmark = pytest.mark.usefixtures("strict_parse")
 
 
 def test_strict_mode_lets_a_handler_exception_through(monkeypatch):
@@ -142,7 +112,7 @@ def test_mutated_shuffled_real_lines_never_raise(items, rnd):
     _check(parse_text("\n".join(out)))
 
 
-_ITER_LINES = [ln for ln in REAL if " iteration " in ln and "|" in ln] or [_SEED_LINES[1]]
+_ITER_LINES = [ln for ln in REAL if " iteration " in ln and "|" in ln]
 _PREFIX = st.sampled_from(
     ["", "node0: ", "gpu-7: ", "10.0.0.3: ", "[default0]:", "[rank5]: ", "0: ", " 12: ",
      "node1: [rank3]: ", "\x1b[32m"]

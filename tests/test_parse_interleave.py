@@ -7,7 +7,7 @@ pdsh ``host: ``, srun `` 0: ``, ``[rankN]:`` and ``[defaultN]:`` prefixes), the 
 dropped, and each summary row of ``analysis.report`` must equal the run directory's row field by
 field. The runs:
 
-- the two-node runs of ``../shared/lab-logs`` (per-node logs with ``.cmd``/``.json``);
+- the two-node runs of ``tests/fixtures/lab-logs`` (per-node logs with ``.cmd``/``.json``);
 - every run directory the test suite made before this module ran (real upstream runs: logs with
   Megatron's argument dump, from two or more nodes), found under pytest's base temporary
   directory; run the whole suite (or tests/test_e2e.py first) to include them;
@@ -37,14 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import LAB_LOGS
 
-from analysis.parse import reader as parse
 from analysis.parse.lines import split_prefix
 from analysis.report import build as report
 from analysis.runs.load import NODE_SUFFIX
 from analysis.theory.formulas import RATE_IN_NAME
-
-LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 
 STYLES: dict[str, Callable[[int, str], str]] = {
     "pdsh": lambda i, host: f"{host}: ",
@@ -72,10 +70,7 @@ LINK_ONLY = ("link_mbit", "setup_key", "busbw_inferred_warning", "predicted_iter
 COUNTS: dict[str, int] = {"runs": 0, "interleavings": 0, "rows compared": 0, "fields compared": 0}
 
 
-@pytest.fixture(autouse=True)
-def _strict():
-    with parse.strict():
-        yield
+pytestmark = pytest.mark.usefixtures("strict_parse")
 
 
 @dataclass
@@ -121,7 +116,7 @@ def _has_argument_dump(paths: list[Path]) -> bool:
 
 
 def lab_logs_source(root: Path) -> Source | None:
-    """The ``2n_*_node<N>.log`` pairs of the shared lab logs (with their sidecars)."""
+    """The ``2n_*_node<N>.log`` pairs of the lab logs (with their sidecars)."""
     pairs: dict[str, list[Path]] = {}
     for log in sorted(root.glob("2n_*_node*.log")):
         m = NODE_SUFFIX.match(log.stem)
@@ -280,7 +275,9 @@ def _suite_run_dirs(base: Path) -> list[Path]:
 
 
 def test_bare_interleaved_logs_give_the_run_directory_rows(tmp_path, tmp_path_factory):
-    sources = [s for s in [lab_logs_source(LAB) if LAB.is_dir() else None] if s is not None]
+    lab = lab_logs_source(LAB_LOGS)
+    assert lab is not None, f"no two-node run in {LAB_LOGS}"
+    sources = [lab]
     suite = _suite_run_dirs(tmp_path_factory.getbasetemp())
     for i, run_dir in enumerate(suite):
         src = run_dir_source(f"suite{i}", [run_dir])
@@ -293,8 +290,6 @@ def test_bare_interleaved_logs_give_the_run_directory_rows(tmp_path, tmp_path_fa
         src = run_dir_source(f"extra{j}", dirs)
         assert src is not None, f"INTERLEAVE_RUNS: no multi-node upstream run under {extra}"
         sources.append(src)
-    if not sources:
-        pytest.skip(f"no multi-node run: lab logs not found at {LAB}, no suite run directory")
     problems: list[str] = []
     for k, src in enumerate(sources):
         problems += compare_source(src, tmp_path, seed=k)

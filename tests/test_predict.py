@@ -5,22 +5,18 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from conftest import LAB_LOGS, tiny_setup
 
 from analysis.predict import calibration, prediction, whatif
 from analysis.predict import cli as predict
 from analysis.theory import comm, costs, formulas
-from analysis.theory.setup import RunSetup
 
-LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
-
-TINY_2N = RunSetup(
-    model="tiny", num_layers=4, hidden_size=128, num_attention_heads=4, seq_length=128,
-    ffn_hidden_size=512, padded_vocab_size=512, normalization="layernorm", micro_batch_size=1,
-    global_batch_size=8, precision="fp32", activation_checkpointing=False, strategy="baseline",
-    tp=1, pp=1, dp=2, zero_stage=0, offload=False, world_size=2, nodes=2, link_mbit=1000.0,
+TINY_2N = tiny_setup(
+    ffn_hidden_size=512, normalization="layernorm", activation_checkpointing=False,
+    strategy="baseline", tp=1, pp=1, dp=2, zero_stage=0, offload=False, world_size=2, nodes=2,
+    link_mbit=1000.0,
 )  # fmt: skip
 
 
@@ -224,10 +220,7 @@ def test_gloo_reduce_scatter_time_uses_netbench_convention() -> None:
 
 @pytest.fixture(scope="module")
 def lab():
-    pytest.importorskip("analysis.parse.reader")
-    if not LAB.is_dir():
-        pytest.skip(f"lab logs not found at {LAB}")
-    runs, rows = predict.load_runs(LAB)
+    runs, rows = predict.load_runs(LAB_LOGS)
     return runs, rows, calibration.observations_from(runs, rows)
 
 
@@ -360,7 +353,7 @@ def test_parse_rate(text: str, mbit: float) -> None:
 
 
 def test_cli_json(lab, capsys) -> None:
-    code = predict.main([str(LAB), "--link", "100mbit", "--gpu-mem-gb", "40", "--json"])
+    code = predict.main([str(LAB_LOGS), "--link", "100mbit", "--gpu-mem-gb", "40", "--json"])
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"calibration", "leave_one_out", "predictions", "crossovers",
@@ -379,7 +372,9 @@ def test_cli_json(lab, capsys) -> None:
 
 
 def test_cli_other_model_uses_components(lab, capsys) -> None:
-    assert predict.main([str(LAB), "--model", "small", "--strategies", "baseline", "--json"]) == 0
+    assert (
+        predict.main([str(LAB_LOGS), "--model", "small", "--strategies", "baseline", "--json"]) == 0
+    )
     (p,) = json.loads(capsys.readouterr().out)["predictions"]
     assert p["method"] == "components" and p["setup"]["num_layers"] == 12
     assert p["iter_ms"] > 1000  # 64M parameters on the CPU calibration: seconds per iteration

@@ -7,12 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import LAB_LOGS
 
 from analysis.report.build import main as report_main
 from analysis.runs.load import discover
 from analysis.runs.problems import UNREAD_CODES, Problem
-
-LAB_LOGS = Path(__file__).resolve().parent.parent.parent / "shared" / "lab-logs"
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import LAB_LOGS, tiny_specs
 
 from analysis.metrics import repeats
 from analysis.metrics.repeats import repeat_sets, speedup_model
@@ -24,17 +25,10 @@ from analysis.metrics.speedup import speedup_interval
 from analysis.metrics.stats import describe
 from analysis.report import build as report
 from launchers import cli
-from launchers.config.hostfile import parse_hostfile_text
-from launchers.config.presets import resolve_spec
 from launchers.run.matrix import Repeat, interleaved, repeat_group, run_specs
 from launchers.run.render import render_run_dir
 
 # --------------------------------------------------------------------------- launcher
-
-
-def _specs(strategies: list[str], **overrides: Any) -> list:
-    cluster = parse_hostfile_text("localhost slots=2\n", "hf")
-    return [resolve_spec("tiny", s, cluster, overrides, device="cpu") for s in strategies]
 
 
 def _line(k: int, ms: float) -> str:
@@ -77,7 +71,7 @@ def test_interleaved_rounds_rotate_the_order() -> None:
 def test_repeated_matrix_runs_rounds_interleaved_and_records_them(tmp_path, capsys) -> None:
     logs = tmp_path / "logs"
     render, order = _scripted(fail={("zero1", 2)})
-    rows = run_specs(_specs(["baseline", "zero1"]), logs, stall_s=30, render=render, rounds=3)
+    rows = run_specs(tiny_specs(["baseline", "zero1"]), logs, stall_s=30, render=render, rounds=3)
     assert order == [("baseline", 1), ("zero1", 1), ("zero1", 2), ("baseline", 2),
                      ("baseline", 3), ("zero1", 3)]  # fmt: skip
     assert [(r.name, r.round, r.status) for r in rows] == [
@@ -98,7 +92,7 @@ def test_repeated_matrix_runs_rounds_interleaved_and_records_them(tmp_path, caps
     # The same command again resumes: completed rounds are skipped, the failed one reruns in
     # its own round of the same group.
     render2, order2 = _scripted()
-    again = run_specs(_specs(["baseline", "zero1"]), logs, stall_s=30, render=render2, rounds=3)
+    again = run_specs(tiny_specs(["baseline", "zero1"]), logs, stall_s=30, render=render2, rounds=3)
     assert order2 == [("zero1", 1)], "only the failed round runs again"
     assert [r.status for r in again].count("skipped") == 5
     rerun = next(r for r in again if r.status == "completed")
@@ -106,7 +100,7 @@ def test_repeated_matrix_runs_rounds_interleaved_and_records_them(tmp_path, caps
 
     # Forced: a new group, three new rounds of each.
     render3, order3 = _scripted()
-    forced = run_specs(_specs(["baseline", "zero1"]), logs, stall_s=30, render=render3,
+    forced = run_specs(tiny_specs(["baseline", "zero1"]), logs, stall_s=30, render=render3,
                        rounds=3, force=True)  # fmt: skip
     assert len(order3) == 6
     new_groups = {_repeat_of(r.run_dir)["group"] for r in forced}
@@ -116,12 +110,12 @@ def test_repeated_matrix_runs_rounds_interleaved_and_records_them(tmp_path, caps
 def test_a_single_run_is_not_a_repeat_and_keeps_the_twin_rule(tmp_path) -> None:
     logs = tmp_path / "logs"
     render, _ = _scripted()
-    rows = run_specs(_specs(["zero1"]), logs, stall_s=30, render=render)
+    rows = run_specs(tiny_specs(["zero1"]), logs, stall_s=30, render=render)
     assert rows[0].round is None
     assert "repeat" not in json.loads((rows[0].run_dir / "run.json").read_text())
     # An earlier single run is not a round of a repeated matrix: rounds all run.
     render2, order2 = _scripted()
-    run_specs(_specs(["zero1"]), logs, stall_s=30, render=render2, rounds=2)
+    run_specs(tiny_specs(["zero1"]), logs, stall_s=30, render=render2, rounds=2)
     assert order2 == [("zero1", 1), ("zero1", 2)]
 
 
@@ -266,7 +260,6 @@ def test_intervals_cover_the_true_value_at_their_nominal_rate(case, truth, round
 
 # --------------------------------------------------------------------------- report, end to end
 
-LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 _ELAPSED = re.compile(r"(elapsed time per iteration \(ms\): )([0-9.]+)")
 _LAB_RUNS = {
     "baseline": "2n_dp2_1000mbit",
@@ -289,17 +282,15 @@ def lab_matrix(
 ) -> None:
     """Run directories of a repeated 2-node matrix made from the real lab logs (upstream's own
     output, both nodes): round k's times are the lab run's times x drift[k] x jitter[s][k]."""
-    if not LAB.is_dir():
-        pytest.skip(f"lab logs not found at {LAB}")
     for strategy, stem in _LAB_RUNS.items():
         for k, d in enumerate(drift):
             run_dir = logs / f"tiny-{strategy}" / f"2026010{k + 1}T000000Z"
             run_dir.mkdir(parents=True)
             for node in (0, 1):
-                text = (LAB / f"{stem}_node{node}.log").read_text()
+                text = (LAB_LOGS / f"{stem}_node{node}.log").read_text()
                 (run_dir / f"node{node}.log").write_text(_scaled(text, d * jitter[strategy][k]))
-            (run_dir / "ds_config.json").write_text((LAB / f"{stem}_node0.json").read_text())
-            (run_dir / "launch.sh").write_text((LAB / f"{stem}_node0.cmd").read_text())
+            (run_dir / "ds_config.json").write_text((LAB_LOGS / f"{stem}_node0.json").read_text())
+            (run_dir / "launch.sh").write_text((LAB_LOGS / f"{stem}_node0.cmd").read_text())
             record: dict[str, Any] = {
                 "name": f"tiny-{strategy}",
                 "spec_hash": f"hash-{strategy}",
@@ -480,7 +471,7 @@ def test_a_round_that_would_pass_the_deadline_is_not_started(tmp_path, capsys) -
         return run_dir
 
     deadline = time.monotonic() + 3.0  # round 1 (two runs) takes > 2 s: round 2 would not fit
-    rows = run_specs(_specs(["baseline", "zero1"]), logs, stall_s=30, render=slow, rounds=3,
+    rows = run_specs(tiny_specs(["baseline", "zero1"]), logs, stall_s=30, render=slow, rounds=3,
                      deadline=deadline)  # fmt: skip
     assert order == [("baseline", 1), ("zero1", 1)]
     assert [r.status for r in rows] == ["completed", "completed"], "nothing counted as failed"
@@ -517,13 +508,11 @@ def test_random_effects_mean_interval_and_spreads() -> None:
 
 def test_bare_logs_of_one_configuration_are_repeats(tmp_path) -> None:
     """Users' own logs: two copies of a run under other names, no run.json, are one spec."""
-    if not LAB.is_dir():
-        pytest.skip(f"lab logs not found at {LAB}")
     for stem in ("dp2", "zero2"):
         for k, factor in enumerate([1.0, 1.2]):
             for ext in (".json", ".cmd"):
-                shutil.copy(LAB / f"{stem}{ext}", tmp_path / f"{stem}_try{k}{ext}")
-            text = _scaled((LAB / f"{stem}.log").read_text(), factor)
+                shutil.copy(LAB_LOGS / f"{stem}{ext}", tmp_path / f"{stem}_try{k}{ext}")
+            text = _scaled((LAB_LOGS / f"{stem}.log").read_text(), factor)
             (tmp_path / f"{stem}_try{k}.log").write_text(text)
     text, summary = _report(tmp_path)
     sets = {s["name"]: s for s in summary["repeats"]}

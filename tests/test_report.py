@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import LAB_LOGS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_metrics import DP2_WINDOWS, SETUP, dp2_parsed, loaded
@@ -18,7 +19,6 @@ from analysis.report import build as report
 from analysis.runs import load
 from analysis.theory import setup as run_setup
 
-LAB = Path(__file__).parents[2] / "shared" / "lab-logs"
 GOLDEN = Path(__file__).parent / "golden" / "report"
 
 DESIGN_KEYS = [
@@ -101,7 +101,7 @@ def normalise(text: str) -> str:
     model's outputs: the numbers of the "Scaling predictions" section are masked, so the golden
     file holds that section's shape and words, not the model's values; those are checked by
     behaviour in tests/test_predict.py (leave-one-out, bounds, hand-computed values)."""
-    text = text.replace(str(LAB.resolve()), "<lab-logs>").replace(str(LAB), "<lab-logs>")
+    text = text.replace(str(LAB_LOGS.resolve()), "<lab-logs>").replace(str(LAB_LOGS), "<lab-logs>")
     start = text.find("## Scaling predictions")
     if start >= 0:
         end = text.find("\n## ", start + 1)
@@ -111,11 +111,8 @@ def normalise(text: str) -> str:
 
 
 def test_golden_lab_logs(tmp_path):
-    pytest.importorskip("analysis.parse.reader", reason="analysis.parse.reader not available yet")
-    if not LAB.is_dir():
-        pytest.skip(f"lab logs not found at {LAB}")
     out = tmp_path / "report"
-    report.build(LAB, out)
+    report.build(LAB_LOGS, out)
     text = normalise((out / "report.md").read_text())
     golden = GOLDEN / "lab-logs.md"
     if os.environ.get("UPDATE_GOLDEN") == "1":
@@ -271,9 +268,7 @@ def test_pipeline_timers_section_on_real_gpu_logs(tmp_path):
 
 
 def test_main_prints_the_executive_summary(tmp_path, capsys):
-    if not LAB.is_dir():
-        pytest.skip(f"lab logs not found at {LAB}")
-    assert report.main([str(LAB), "--out", str(tmp_path / "r"), "--summary"]) == 0
+    assert report.main([str(LAB_LOGS), "--out", str(tmp_path / "r"), "--summary"]) == 0
     out = capsys.readouterr().out
     md = (tmp_path / "r" / "report.md").read_text()
     lines = [line for line in out.splitlines() if line.startswith("- **")]

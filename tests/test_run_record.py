@@ -18,14 +18,11 @@ from analysis.runs.record import (
     to_json,
 )
 
-LAB_LOGS = Path(__file__).resolve().parent.parent.parent / "shared" / "lab-logs"
 RECORDS = Path(__file__).resolve().parent / "fixtures" / "run_records"
 """run.json documents of real lab runs (upstream f4157bea, DeepSpeed 0.19.6): version 1 as the
 launchers wrote them before the record was typed, version 2 after; this machine's paths replaced
 by /home/user/..."""
-REAL = sorted(RECORDS.glob("*.json")) + (
-    sorted(LAB_LOGS.rglob("run.json")) if LAB_LOGS.is_dir() else []
-)
+REAL = sorted(RECORDS.glob("*.json"))
 
 V1_LAB_RUN: dict[str, Any] = {
     # The keys launchers wrote before the record was typed: render's run_record, execute's

@@ -67,7 +67,7 @@ def test_parameter_counts_are_computed() -> None:
 
 
 # What upstream printed ("number of parameters on (tensor, pipeline) model parallel rank (t, p)")
-# in the lab runs of the tiny model (shared/lab-logs): (tp, pp, normalization) -> by stage.
+# in the lab runs of the tiny model (tests/fixtures/lab-logs): (tp, pp, normalization) -> by stage.
 PRINTED_TINY = {
     (1, 1, "layernorm"): [875_264],
     (2, 1, "layernorm"): [447_488],  # both tensor ranks
