@@ -38,7 +38,8 @@ TIMEOUT     ?=
 MEM_LIMIT   ?=
 # Non-empty: start multi-node runs and matrices without the doctor's check of every node.
 SKIP_DOCTOR ?=
-# Tests: extra pytest arguments (e.g. PYTEST_ARGS="-m 'not slow'").
+# Tests: extra pytest arguments (e.g. PYTEST_ARGS="-x -k parse"); a -m here replaces the marker
+# selection of `make test`.
 PYTEST_ARGS ?=
 
 MODELS      := tiny small large
@@ -58,13 +59,14 @@ RUN_FLAGS = --hosts $(HOSTS) --logs $(LOGS) \
 RUN_TARGETS := $(foreach m,$(MODELS),$(foreach s,$(STRATEGIES),$(m)-$(s)))
 ALL_TARGETS := $(foreach m,$(MODELS),all-$(m))
 
-.PHONY: help setup setup-gpu doctor test lint fmt demo report predict bench netbench list clean-lab $(RUN_TARGETS) $(ALL_TARGETS)
+.PHONY: help setup setup-gpu doctor test test-all lint fmt demo report predict bench netbench list clean-lab $(RUN_TARGETS) $(ALL_TARGETS)
 
 help:
 	@echo "make setup            create .venv, install pinned deps, fetch upstream, build data"
 	@echo "make setup DEVICE=cuda   also build NVIDIA apex (or say which CUDA toolkit is missing)"
 	@echo "make doctor HOSTS=..  check every node of a hostfile before a run"
-	@echo "make test             run the test suite"
+	@echo "make test             the fast suite: unit, parse, report, one real upstream run"
+	@echo "make test-all         everything: adds the lab, Slurm, Open MPI and fault suites (CI)"
 	@echo "make demo             tiny model, every core strategy, emulated 2-node lab, report"
 	@echo "make <model>-<strategy> [HOSTS=..] [NET=100mbit] [DRY_RUN=1]   one run"
 	@echo "make all-<model>      the six core strategies for a model ($(MODELS))"
@@ -94,8 +96,12 @@ doctor:
 		$(if $(DEVICE),--device $(DEVICE)) $(if $(LAUNCHER),--launcher $(LAUNCHER)) \
 		$(if $(NET),--net $(NET) --lab-nodes $(LAB_NODES)) $(foreach kv,$(SET),--set $(kv))
 
-# pytest exits 5 when no test was collected: not a failure of the suite.
+# The fast suite leaves out the tests marked `full` (tests/conftest.py says which); test-all runs
+# every test. pytest exits 5 when no test was collected: not a failure of the suite.
 test:
+	$(PYTHON) -m pytest -m "not full" $(PYTEST_ARGS) || test $$? -eq 5
+
+test-all:
 	$(PYTHON) -m pytest $(PYTEST_ARGS) || test $$? -eq 5
 
 lint:

@@ -1,6 +1,7 @@
 """What several test modules share: where the test data lives, strict parsing, the tiny model's
-run setup and its resolved specs. Test modules import the constants and functions from here
-(``from conftest import LAB_LOGS``); the fixtures are found by pytest."""
+run setup and its resolved specs, and which tests only the full suite runs. Test modules import
+the constants and functions from here (``from conftest import LAB_LOGS``); the fixtures are found
+by pytest."""
 
 from __future__ import annotations
 
@@ -47,6 +48,32 @@ def tiny_specs(strategies: list[str], **overrides: Any) -> list[RunSpec]:
     with spec ``overrides`` (``train_iters=4``...)."""
     cluster = parse_hostfile_text("localhost slots=2\n", "hf")
     return [resolve_spec("tiny", s, cluster, overrides, device="cpu") for s in strategies]
+
+
+FULL_SUITE_MODULES = frozenset(
+    {"test_lab.py", "test_slurm.py", "test_openmpi.py", "test_netbench.py", "test_faults.py"}
+)
+"""The emulated-lab, Slurm, Open MPI and fault-injection suites: ``make test-all`` only."""
+
+FAST_UPSTREAM_RUN = "test_e2e.py::test_local_run_dir_is_complete_and_reported"
+"""The one real upstream run of the fast suite: the tiny model, ZeRO-1, 2 local ranks, 8
+iterations, then its report."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``full`` what only ``make test-all`` runs: the modules of ``FULL_SUITE_MODULES``,
+    every ``root`` test (an emulated cluster) and every ``slow`` one (real training) but
+    ``FAST_UPSTREAM_RUN``. ``make test`` is ``-m "not full"``."""
+    for item in items:
+        module = item.path.name
+        own_id = f"{module}::{item.name}"
+        if (
+            module in FULL_SUITE_MODULES
+            or item.get_closest_marker("root")
+            or (item.get_closest_marker("slow") and own_id != FAST_UPSTREAM_RUN)
+        ):
+            item.add_marker(pytest.mark.full)
 
 
 @pytest.fixture
