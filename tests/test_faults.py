@@ -28,15 +28,11 @@ from launchers.config.hostfile import parse_hostfile_text
 from launchers.config.presets import resolve_spec
 from launchers.config.upstream import check_upstream
 from launchers.run import execute
-from launchers.run.execute import (
-    LogFailure,
-    root_cause,
-    update_run_json,
-    write_json_atomic,
-)
+from launchers.run.execute import update_run_json, write_json_atomic
 from launchers.run.matrix import failed, run_specs
 from launchers.run.memlimit import LimitError, MemoryCgroup, parse_size
 from launchers.run.render import render_run_dir
+from launchers.run.verdict import LogFailure, root_cause
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable

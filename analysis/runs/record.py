@@ -4,10 +4,10 @@
 sessions as the run goes); ``analysis`` reads it. Both go through :func:`from_json` and
 :func:`to_json` here, so the document has one definition.
 
-Frozen dataclasses, not pydantic models: the analyzer runs on machines that only hold logs (no
-DeepSpeed, hence no pydantic), the rest of the project's records are frozen dataclasses with a
-docstring under each field, and the few checks needed (types, known keys, the version rule) fit
-in one small decoder that names the file and the field path of what is wrong.
+Frozen dataclasses with a docstring under each field, as the project's other records, read
+through pydantic (a ``TypeAdapter`` over them, unknown keys forbidden, scalars strict: ``"60"``
+is not a number, ``true`` not an integer); its first error becomes a :class:`RunRecordError`
+that names the file, the field path and the fix.
 
 Versions (``schema_version``):
 
@@ -26,7 +26,10 @@ from __future__ import annotations
 import dataclasses
 import types
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from pydantic import ConfigDict, StrictFloat, StrictInt, StrictStr, TypeAdapter
+from pydantic import ValidationError as _PydanticError
 
 SCHEMA_VERSION = 2
 """Version :func:`to_json` writes; a document without ``schema_version`` is version 1."""
@@ -40,6 +43,10 @@ _OLD_DELAY_KEYS = ("latency_ms",)
 """Version-1 spellings of ``network.delay_ms``."""
 
 
+DOCUMENT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+"""How every section of the record is read: a key that is not a field is an error."""
+
+
 class RunRecordError(ValueError):
     """A run.json document that does not fit :class:`RunRecord`; the message names the file,
     the field path and what would fix it."""
@@ -49,9 +56,11 @@ class RunRecordError(ValueError):
 class Upstream:
     """The upstream Megatron-DeepSpeed checkout the run was generated against."""
 
-    commit: str | None = None
+    __pydantic_config__ = DOCUMENT
+
+    commit: StrictStr | None = None
     """``git rev-parse HEAD`` of the checkout (None: not a git checkout)."""
-    patch: str | None = None
+    patch: StrictStr | None = None
     """Patch applied to it (None: upstream as is)."""
 
 
@@ -59,48 +68,52 @@ class Upstream:
 class Provenance:
     """Where and with what a run was generated."""
 
+    __pydantic_config__ = DOCUMENT
+
     upstream: Upstream | None = None
     """Upstream checkout."""
-    deepspeed: str | None = None
+    deepspeed: StrictStr | None = None
     """Installed DeepSpeed version."""
-    torch: str | None = None
+    torch: StrictStr | None = None
     """Installed torch version."""
-    python: str | None = None
+    python: StrictStr | None = None
     """Python version of the generator."""
-    hostname: str | None = None
+    hostname: StrictStr | None = None
     """Machine that generated the run directory."""
-    hostfile_text: str | None = None
+    hostfile_text: StrictStr | None = None
     """The hostfile as written (also needed to rebuild the spec)."""
-    environment: dict[str, str] = field(default_factory=dict)
+    environment: dict[StrictStr, StrictStr] = field(default_factory=dict)
     """Environment variables that change a run (NCCL, DeepSpeed, CUDA ones), by name."""
-    created: str | None = None
+    created: StrictStr | None = None
     """UTC ISO time the run directory was generated."""
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """How the run ended (``launchers.run.execute.Outcome`` as written), or that it has not."""
+    """How the run ended (as ``launchers.run.execute`` writes it), or that it has not."""
+
+    __pydantic_config__ = DOCUMENT
 
     status: OutcomeStatus | None = None
     """``generated``, ``running``, ``completed``, ``failed`` or ``interrupted``."""
-    kind: str | None = None
+    kind: StrictStr | None = None
     """Failure kind (``oom``, ``nccl``, ``exception``, ``killed``, ``hang``, ``time_limit``,
     ``cancelled``, ``node_fail``, ``other``), None when completed."""
-    reason: str | None = None
+    reason: StrictStr | None = None
     """One line saying why, quoting the log line when there is one."""
-    exit_codes: dict[str, int | None] = field(default_factory=dict)
+    exit_codes: dict[StrictStr, StrictInt | None] = field(default_factory=dict)
     """Exit code per launcher process (None if it had to be killed)."""
-    start: str | None = None
+    start: StrictStr | None = None
     """UTC ISO time the first process started."""
-    end: str | None = None
+    end: StrictStr | None = None
     """UTC ISO time the last process ended."""
-    wall_s: float | None = None
+    wall_s: StrictFloat | None = None
     """Wall-clock seconds from start to end."""
-    last_iteration: int | None = None
+    last_iteration: StrictInt | None = None
     """Last iteration number seen in the output."""
-    train_iters: int | None = None
+    train_iters: StrictInt | None = None
     """Planned iterations (from the iteration lines)."""
-    failure_line: str | None = None
+    failure_line: StrictStr | None = None
     """``file:line`` of the log line that identified the failure."""
 
 
@@ -108,11 +121,13 @@ class Outcome:
 class Repeat:
     """Where a run sits in a repeated matrix."""
 
-    group: str
+    __pydantic_config__ = DOCUMENT
+
+    group: StrictStr
     """Shared by every run of one repeated matrix."""
-    round: int
+    round: StrictInt
     """1-based round."""
-    rounds: int
+    rounds: StrictInt
     """Rounds the matrix was asked for."""
 
 
@@ -120,13 +135,15 @@ class Repeat:
 class Limits:
     """The memory cgroup the run's processes ran in."""
 
-    memory_bytes: int | None = None
+    __pydantic_config__ = DOCUMENT
+
+    memory_bytes: StrictInt | None = None
     """Memory limit, bytes."""
-    memory: str | None = None
+    memory: StrictStr | None = None
     """The same limit for people (``4.0 GiB``)."""
-    cgroup: str | None = None
+    cgroup: StrictStr | None = None
     """Path of the cgroup."""
-    cgroup_version: int | None = None
+    cgroup_version: StrictInt | None = None
     """cgroup v1 or v2."""
 
 
@@ -135,45 +152,47 @@ class Network:
     """The network the run used, as the lab measured it (``launchers.lab.cluster.Lab.describe`` plus
     the session's interface counters)."""
 
-    kind: str | None = None
+    __pydantic_config__ = DOCUMENT
+
+    kind: StrictStr | None = None
     """``emulated`` (network namespaces on one machine)."""
-    lab: str | None = None
+    lab: StrictStr | None = None
     """Name of the lab."""
-    link: str | None = None
+    link: StrictStr | None = None
     """Link shape label (``1000mbit``, ``100mbit-20ms``)."""
-    link_mbit: float | None = None
+    link_mbit: StrictFloat | None = None
     """Link rate, Mbit/s (None: unshaped)."""
-    delay_ms: float | None = None
+    delay_ms: StrictFloat | None = None
     """Emulated one-way latency, ms."""
-    loss_pct: float | None = None
+    loss_pct: StrictFloat | None = None
     """Emulated packet loss, percent."""
-    topology: str | None = None
+    topology: StrictStr | None = None
     """How the nodes are connected (``bridge``)."""
-    transport: str | None = None
+    transport: StrictStr | None = None
     """How the ranks reached the nodes (``ssh``, ``netns-exec``, ``mpirun``, ``srun``)."""
-    subnet: str | None = None
+    subnet: StrictStr | None = None
     """The nodes' subnet."""
-    host_address: str | None = None
+    host_address: StrictStr | None = None
     """The host's address on the bridge."""
-    nodes: list[dict[str, Any]] = field(default_factory=list)
+    nodes: list[dict[StrictStr, Any]] = field(default_factory=list)
     """Each node: name, namespace, interfaces, address."""
-    shaping: list[str] = field(default_factory=list)
+    shaping: list[StrictStr] = field(default_factory=list)
     """``tc`` commands that shaped the link."""
-    segmentation: list[str] = field(default_factory=list)
+    segmentation: list[StrictStr] = field(default_factory=list)
     """Offload (segmentation) commands applied, or why not."""
-    burst_bytes: int | None = None
+    burst_bytes: StrictInt | None = None
     """Token-bucket burst, bytes."""
-    burst_ms: float | None = None
+    burst_ms: StrictFloat | None = None
     """Token-bucket burst, ms at the link rate."""
-    node_cpu: dict[str, Any] | None = None
+    node_cpu: dict[StrictStr, Any] | None = None
     """Cores each node may use (``cpus``), how, and each node's ``cpu.stat``."""
-    counters: dict[str, Any] | None = None
+    counters: dict[StrictStr, Any] | None = None
     """Interface byte counters per node at start, end and their difference."""
-    per_iteration: dict[str, Any] | None = None
+    per_iteration: dict[StrictStr, Any] | None = None
     """Bytes per steady-state iteration per node (``max_tx_bytes``, ``bytes``, ``method``)."""
-    per_iteration_reason: str | None = None
+    per_iteration_reason: StrictStr | None = None
     """Why ``per_iteration`` is None."""
-    stopped_leftovers: list[dict[str, Any]] | None = None
+    stopped_leftovers: list[dict[StrictStr, Any]] | None = None
     """Processes a run left inside the nodes, stopped by the session (node, pid, command)."""
 
 
@@ -181,15 +200,17 @@ class Network:
 class RunRecord:
     """The run.json document."""
 
-    schema_version: int = SCHEMA_VERSION
+    __pydantic_config__ = DOCUMENT
+
+    schema_version: StrictInt = SCHEMA_VERSION
     """Version of this document's shape (a document without it is version 1)."""
-    name: str | None = None
+    name: StrictStr | None = None
     """Run name (the spec's name)."""
-    spec_hash: str | None = None
+    spec_hash: StrictStr | None = None
     """Hash of the resolved spec: runs with the same name and hash are repeats."""
-    spec: dict[str, Any] | None = None
+    spec: dict[StrictStr, Any] | None = None
     """The resolved spec as JSON (read back by ``launchers.config.spec.spec_from_json``)."""
-    command: list[str] | None = None
+    command: list[StrictStr] | None = None
     """The launcher argv."""
     provenance: Provenance | None = None
     """Where and with what the run was generated."""
@@ -199,14 +220,14 @@ class RunRecord:
     """A round of a repeated matrix."""
     network: Network | None = None
     """The emulated network and its counters (lab runs)."""
-    slurm: dict[str, Any] | None = None
+    slurm: dict[StrictStr, Any] | None = None
     """The Slurm job (id, name, final state, reason, queue and processes after): its shape is
     Slurm's."""
     limits: Limits | None = None
     """The memory cgroup of the run."""
-    stopped_leftovers: list[int] | None = None
+    stopped_leftovers: list[StrictInt] | None = None
     """Pids still in the run's cgroup after it ended, stopped by the executor."""
-    record_problems: list[str] = field(default_factory=list)
+    record_problems: list[StrictStr] = field(default_factory=list)
     """What went wrong with run.json itself (an unreadable one kept aside)."""
 
 
@@ -220,6 +241,8 @@ def _fail(source: str, path: str, what: str, fix: str) -> RunRecordError:
 
 def _type_name(tp: Any) -> str:
     origin = get_origin(tp)
+    if origin is Annotated:
+        return _type_name(get_args(tp)[0])
     if origin in (Union, types.UnionType):
         return " or ".join(_type_name(a) for a in get_args(tp))
     if origin is Literal:
@@ -235,77 +258,52 @@ def _type_name(tp: Any) -> str:
     )
 
 
-def _decode(tp: Any, value: Any, path: str, source: str) -> Any:
-    origin = get_origin(tp)
-    if tp is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        args = get_args(tp)
-        if value is None and type(None) in args:
+def _section_of(loc: tuple[str | int, ...], root: Any) -> Any:
+    """The dataclass holding the field at ``loc`` (a field path under ``root``), or None."""
+    cls: Any = root
+    for key in loc[:-1]:
+        if not dataclasses.is_dataclass(cls) or not isinstance(key, str):
             return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _decode(arg, value, path, source)
-            except RunRecordError:
-                if len(args) == 2 and type(None) in args:
-                    raise
-        raise _fail(source, path, f"{value!r} is not {_type_name(tp)}", "write it as such")
-    if origin is Literal:
-        if value in get_args(tp):
-            return value
-        raise _fail(source, path, f"{value!r} is not {_type_name(tp)}", "use one of those")
-    if dataclasses.is_dataclass(tp):
-        return _decode_object(tp, value, path, source)
-    ok = {
-        str: isinstance(value, str),
-        bool: isinstance(value, bool),
-        int: isinstance(value, int) and not isinstance(value, bool),
-        float: isinstance(value, int | float) and not isinstance(value, bool),
-    }.get(tp)
-    if ok is not None:
-        if not ok:
-            raise _fail(
-                source, path, f"{value!r} is not {_type_name(tp)}", f"write {_type_name(tp)}"
-            )
-        return float(value) if tp is float else value
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise _fail(source, path, f"{type(value).__name__} is not an object", "write one")
-        _key, item = get_args(tp)
-        return {k: _decode(item, v, f"{path}.{k}", source) for k, v in value.items()}
-    if origin is list:
-        if not isinstance(value, list):
-            raise _fail(source, path, f"{type(value).__name__} is not a list", "write one")
-        (item,) = get_args(tp)
-        return [_decode(item, v, f"{path}[{i}]", source) for i, v in enumerate(value)]
-    raise TypeError(f"no decoder for {tp!r}")  # a field type this module does not handle
+        tp = get_type_hints(cls).get(key)
+        classes = [a for a in (get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)]
+        cls = classes[0] if classes else None
+    return cls if dataclasses.is_dataclass(cls) else None
 
 
-def _decode_object(cls: Any, value: Any, path: str, source: str) -> Any:
-    if not isinstance(value, dict):
-        raise _fail(
-            source, path, f"{type(value).__name__} is not an object", f"write a {cls.__name__}"
-        )
-    hints = get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in value:
-        if key not in hints:
-            raise _fail(
-                source,
-                f"{path}.{key}" if path else key,
-                "unknown field",
-                f"remove it or rename it to one of {', '.join(names)}",
-            )
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        sub = f"{path}.{f.name}" if path else f.name
-        if f.name in value:
-            kwargs[f.name] = _decode(hints[f.name], value[f.name], sub, source)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise _fail(source, sub, "missing", f"add it ({_type_name(hints[f.name])})")
-    return cls(**kwargs)
+_WANTED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "string_type": "a string",
+    "bool_type": "true/false",
+}
+"""pydantic error types of a scalar of the wrong type, and what to write instead."""
+
+
+def describe_error(err: Any, source: str, root: Any) -> str:
+    """``<source>: <field path>: <what is wrong>; <the fix>`` for one pydantic error (an item
+    of ``ValidationError.errors()``) met reading a document into the dataclass ``root``."""
+    loc = tuple(err["loc"])
+    path = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in loc).lstrip(".")
+    kind, value = err["type"], err.get("input")
+    section = _section_of(loc, root)
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        names = ", ".join(f.name for f in dataclasses.fields(section)) if section else "its fields"
+        what, fix = "unknown field", f"remove it or rename it to one of {names}"
+    elif kind == "missing":
+        tp = get_type_hints(section).get(str(loc[-1])) if section else None
+        what, fix = "missing", f"add it ({_type_name(tp)})" if tp else "add it"
+    elif kind in _WANTED:
+        what, fix = f"{value!r} is not {_WANTED[kind]}", f"write {_WANTED[kind]}"
+    elif kind == "literal_error":
+        expected = err["ctx"]["expected"].replace(" or ", ", ")
+        what, fix = f"{value!r} is not one of {expected}", "use one of those"
+    elif kind in ("dict_type", "dataclass_type"):
+        what, fix = f"{type(value).__name__} is not an object", "write one"
+    elif kind in ("list_type", "tuple_type"):
+        what, fix = f"{type(value).__name__} is not a list", "write one"
+    else:
+        what, fix = err["msg"], "fix it"
+    return f"{source}: {path or 'document'}: {what}; {fix}"
 
 
 def _upgrade_v1_network(network: Any, source: str) -> Any:
@@ -333,6 +331,10 @@ def _upgrade_v1_network(network: Any, source: str) -> Any:
     return out
 
 
+_READER = TypeAdapter(RunRecord)
+"""pydantic's reader (and writer) of the whole document."""
+
+
 def from_json(doc: Any, source: str) -> RunRecord:
     """The :class:`RunRecord` of a parsed run.json document; ``source`` names it in errors.
 
@@ -352,7 +354,10 @@ def from_json(doc: Any, source: str) -> RunRecord:
     body = {k: v for k, v in doc.items() if k != "schema_version"}
     if version == 1 and "network" in body:
         body["network"] = _upgrade_v1_network(body["network"], source)
-    record = _decode_object(RunRecord, body, "", source)
+    try:
+        record = _READER.validate_python(body)
+    except _PydanticError as err:
+        raise RunRecordError(describe_error(err.errors()[0], source, RunRecord)) from None
     return dataclasses.replace(record, schema_version=SCHEMA_VERSION)
 
 
@@ -360,18 +365,9 @@ def from_json(doc: Any, source: str) -> RunRecord:
 # Writing
 
 
-def _encode(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {k: _encode(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_encode(v) for v in value]
-    return value
-
-
 def to_json(record: RunRecord) -> dict[str, Any]:
     """The run.json document of a record, current version: a section the run does not have
     (None, or no ``record_problems``) is left out; inside a section every field is written."""
-    doc = _encode(dataclasses.replace(record, schema_version=SCHEMA_VERSION))
+    current = dataclasses.replace(record, schema_version=SCHEMA_VERSION)
+    doc = _READER.dump_python(current, warnings=False)
     return {k: v for k, v in doc.items() if v is not None and v != []}

@@ -14,8 +14,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
-from analysis.theory.formulas import (  # noqa: F401  (re-exported: the launcher's names for them)
-    MAKE_VOCAB_SIZE_DIVISIBLE_BY,
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+from analysis.runs.record import describe_error
+from analysis.theory.formulas import (
     Normalization,
     gpt_parameters,
     gpt_parameters_on_rank,
@@ -47,6 +49,11 @@ OFFLOADS: tuple[str, ...] = get_args(Offload)
 ZERO_STAGES: tuple[int, ...] = get_args(ZeroStage)
 
 
+SPEC_DOCUMENT = ConfigDict(extra="forbid")
+"""How run.json's ``spec`` sections are read back (:func:`spec_from_json`): a key that is not a
+field is an error."""
+
+
 class SpecError(ValueError):
     """A run specification that cannot run; the message states the rule and the numbers."""
 
@@ -75,6 +82,8 @@ def _one_of(owner: str, key: str, value: object, allowed: tuple[Any, ...]) -> No
 class ModelConfig:
     """A GPT model and its batch settings (one entry of ``megatron_configs/<name>.yaml``)."""
 
+    __pydantic_config__ = SPEC_DOCUMENT
+
     name: str
     """Preset name; the first half of a run's name."""
     num_layers: int
@@ -96,8 +105,6 @@ class ModelConfig:
     """Samples per optimizer step over all data-parallel ranks (``--global-batch-size``)."""
     precision: Precision
     """Training precision."""
-    ffn_hidden_size: int | None = None
-    """MLP hidden size f (``--ffn-hidden-size``); None: Megatron's default 4h."""
 
     def __post_init__(self) -> None:
         owner = f"model {self.name!r}"
@@ -113,8 +120,6 @@ class ModelConfig:
             global_batch_size=self.global_batch_size,
         )
         _one_of(owner, "precision", self.precision, PRECISIONS)
-        if self.ffn_hidden_size is not None:
-            _positive(owner, ffn_hidden_size=self.ffn_hidden_size)
 
     def num_parameters(self, tp: int = 1, normalization: Normalization = "layernorm") -> int:
         """Parameters of one model replica (:func:`gpt_parameters`), the vocabulary padded as
@@ -122,7 +127,7 @@ class ModelConfig:
         (``max_position_embeddings``)."""
         vocab = padded_vocab_size(self.vocab_size, tp)
         return gpt_parameters(self.num_layers, self.hidden_size, self.max_position_embeddings,
-                              vocab, normalization, ffn=self.ffn_hidden_size)  # fmt: skip
+                              vocab, normalization)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,8 @@ class Strategy:
     The data-parallel degree is not part of the preset: it follows from the cluster,
     dp = world_size / (tp * pp).
     """
+
+    __pydantic_config__ = SPEC_DOCUMENT
 
     name: str
     """Preset name; the second half of a run's name."""
@@ -197,6 +204,8 @@ class Cluster:
 class RunPaths:
     """Where the code, the data and the executables are (same paths on every node)."""
 
+    __pydantic_config__ = SPEC_DOCUMENT
+
     upstream_dir: str
     """Checkout of microsoft/Megatron-DeepSpeed (holds ``pretrain_gpt.py``)."""
     data_path: str
@@ -230,6 +239,8 @@ PLACEHOLDER_PATHS = RunPaths(
 class Adjustment:
     """A value the resolver changed from what the preset or the user asked, and why."""
 
+    __pydantic_config__ = SPEC_DOCUMENT
+
     key: str
     """Setting that changed (an override key, e.g. ``micro_batch_size``)."""
     requested: Any
@@ -243,6 +254,8 @@ class Adjustment:
 @dataclass(frozen=True)
 class Training:
     """Schedule and optimizer settings; defaults are those of the lab runs in UPSTREAM.md."""
+
+    __pydantic_config__ = SPEC_DOCUMENT
 
     train_iters: int
     """Optimizer steps (``--train-iters``)."""
@@ -363,8 +376,7 @@ class RunSpec:
         """Parameters of one replica (:func:`gpt_parameters`), as this run builds it."""
         m = self.model
         return gpt_parameters(m.num_layers, m.hidden_size, m.max_position_embeddings,
-                              self.padded_vocab_size, self.normalization,
-                              ffn=m.ffn_hidden_size)  # fmt: skip
+                              self.padded_vocab_size, self.normalization)  # fmt: skip
 
     @property
     def parameters_per_stage(self) -> list[int]:
@@ -373,8 +385,7 @@ class RunSpec:
         m, s = self.model, self.strategy
         return [
             gpt_parameters_on_rank(m.num_layers, m.hidden_size, m.max_position_embeddings,
-                                   self.padded_vocab_size, self.normalization, s.tp, s.pp, stage,
-                                   ffn=m.ffn_hidden_size)
+                                   self.padded_vocab_size, self.normalization, s.tp, s.pp, stage)
             for stage in range(s.pp)
         ]  # fmt: skip
 
@@ -481,9 +492,7 @@ def validate(spec: RunSpec) -> None:
 
 def spec_to_json(spec: RunSpec) -> dict[str, Any]:
     """The resolved spec as plain JSON (the ``spec`` entry of ``run.json``)."""
-    model = {  # (an FFN of the default 4h is left out: the specs of earlier runs keep their hash)
-        k: v for k, v in asdict(spec.model).items() if not (k == "ffn_hidden_size" and v is None)
-    } | {
+    model = asdict(spec.model) | {
         "num_parameters": spec.num_parameters,
         "padded_vocab_size": spec.padded_vocab_size,
         "parameters_per_stage": spec.parameters_per_stage,
@@ -532,36 +541,113 @@ _DERIVED_MODEL_KEYS = (
 """Keys of run.json's ``spec.model`` derived from the spec (not read back)."""
 
 
-def spec_from_json(data: dict[str, Any], hostfile_text: str = "") -> RunSpec:
-    """Rebuild a :class:`RunSpec` from :func:`spec_to_json` output (derived keys are ignored)."""
+@dataclass(frozen=True)
+class ClusterDocument:
+    """run.json's ``spec.cluster``."""
+
+    __pydantic_config__ = SPEC_DOCUMENT
+
+    hostfile: str
+    """Path of the hostfile."""
+    hosts: list[str]
+    """Host names, in hostfile order."""
+    slots: list[int]
+    """Slots of each host."""
+    world_size: int | None = None
+    """Their sum (derived: not read back)."""
+
+
+@dataclass(frozen=True)
+class SpecDocument:
+    """run.json's ``spec`` as :func:`spec_to_json` writes it, its training keys gathered under
+    ``training`` and the derived model and strategy keys left out."""
+
+    __pydantic_config__ = SPEC_DOCUMENT
+
+    model: ModelConfig
+    """The model."""
+    strategy: Strategy
+    """The strategy."""
+    cluster: ClusterDocument
+    """Hosts and slots."""
+    training: Training
+    """Training settings (top-level keys of the document)."""
+    device: Device
+    """The accelerator."""
+    launcher: LauncherMode
+    """The launcher mode."""
+    paths: RunPaths
+    """Upstream, data and executables."""
+    master_addr: str
+    """Rendezvous host."""
+    master_port: int
+    """Rendezvous port."""
+    adjustments: tuple[Adjustment, ...] = ()
+    """What resolution changed, and why."""
+    ssh_check: bool = True
+    """Whether the launcher checks ssh to every node."""
+    network: str = ""
+    """The network the run used (an emulated lab's label), or empty."""
+    data_vocab_size: int | None = None
+    """The tokenizer's vocabulary, None when it could not be read."""
+    name: str | None = None
+    """The run's name (derived: not read back)."""
+    gradient_accumulation_steps: int | None = None
+    """Micro-batches per step (derived: not read back)."""
+
+
+_SPEC_READER = TypeAdapter(SpecDocument)
+"""pydantic's reader of run.json's ``spec``: JSON types strictly (``"8"`` is not an integer)."""
+
+
+def spec_from_json(
+    data: dict[str, Any], hostfile_text: str = "", source: str = "run.json"
+) -> RunSpec:
+    """Rebuild a :class:`RunSpec` from :func:`spec_to_json` output (derived keys are ignored).
+
+    Raises :class:`SpecError` naming ``source``, the field path under ``spec`` and the fix, or
+    the spec's own rule that the values break.
+    """
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: spec: {type(data).__name__} is not an object; write one")
+    training_keys = Training.__dataclass_fields__.keys()
+    body: dict[str, Any] = {k: v for k, v in data.items() if k not in training_keys}
+    body["training"] = {k: data[k] for k in training_keys if k in data}
+    if isinstance(body.get("model"), dict):
+        body["model"] = {k: v for k, v in body["model"].items() if k not in _DERIVED_MODEL_KEYS}
+    if isinstance(body.get("strategy"), dict):
+        body["strategy"] = {k: v for k, v in body["strategy"].items() if k != "dp"}
     try:
-        model = {k: v for k, v in data["model"].items() if k not in _DERIVED_MODEL_KEYS}
-        strategy = {k: v for k, v in data["strategy"].items() if k != "dp"}
-        cluster = data["cluster"]
-        hosts = tuple(
-            Host(name, slots)
-            for name, slots in zip(cluster["hosts"], cluster["slots"], strict=True)
+        doc = _SPEC_READER.validate_json(json.dumps(body), strict=True)
+    except ValidationError as err:
+        first = err.errors()[0]
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, SpecError):  # a rule of the spec's own (``__post_init__``)
+            raise cause from None
+        if tuple(first["loc"][:1]) == ("training",):  # training keys are top-level keys
+            first = {**first, "loc": tuple(first["loc"][1:])}
+        raise SpecError(describe_error(first, f"{source}: spec", SpecDocument)) from None
+    if len(doc.cluster.hosts) != len(doc.cluster.slots):
+        raise SpecError(
+            f"{source}: spec: cluster.hosts ({len(doc.cluster.hosts)}) and cluster.slots "
+            f"({len(doc.cluster.slots)}) differ in length; write one slot count per host"
         )
-        training_keys = Training.__dataclass_fields__.keys()
-        return RunSpec(
-            model=ModelConfig(**model),
-            strategy=Strategy(**strategy),
-            cluster=Cluster(cluster["hostfile"], hosts, hostfile_text),
-            training=Training(**{k: data[k] for k in training_keys if k in data}),
-            device=data["device"],
-            launcher=data["launcher"],
-            paths=RunPaths(**data["paths"]),
-            master_addr=data["master_addr"],
-            master_port=data["master_port"],
-            adjustments=tuple(Adjustment(**a) for a in data.get("adjustments", [])),
-            ssh_check=data.get("ssh_check", True),
-            network=data.get("network", ""),
-            data_vocab_size=data.get("data_vocab_size"),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, SpecError):
-            raise
-        raise SpecError(f"run.json spec is not a valid resolved spec: {exc!r}") from exc
+    hosts = tuple(Host(n, k) for n, k in zip(doc.cluster.hosts, doc.cluster.slots, strict=True))
+    return RunSpec(
+        model=doc.model,
+        strategy=doc.strategy,
+        cluster=Cluster(doc.cluster.hostfile, hosts, hostfile_text),
+        training=doc.training,
+        device=doc.device,
+        launcher=doc.launcher,
+        paths=doc.paths,
+        master_addr=doc.master_addr,
+        master_port=doc.master_port,
+        adjustments=doc.adjustments,
+        ssh_check=doc.ssh_check,
+        network=doc.network,
+        data_vocab_size=doc.data_vocab_size,
+    )
 
 
 def spec_hash(spec: RunSpec) -> str:

@@ -25,23 +25,26 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
-if TYPE_CHECKING:
-    from analysis.parse.records import ParsedRun
-from analysis.runs.record import SCHEMA_VERSION, from_json
-from analysis.runs.record import Outcome as Outcome
-from launchers.run.memlimit import LimitError as LimitError
-from launchers.run.memlimit import MemoryCgroup as MemoryCgroup
-from launchers.run.memlimit import format_size as format_size
-from launchers.run.memlimit import parse_size as parse_size
+from analysis.runs.record import SCHEMA_VERSION, Outcome, from_json
+from launchers.run.memlimit import MemoryCgroup, format_size
 from launchers.run.render import write_atomic
+from launchers.run.verdict import Arrivals, classify, classify_stopped
 
 DEFAULT_STALL_S = 300.0
 """Seconds without a new output line after which a run counts as hung (start-up on a loaded
@@ -165,37 +168,6 @@ def _pump(
             progress.feed(raw.decode("utf-8", errors="replace"))
 
 
-class Arrivals:
-    """When each line of each log arrived (monotonic seconds), to order failures across logs.
-
-    Lines already in a log when it is first noted (the executor's ``# started`` header) are
-    counted so that line numbers match the file's.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._times: dict[Path, list[float]] = {}
-
-    def note(self, log: Path) -> None:
-        """A line was just appended to ``log``."""
-        now = time.monotonic()
-        with self._lock:
-            times = self._times.get(log)
-            if times is None:
-                try:
-                    before = log.read_bytes().count(b"\n") - 1  # this line is already written
-                except OSError:
-                    before = 0
-                times = self._times[log] = [float("-inf")] * max(before, 0)
-            times.append(now)
-
-    def at(self, log: Path, line: int) -> float | None:
-        """Arrival time of 1-based ``line`` of ``log``, None when not seen."""
-        with self._lock:
-            times = self._times.get(log)
-            return times[line - 1] if times is not None and 0 < line <= len(times) else None
-
-
 def _group_alive(pgid: int) -> bool:
     """Whether any process of the process group is still there."""
     try:
@@ -287,210 +259,12 @@ def node_processes(
 
 # --- classification -------------------------------------------------------------------------
 
-FATAL_LINES: tuple[tuple[bytes, str, str], ...] = (
-    (
-        b"Making C++ dataset helpers module failed",
-        "exception",
-        "upstream's megatron/data/Makefile could not build the C++ dataset helpers (rank 0 "
-        "exits): run `make setup`, which builds them with the venv's interpreter, and check "
-        "that the venv's bin comes first on PATH on every node",
-    ),
-)
-"""Lines that end a rank without a traceback, which the log parser does not flag: (text,
-kind, what it means and the fix). A peer's connection error after them is their consequence."""
-
-SYMPTOM_KINDS = ("nccl", "other")
-"""Kinds that are often the consequence of another rank's failure: a peer that died closes
-its connections, so the survivors report gloo/NCCL errors. A root cause found elsewhere in the
-logs (:data:`ROOT_CAUSE_KINDS`) is preferred over them."""
-
-ROOT_CAUSE_KINDS = ("oom", "killed", "exception")
-"""Kinds that say why a rank died."""
-
-
-@dataclass(frozen=True)
-class LogFailure:
-    """A failure line found in a run's logs."""
-
-    kind: str
-    """Parser failure kind."""
-    message: str
-    """The line."""
-    where: str
-    """``file:line``."""
-    arrived: float | None = None
-    """When the executor received the line (monotonic seconds), None when unknown."""
-
-
-def _prefix_lines(path: Path, size: int) -> Iterator[str]:
-    """The lines of the first ``size`` bytes of ``path`` (what it held when the run was stopped)."""
-    with path.open("rb") as f:
-        data = f.read(size)
-    for raw in data.splitlines():
-        yield raw.decode("utf-8", errors="replace")
-
-
-def _fatal_lines(log: Path, size: int | None) -> list[tuple[int, str, str]]:
-    """(line, kind, message) of every :data:`FATAL_LINES` line in the first ``size`` bytes."""
-    try:
-        with log.open("rb") as f:
-            data = f.read() if size is None else f.read(size)
-    except OSError:
-        return []
-    found = []
-    for text, kind, meaning in FATAL_LINES:
-        start = data.find(text)
-        while start >= 0:
-            line_start = data.rfind(b"\n", 0, start) + 1
-            end = data.find(b"\n", start)
-            line = data[line_start : end if end >= 0 else len(data)].decode(errors="replace")
-            found.append((data.count(b"\n", 0, start) + 1, kind, f"{line.strip()} ({meaning})"))
-            start = data.find(text, end) if end >= 0 else -1
-    return found
-
-
-def read_logs(
-    logs: Sequence[Path],
-    upto: dict[Path, int] | None = None,
-    arrivals: Arrivals | None = None,
-) -> tuple[ParsedRun | None, list[LogFailure]]:
-    """The merged parse of a run's logs and every failure line, first arrived first.
-
-    ``upto`` limits a log to its first bytes: the part written before the executor stopped the
-    run (what the stop itself makes processes print is not a cause). ``arrivals`` orders the
-    failures of several logs (one per node) by when the executor received them; without it
-    (or for lines it did not see) they stay in file order, log after log.
-    """
-    from analysis.parse.reader import merge_runs, parse_file, parse_lines
-
-    parts = []
-    failures: list[LogFailure] = []
-
-    def add(log: Path, kind: str, message: str, line: int) -> None:
-        arrived = arrivals.at(log, line) if arrivals is not None else None
-        failures.append(LogFailure(kind, message, f"{log.name}:{line}", arrived))
-
-    for log in logs:
-        if not log.exists():
-            continue
-        if upto is not None and log in upto:
-            runs = parse_lines(_prefix_lines(log, upto[log]), str(log))
-        else:
-            runs = parse_file(log)
-        for line, kind, message in _fatal_lines(log, upto.get(log) if upto else None):
-            add(log, kind, message, line)
-        if not runs:
-            continue
-        part = runs[-1]
-        parts.append(part)
-        if part.failure is not None:
-            add(log, part.failure.kind, part.failure.message, part.failure.line)
-        for further in part.further_failures:
-            add(log, further.kind, further.message, further.line)
-    order = {id(f): i for i, f in enumerate(failures)}
-    failures.sort(key=lambda f: (f.arrived is None, f.arrived or 0.0, order[id(f)]))
-    return (merge_runs(parts) if parts else None), failures
-
-
-def root_cause(failures: Sequence[LogFailure]) -> LogFailure | None:
-    """The failure that explains the run: the first one (``failures`` come first-arrived first,
-    across ranks and nodes), unless it is a symptom (a connection error) and another line names
-    why a rank died (killed, out of memory, an exception): a peer's death closes its
-    connections, and the survivors' gloo/NCCL errors may reach the log before its own words."""
-    if not failures:
-        return None
-    first = failures[0]
-    if first.kind in SYMPTOM_KINDS:
-        cause = next((f for f in failures if f.kind in ROOT_CAUSE_KINDS), None)
-        if cause is not None:
-            return replace(
-                cause, message=f"{cause.message} (also seen: {first.kind}: {first.message})"
-            )
-    return first
-
-
-def _progress_of(merged: ParsedRun | None) -> tuple[int | None, int | None]:
-    if merged is None:
-        return None, None
-    last = max((it.iteration for it in merged.iterations), default=None)
-    total = next((it.train_iters for it in reversed(merged.iterations) if it.train_iters), None)
-    return last, total
-
-
-def _classify(
-    run_dir: Path,
-    logs: list[Path],
-    exit_codes: dict[str, int | None],
-    arrivals: Arrivals | None = None,
-) -> Outcome:
-    """Decide the outcome of a run that ended by itself from its logs and exit codes."""
-    merged, failures = read_logs(logs, arrivals=arrivals)
-    last, total = _progress_of(merged)
-    cause = root_cause(failures)
-    if cause is not None:
-        return Outcome(
-            "failed",
-            kind=cause.kind,
-            reason=cause.message,
-            last_iteration=last,
-            train_iters=total,
-            failure_line=cause.where,
-        )
-    failed_rc = {k: v for k, v in exit_codes.items() if v not in (0,)}
-    if failed_rc:
-        label, rc = next(iter(failed_rc.items()))
-        kind = "killed" if rc is not None and rc < 0 and -rc == signal.SIGKILL else "other"
-        return Outcome(
-            "failed",
-            kind=kind,
-            reason=f"{label} exited with code {rc} and the log names no cause",
-            last_iteration=last,
-            train_iters=total,
-        )
-    if total is not None and last is not None and last >= total:
-        return Outcome("completed", last_iteration=last, train_iters=total)
-    return Outcome(
-        "failed",
-        kind="other",
-        reason=f"launcher exited 0 but training stopped at iteration {last} of {total}",
-        last_iteration=last,
-        train_iters=total,
-    )
-
-
-def _classify_stopped(
-    logs: list[Path],
-    upto: dict[Path, int],
-    kind: str,
-    reason: str,
-    progress: _Progress,
-    arrivals: Arrivals | None = None,
-) -> Outcome:
-    """Outcome of a run the executor stopped (hang, time limit): a cause the logs held before
-    the stop wins (a killed peer leaves the survivors hanging), the stop goes in the reason."""
-    merged, failures = read_logs(logs, upto, arrivals)
-    last, total = _progress_of(merged)
-    last = last if last is not None else progress.iteration
-    total = total if total is not None else progress.train_iters
-    cause = root_cause(failures)
-    if cause is not None and cause.kind not in ("other", "hang"):
-        return Outcome(
-            "failed",
-            kind=cause.kind,
-            reason=f"{cause.message}; then {reason}",
-            last_iteration=last,
-            train_iters=total,
-            failure_line=cause.where,
-        )
-    return Outcome("failed", kind=kind, reason=reason, last_iteration=last, train_iters=total)
-
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _render_bar(progress: _Progress, title: str):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _render_bar(progress: _Progress, title: str) -> tuple[Progress, TaskID]:
 
     bar = Progress(
         TextColumn(f"[bold]{title}[/]"),
@@ -502,6 +276,266 @@ def _render_bar(progress: _Progress, title: str):
     )
     task = bar.add_task("train", total=None, detail="starting...")
     return bar, task
+
+
+@dataclass
+class _Execution:
+    """One run directory being executed: what was started, and what was seen while it ran."""
+
+    run_dir: Path
+    """The run directory."""
+    name: str
+    """The run's name (the progress bar's title)."""
+    nodes: list[NodeProcess]
+    """The launcher processes to start (wrapped for the lab and the memory cgroup)."""
+    cgroup: MemoryCgroup | None
+    """The run's memory cgroup (``mem_limit_bytes``), or None."""
+    start_iso: str = ""
+    """UTC start time, as run.json records it."""
+    t0: float = 0.0
+    """``time.monotonic()`` when the processes were about to start."""
+    progress: _Progress = field(default_factory=_Progress)
+    """Live state fed by the output streams."""
+    arrivals: Arrivals = field(default_factory=Arrivals)
+    """When each line of each log arrived."""
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    """The started launcher processes, in ``nodes`` order."""
+    pumps: list[threading.Thread] = field(default_factory=list)
+    """Threads copying each process's output to its log."""
+    bar: Any = None
+    """The rich progress bar and its task, when shown."""
+    task: Any = None
+    """The bar's task id."""
+    hit: tuple[str, str] | None = None
+    """(kind, reason) when the executor stopped the run: hang, time_limit, cancelled."""
+    error: BaseException | None = None
+    """What the executor itself raised (recorded, then raised again)."""
+    upto: dict[Path, int] = field(default_factory=dict)
+    """Log sizes when the executor stopped the run."""
+    network: dict[str, Any] | None = None
+    """What ``on_end`` returned (run.json's ``"network"``)."""
+    leftovers: list[int] = field(default_factory=list)
+    """Pids still in the memory cgroup at the end, killed."""
+    oom_kills: int = 0
+    """Processes the kernel OOM-killed in the memory cgroup."""
+    at_limit: bool | None = None
+    """Whether the cgroup's memory reached its limit (None: the controller does not say)."""
+    limit_now: int = 0
+    """The cgroup's limit when the run ended (someone may change it meanwhile)."""
+
+
+def _prepare(
+    run_dir: Path,
+    mem_limit_bytes: int | None,
+    wrap: Callable[[int, list[str]], list[str]] | None,
+) -> _Execution:
+    """Check the run directory was never run, plan its processes (in the memory cgroup when
+    asked) and record it as running."""
+    doc = json.loads((run_dir / "run.json").read_text())
+    record = from_json(doc, str(run_dir / "run.json"))
+    outcome_prev = record.outcome.status if record.outcome else None
+    if outcome_prev not in (None, "generated"):
+        raise RuntimeError(
+            f"{run_dir} was already run (outcome {outcome_prev!r}); a run directory is never "
+            "reused: generate a new one"
+        )
+    nodes = node_processes(run_dir, doc, wrap)
+    cgroup = None
+    if mem_limit_bytes is not None:
+        cgroup = MemoryCgroup.create(mem_limit_bytes, f"{doc.get('name', 'run')}-{os.getpid()}")
+        nodes = [replace(n, argv=cgroup.wrap(n.argv)) for n in nodes]
+    ex = _Execution(run_dir, doc.get("name", run_dir.name), nodes, cgroup, start_iso=utc_now())
+    fields: dict[str, Any] = {"outcome": {"status": "running", "start": ex.start_iso}}
+    if cgroup is not None:
+        fields["limits"] = {
+            "memory_bytes": cgroup.limit_bytes,
+            "memory": format_size(cgroup.limit_bytes),
+            "cgroup": str(cgroup.path),
+            "cgroup_version": cgroup.version,
+        }
+    update_run_json(run_dir, **fields)
+    return ex
+
+
+def _start(ex: _Execution, env: dict[str, str] | None, show_progress: bool) -> None:
+    """Start every launcher process in its own session, a pump thread per output, the bar."""
+    full_env = {**os.environ, **(env or {})}
+    for node in ex.nodes:
+        with node.log.open("ab") as f:
+            f.write(f"# started {utc_now()}: {' '.join(node.argv)}\n".encode())
+        p = subprocess.Popen(
+            node.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            start_new_session=True,
+        )
+        ex.procs.append(p)
+        t = threading.Thread(
+            target=_pump, args=(p, node.log, ex.progress, ex.arrivals), daemon=True
+        )
+        t.start()
+        ex.pumps.append(t)
+    if show_progress:
+        ex.bar, ex.task = _render_bar(ex.progress, ex.name)
+        ex.bar.start()
+
+
+def _watch(
+    ex: _Execution,
+    interrupted: list[int],
+    stall_s: float | None,
+    timeout_s: float | None,
+    on_iteration: Callable[[int], None] | None,
+) -> None:
+    """Follow the processes until they end, or until the executor must stop them (``ex.hit``):
+    a signal, the time limit, no output for ``stall_s``, or one node dead while others wait."""
+    progress, procs = ex.progress, ex.procs
+    seen_iteration = 0
+    while any(p.poll() is None for p in procs):
+        progress.changed.wait(timeout=0.5)
+        progress.changed.clear()
+        now = time.monotonic()
+        if on_iteration is not None and progress.iteration > seen_iteration:
+            seen_iteration = progress.iteration
+            on_iteration(seen_iteration)
+        if ex.bar is not None:
+            detail = (
+                f"{progress.iter_ms:.0f} ms/iter  loss {progress.loss:.4f}"
+                if progress.iter_ms is not None and progress.loss is not None
+                else "starting..."
+            )
+            ex.bar.update(
+                ex.task, completed=progress.iteration, total=progress.train_iters, detail=detail
+            )
+        if interrupted:
+            ex.hit = ("cancelled", f"interrupted by signal {signal.Signals(interrupted[0]).name}")
+            return
+        if timeout_s is not None and now - ex.t0 > timeout_s:
+            ex.hit = ("time_limit", f"run exceeded its time limit of {timeout_s:.0f} s")
+            return
+        if stall_s is not None and now - progress.last_output > stall_s:
+            ex.hit = (
+                "hang",
+                f"no output for {stall_s:.0f} s (last iteration "
+                f"{progress.iteration}): stopped as hung",
+            )
+            return
+        # One node died while others wait in a collective: stop the rest promptly.
+        dead = [p for p in procs if p.poll() not in (None, 0)]
+        if dead and len(procs) > 1 and any(p.poll() is None for p in procs):
+            grace_end = now + 30.0
+            while time.monotonic() < grace_end and any(p.poll() is None for p in procs):
+                time.sleep(0.5)
+            return
+
+
+def _stop_all(ex: _Execution) -> None:
+    """Stop whatever of the run is still alive (noting the log sizes then), end the pumps and
+    the bar."""
+    if any(p.poll() is None or _group_alive(p.pid) for p in ex.procs):
+        ex.upto = {n.log: n.log.stat().st_size for n in ex.nodes if n.log.exists()}
+        _stop(ex.procs)
+    for t in ex.pumps:
+        t.join(timeout=10)
+    if ex.bar is not None:
+        ex.bar.stop()
+
+
+def _release(ex: _Execution, on_end: Callable[[], dict[str, Any] | None] | None) -> None:
+    """Read and remove the memory cgroup, then let ``on_end`` have its say (never failing)."""
+    if ex.cgroup is not None:
+        ex.oom_kills = ex.cgroup.oom_kills()  # read before the group goes away
+        ex.at_limit = ex.cgroup.limit_reached()
+        ex.limit_now = ex.cgroup.current_limit()
+        ex.leftovers = ex.cgroup.remove()
+    if on_end:
+        try:
+            ex.network = on_end()
+        except Exception as e:  # counters are a bonus; never lose the outcome over them
+            ex.network = {"error": f"could not read network counters: {e}"}
+
+
+def _outcome(ex: _Execution) -> Outcome:
+    """The run's outcome: the executor's error, an interruption, a stop, or what the logs and
+    exit codes say; an OOM kill in the memory cgroup overrides the log's story."""
+    progress, error, hit = ex.progress, ex.error, ex.hit
+    exit_codes = {n.label: p.returncode for n, p in zip(ex.nodes, ex.procs, strict=False)}
+    logs = [n.log for n in ex.nodes]
+    if error is not None and not isinstance(error, KeyboardInterrupt):
+        outcome = Outcome(
+            "failed",
+            kind="other",
+            reason=_one_line(f"the executor could not run it: {type(error).__name__}: {error}"),
+            last_iteration=progress.iteration,
+            train_iters=progress.train_iters,
+        )
+    elif (hit is not None and hit[0] == "cancelled") or isinstance(error, KeyboardInterrupt):
+        reason = hit[1] if hit is not None else "interrupted (KeyboardInterrupt)"
+        outcome = Outcome(
+            "interrupted",
+            kind="cancelled",
+            reason=reason,
+            last_iteration=progress.iteration,
+            train_iters=progress.train_iters,
+        )
+    elif hit is not None:
+        seen = (progress.iteration, progress.train_iters)
+        outcome = classify_stopped(logs, ex.upto, hit[0], hit[1], seen, ex.arrivals)
+    else:
+        outcome = classify(ex.run_dir, logs, exit_codes, ex.arrivals)
+    if ex.cgroup is not None and ex.oom_kills > 0:
+        outcome = _oom_outcome(ex, outcome)
+    return replace(
+        outcome,
+        exit_codes=exit_codes,
+        start=ex.start_iso,
+        end=utc_now(),
+        wall_s=round(time.monotonic() - ex.t0, 3),
+    )
+
+
+def _oom_outcome(ex: _Execution, outcome: Outcome) -> Outcome:
+    """``failed``/``oom``: the kernel killed processes of the run's memory cgroup."""
+    assert ex.cgroup is not None
+    seen = f"{outcome.kind}: {outcome.reason}" if outcome.kind else "no failure in the log"
+    limit = format_size(ex.limit_now)
+    if ex.limit_now != ex.cgroup.limit_bytes:
+        limit += f" (changed while the run ran; configured {format_size(ex.cgroup.limit_bytes)})"
+    return replace(
+        outcome,
+        status="failed",
+        kind="oom",
+        reason=_one_line(
+            f"{ex.oom_kills} process(es) killed by the kernel OOM killer "
+            + (
+                f"at the memory limit {limit}"
+                if ex.at_limit is not False
+                else f"with the machine out of memory (the run stayed under its limit {limit})"
+            )
+            + f" (cgroup {ex.cgroup.path.name} oom_kill counter); the log says: {seen}"
+        ),
+    )
+
+
+def _record(ex: _Execution, outcome: Outcome) -> None:
+    """Mark a run that did not complete at the end of every log; write the outcome (and the
+    network, the stopped leftovers) into run.json."""
+    if outcome.status != "completed":
+        marker = (
+            f"# run outcome: {outcome.status} kind={outcome.kind} "
+            f"reason={_one_line(outcome.reason or '')}\n"
+        )
+        for node in ex.nodes:
+            with contextlib.suppress(OSError), node.log.open("a", encoding="utf-8") as f:
+                f.write(marker)
+    fields: dict[str, Any] = {"outcome": asdict(outcome)}
+    if ex.network is not None:
+        fields["network"] = ex.network
+    if ex.leftovers:
+        fields["stopped_leftovers"] = ex.leftovers
+    update_run_json(ex.run_dir, **fields)
 
 
 def run(
@@ -529,198 +563,30 @@ def run(
     Whatever happens (a process that cannot start, a hook that raises), run.json ends with an
     outcome: the run is never left ``running``.
     """
-    run_dir = Path(run_dir)
-    doc = json.loads((run_dir / "run.json").read_text())
-    record = from_json(doc, str(run_dir / "run.json"))
-    outcome_prev = record.outcome.status if record.outcome else None
-    if outcome_prev not in (None, "generated"):
-        raise RuntimeError(
-            f"{run_dir} was already run (outcome {outcome_prev!r}); a run directory is never "
-            "reused: generate a new one"
-        )
-    procs_spec = node_processes(run_dir, doc, wrap)
-    cgroup = None
-    if mem_limit_bytes is not None:
-        cgroup = MemoryCgroup.create(mem_limit_bytes, f"{doc.get('name', 'run')}-{os.getpid()}")
-        procs_spec = [replace(n, argv=cgroup.wrap(n.argv)) for n in procs_spec]
-    progress = _Progress()
-    arrivals = Arrivals()
-    start_iso = utc_now()
-    running: dict[str, Any] = {"status": "running", "start": start_iso}
-    fields: dict[str, Any] = {"outcome": running}
-    if cgroup is not None:
-        fields["limits"] = {
-            "memory_bytes": cgroup.limit_bytes,
-            "memory": format_size(cgroup.limit_bytes),
-            "cgroup": str(cgroup.path),
-            "cgroup_version": cgroup.version,
-        }
-    update_run_json(run_dir, **fields)
-
+    ex = _prepare(Path(run_dir), mem_limit_bytes, wrap)
     interrupted: list[int] = []
 
     def on_signal(signum, _frame):
         interrupted.append(signum)
 
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    procs: list[subprocess.Popen[bytes]] = []
-    pumps: list[threading.Thread] = []
-    t0 = time.monotonic()
-    hit: tuple[str, str] | None = None  # (kind, reason) for hang / time_limit / interrupted
-    error: BaseException | None = None
-    upto: dict[Path, int] = {}  # log sizes when the executor stopped the run
-    leftovers: list[int] = []
-    oom_kills = 0
-    at_limit: bool | None = None
-    limit_now = 0  # the cgroup's limit when the run ended (someone may change it meanwhile)
-    bar = None
-    network = None
+    ex.t0 = time.monotonic()
     try:
         if on_start:
             on_start()
-        full_env = {**os.environ, **(env or {})}
-        for np_ in procs_spec:
-            with np_.log.open("ab") as f:
-                f.write(f"# started {utc_now()}: {' '.join(np_.argv)}\n".encode())
-            p = subprocess.Popen(
-                np_.argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=full_env,
-                start_new_session=True,
-            )
-            procs.append(p)
-            t = threading.Thread(target=_pump, args=(p, np_.log, progress, arrivals), daemon=True)
-            t.start()
-            pumps.append(t)
-        if show_progress:
-            bar, task = _render_bar(progress, doc.get("name", run_dir.name))
-            bar.start()
-        seen_iteration = 0
-        while any(p.poll() is None for p in procs):
-            progress.changed.wait(timeout=0.5)
-            progress.changed.clear()
-            now = time.monotonic()
-            if on_iteration is not None and progress.iteration > seen_iteration:
-                seen_iteration = progress.iteration
-                on_iteration(seen_iteration)
-            if bar is not None:
-                detail = (
-                    f"{progress.iter_ms:.0f} ms/iter  loss {progress.loss:.4f}"
-                    if progress.iter_ms is not None and progress.loss is not None
-                    else "starting..."
-                )
-                bar.update(
-                    task, completed=progress.iteration, total=progress.train_iters, detail=detail
-                )
-            if interrupted:
-                hit = ("cancelled", f"interrupted by signal {signal.Signals(interrupted[0]).name}")
-                break
-            if timeout_s is not None and now - t0 > timeout_s:
-                hit = ("time_limit", f"run exceeded its time limit of {timeout_s:.0f} s")
-                break
-            if stall_s is not None and now - progress.last_output > stall_s:
-                hit = (
-                    "hang",
-                    f"no output for {stall_s:.0f} s (last iteration "
-                    f"{progress.iteration}): stopped as hung",
-                )
-                break
-            # One node died while others wait in a collective: stop the rest promptly.
-            dead = [p for p in procs if p.poll() not in (None, 0)]
-            if dead and len(procs) > 1 and any(p.poll() is None for p in procs):
-                grace_end = now + 30.0
-                while time.monotonic() < grace_end and any(p.poll() is None for p in procs):
-                    time.sleep(0.5)
-                break
+        _start(ex, env, show_progress)
+        _watch(ex, interrupted, stall_s, timeout_s, on_iteration)
     except BaseException as exc:  # recorded below, then raised again
-        error = exc
+        ex.error = exc
     finally:
-        if any(p.poll() is None or _group_alive(p.pid) for p in procs):
-            upto = {n.log: n.log.stat().st_size for n in procs_spec if n.log.exists()}
-            _stop(procs)
-        for t in pumps:
-            t.join(timeout=10)
-        if bar is not None:
-            bar.stop()
+        _stop_all(ex)
         for s, h in old_handlers.items():
             signal.signal(s, h)
-        if cgroup is not None:
-            oom_kills = cgroup.oom_kills()  # read before the group goes away
-            at_limit = cgroup.limit_reached()
-            limit_now = cgroup.current_limit()
-            leftovers = cgroup.remove()
-        if on_end:
-            try:
-                network = on_end()
-            except Exception as e:  # counters are a bonus; never lose the outcome over them
-                network = {"error": f"could not read network counters: {e}"}
-    exit_codes = {np_.label: p.returncode for np_, p in zip(procs_spec, procs, strict=False)}
-    logs = [n.log for n in procs_spec]
-    if error is not None and not isinstance(error, KeyboardInterrupt):
-        outcome = Outcome(
-            "failed",
-            kind="other",
-            reason=_one_line(f"the executor could not run it: {type(error).__name__}: {error}"),
-            last_iteration=progress.iteration,
-            train_iters=progress.train_iters,
-        )
-    elif (hit is not None and hit[0] == "cancelled") or isinstance(error, KeyboardInterrupt):
-        reason = hit[1] if hit is not None else "interrupted (KeyboardInterrupt)"
-        outcome = Outcome(
-            "interrupted",
-            kind="cancelled",
-            reason=reason,
-            last_iteration=progress.iteration,
-            train_iters=progress.train_iters,
-        )
-    elif hit is not None:
-        outcome = _classify_stopped(logs, upto, hit[0], hit[1], progress, arrivals)
-    else:
-        outcome = _classify(run_dir, logs, exit_codes, arrivals)
-    if cgroup is not None and oom_kills > 0:
-        seen = f"{outcome.kind}: {outcome.reason}" if outcome.kind else "no failure in the log"
-        limit = format_size(limit_now)
-        if limit_now != cgroup.limit_bytes:
-            limit += f" (changed while the run ran; configured {format_size(cgroup.limit_bytes)})"
-        outcome = replace(
-            outcome,
-            status="failed",
-            kind="oom",
-            reason=_one_line(
-                f"{oom_kills} process(es) killed by the kernel OOM killer "
-                + (
-                    f"at the memory limit {limit}"
-                    if at_limit is not False
-                    else f"with the machine out of memory (the run stayed under its limit {limit})"
-                )
-                + f" (cgroup {cgroup.path.name} oom_kill counter); the log says: {seen}"
-            ),
-        )
-    outcome = replace(
-        outcome,
-        exit_codes=exit_codes,
-        start=start_iso,
-        end=utc_now(),
-        wall_s=round(time.monotonic() - t0, 3),
-    )
-    if outcome.status != "completed":
-        marker = (
-            f"# run outcome: {outcome.status} kind={outcome.kind} "
-            f"reason={_one_line(outcome.reason or '')}\n"
-        )
-        for log in logs:
-            with contextlib.suppress(OSError), log.open("a", encoding="utf-8") as f:
-                f.write(marker)
-    fields = {"outcome": asdict(outcome)}
-    if network is not None:
-        fields["network"] = network
-    if leftovers:
-        fields["stopped_leftovers"] = leftovers
-    update_run_json(run_dir, **fields)
-    if error is not None:
-        raise error
+        _release(ex, on_end)
+    outcome = _outcome(ex)
+    _record(ex, outcome)
+    if ex.error is not None:
+        raise ex.error
     if interrupted:
         # Re-deliver the interruption to the caller (a matrix stops; Ctrl-C reaches the shell).
         raise KeyboardInterrupt

@@ -320,4 +320,4 @@ def load_run_spec(run_dir: str | Path) -> RunSpec:
     if record.spec is None:
         raise SpecError(f"{Path(run_dir) / RUN_JSON_NAME}: spec: missing; regenerate the run")
     text = (record.provenance.hostfile_text if record.provenance else None) or ""
-    return spec_from_json(record.spec, text)
+    return spec_from_json(record.spec, text, str(Path(run_dir) / RUN_JSON_NAME))
