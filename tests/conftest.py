@@ -1,7 +1,7 @@
 """What several test modules share: where the test data lives, strict parsing, the tiny model's
-run setup and its resolved specs, and which tests only the full suite runs. Test modules import
-the constants and functions from here (``from conftest import LAB_LOGS``); the fixtures are found
-by pytest."""
+run setup and its resolved specs, dp2.log's run built by hand, and which tests only the full
+suite runs. Test modules import the constants and functions from here (``from conftest import
+LAB_LOGS``); the fixtures are found by pytest."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from analysis.parse.reader import strict
+from analysis.parse.records import Iteration, Memory, ParsedRun, TimerBlock
+from analysis.runs.load import LoadedRun
 from analysis.theory.setup import RunSetup
 from launchers.config.hostfile import parse_hostfile_text
 from launchers.config.presets import resolve_spec
@@ -48,6 +50,64 @@ def tiny_specs(strategies: list[str], **overrides: Any) -> list[RunSpec]:
     with spec ``overrides`` (``train_iters=4``...)."""
     cluster = parse_hostfile_text("localhost slots=2\n", "hf")
     return [resolve_spec("tiny", s, cluster, overrides, device="cpu") for s in strategies]
+
+
+# dp2.log: "elapsed time per iteration (ms)" and "TFLOPs" at iterations 5..30 (log interval 5).
+DP2_WINDOWS = [(5, 201.6), (10, 186.6), (15, 219.0), (20, 211.9), (25, 217.7), (30, 214.0)]
+DP2_TFLOPS = [0.01, 0.02, 0.01, 0.01, 0.01, 0.01]
+# dp2.log: DeepSpeed per-step timers of iterations 1-2 and 6-7 (fwd, bwd, bwd_inner,
+# bwd_allreduce, step).
+DP2_STEPS = {
+    1: (143.21, 93.31, 77.85, 15.34, 8.08),
+    2: (73.13, 69.13, 58.74, 10.30, 8.99),
+    6: (68.81, 79.37, 69.55, 9.73, 10.17),
+    7: (66.23, 72.48, 60.32, 12.07, 8.81),
+}
+DP2_SETUP = tiny_setup(
+    strategy="baseline",
+    tp=1,
+    pp=1,
+    dp=2,
+    zero_stage=0,
+    world_size=2,
+    nodes=1,
+    device="cpu",
+    log_interval=5,
+)
+"""The setup of dp2.log's run: the tiny model, data parallel on 2 ranks of one machine."""
+
+
+def dp2_parsed(windows=DP2_WINDOWS, steps=DP2_STEPS) -> ParsedRun:
+    """A parsed run with dp2.log's iteration windows, DeepSpeed step timers and memory report."""
+    run = ParsedRun(status="completed")
+    run.iterations = [
+        Iteration(iteration=i, elapsed_ms=ms, tflops=tf)
+        for (i, ms), tf in zip(windows, DP2_TFLOPS, strict=False)
+    ]
+    names = ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
+    for it, values in steps.items():
+        micro = {f"{n}_microstep": v for n, v in zip(names, values, strict=True)}
+        run.timers.append(TimerBlock("deepspeed", micro, rank=0, iteration=it))
+        run.timers.append(
+            TimerBlock("deepspeed", dict(zip(names, values, strict=True)), rank=0, iteration=it)
+        )
+    run.memory = [
+        Memory(rank=0, allocated_mb=505.13671875, max_allocated_mb=505.13671875,
+               reserved_mb=505.13671875, max_reserved_mb=505.13671875, after_iteration=5)
+    ]  # fmt: skip
+    return run
+
+
+def loaded(name="dp2", parsed=None, setup=DP2_SETUP, status="completed") -> LoadedRun:
+    """A loaded run named ``name`` (log files, no run.json), by default dp2's."""
+    return LoadedRun(
+        name=name,
+        path=name,
+        kind="log_files",
+        parsed=parsed if parsed is not None else dp2_parsed(),
+        setup=setup,
+        status=status,
+    )
 
 
 FULL_SUITE_MODULES = frozenset(

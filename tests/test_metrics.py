@@ -6,68 +6,14 @@ import math
 from dataclasses import replace
 
 import pytest
-from conftest import LAB_LOGS, tiny_setup
+from conftest import DP2_SETUP, DP2_WINDOWS, LAB_LOGS, dp2_parsed, loaded
 
 from analysis.metrics import rows as metrics
 from analysis.metrics import speedup, stats, timers
-from analysis.parse.records import Iteration, Memory, ParsedRun, TimerBlock
+from analysis.parse.records import ParsedRun, TimerBlock
 from analysis.runs.load import LoadedRun
 from analysis.theory import formulas
 from analysis.theory.setup import RunSetup
-
-# dp2.log: "elapsed time per iteration (ms)" and "TFLOPs" at iterations 5..30 (log interval 5).
-DP2_WINDOWS = [(5, 201.6), (10, 186.6), (15, 219.0), (20, 211.9), (25, 217.7), (30, 214.0)]
-DP2_TFLOPS = [0.01, 0.02, 0.01, 0.01, 0.01, 0.01]
-# dp2.log: DeepSpeed per-step timers of iterations 1-2 and 6-7 (fwd, bwd, bwd_inner,
-# bwd_allreduce, step).
-DP2_STEPS = {
-    1: (143.21, 93.31, 77.85, 15.34, 8.08),
-    2: (73.13, 69.13, 58.74, 10.30, 8.99),
-    6: (68.81, 79.37, 69.55, 9.73, 10.17),
-    7: (66.23, 72.48, 60.32, 12.07, 8.81),
-}
-SETUP = tiny_setup(
-    strategy="baseline",
-    tp=1,
-    pp=1,
-    dp=2,
-    zero_stage=0,
-    world_size=2,
-    nodes=1,
-    device="cpu",
-    log_interval=5,
-)
-
-
-def dp2_parsed(windows=DP2_WINDOWS, steps=DP2_STEPS) -> ParsedRun:
-    run = ParsedRun(status="completed")
-    run.iterations = [
-        Iteration(iteration=i, elapsed_ms=ms, tflops=tf)
-        for (i, ms), tf in zip(windows, DP2_TFLOPS, strict=False)
-    ]
-    names = ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
-    for it, values in steps.items():
-        micro = {f"{n}_microstep": v for n, v in zip(names, values, strict=True)}
-        run.timers.append(TimerBlock("deepspeed", micro, rank=0, iteration=it))
-        run.timers.append(
-            TimerBlock("deepspeed", dict(zip(names, values, strict=True)), rank=0, iteration=it)
-        )
-    run.memory = [
-        Memory(rank=0, allocated_mb=505.13671875, max_allocated_mb=505.13671875,
-               reserved_mb=505.13671875, max_reserved_mb=505.13671875, after_iteration=5)
-    ]  # fmt: skip
-    return run
-
-
-def loaded(name="dp2", parsed=None, setup=SETUP, status="completed") -> LoadedRun:
-    return LoadedRun(
-        name=name,
-        path=name,
-        kind="log_files",
-        parsed=parsed if parsed is not None else dp2_parsed(),
-        setup=setup,
-        status=status,
-    )
 
 
 def test_t_table():
@@ -119,7 +65,7 @@ def test_flops_closed_form_and_printed_dp2():
      (0, "bf16", 16), (1, "bf16", 10), (2, "bf16", 9), (3, "bf16", 8)],
 )  # fmt: skip
 def test_model_state_per_zero_stage(stage: int, precision: str, bytes_per_param: int) -> None:
-    setup = replace(SETUP, zero_stage=stage, precision=precision)
+    setup = replace(DP2_SETUP, zero_stage=stage, precision=precision)
     row = metrics.compute(loaded(setup=setup))
     assert row.model_state_mb == pytest.approx(bytes_per_param * 875_264 / 2**20)
 
@@ -156,7 +102,7 @@ def test_compute_dp2_row():
 def test_failed_run_keeps_reason():
     parsed = ParsedRun(status="failed")
     run = LoadedRun(
-        name="pp2_fail", path="x", kind="log_files", parsed=parsed, setup=SETUP,
+        name="pp2_fail", path="x", kind="log_files", parsed=parsed, setup=DP2_SETUP,
         status="failed", failure_kind="exception",
         failure_reason="TypeError: LayerNorm.__init__() got an unexpected keyword argument",
     )  # fmt: skip
@@ -168,7 +114,7 @@ def test_failed_run_keeps_reason():
 
 def scaled(name: str, factor: float, strategy: str, zero: int) -> LoadedRun:
     windows = [(i, ms * factor) for i, ms in DP2_WINDOWS]
-    setup = RunSetup(**{**SETUP.__dict__, "strategy": strategy, "zero_stage": zero})
+    setup = RunSetup(**{**DP2_SETUP.__dict__, "strategy": strategy, "zero_stage": zero})
     return loaded(name, dp2_parsed(windows=windows), setup)
 
 

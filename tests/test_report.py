@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import LAB_LOGS
+from conftest import DP2_SETUP, DP2_WINDOWS, LAB_LOGS, dp2_parsed, loaded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_metrics import DP2_WINDOWS, SETUP, dp2_parsed, loaded
 
 from analysis.report import build as report
 from analysis.runs import load
@@ -30,10 +29,10 @@ DESIGN_KEYS = [
 
 def hand_runs() -> list[load.LoadedRun]:
     slow = [(i, ms * 1.5) for i, ms in DP2_WINDOWS]
-    zero2 = run_setup.RunSetup(**{**SETUP.__dict__, "strategy": "zero2", "zero_stage": 2})
+    zero2 = run_setup.RunSetup(**{**DP2_SETUP.__dict__, "strategy": "zero2", "zero_stage": 2})
     failed = load.LoadedRun(
         name="pp2_layernorm_FAIL", path="pp2_layernorm_FAIL", kind="log_files",
-        parsed=dp2_parsed(windows=[], steps={}), setup=SETUP, status="failed",
+        parsed=dp2_parsed(windows=[], steps={}), setup=DP2_SETUP, status="failed",
         failure_kind="exception",
         failure_reason="TypeError: LayerNorm.__init__() got an unexpected keyword argument "
         "'sequence_parallel'",
@@ -135,7 +134,7 @@ STRATEGY_LAYOUT = {  # strategy -> (tp, pp, dp, zero stage) on 2 ranks
 
 def _run(name: str, strategy: str, status: str, windows, factor: float = 1.0, **kw):
     tp, pp, dp, zero = STRATEGY_LAYOUT[strategy]
-    setup = run_setup.RunSetup(**{**SETUP.__dict__, "strategy": strategy, "tp": tp, "pp": pp,
+    setup = run_setup.RunSetup(**{**DP2_SETUP.__dict__, "strategy": strategy, "tp": tp, "pp": pp,
                              "dp": dp, "zero_stage": zero, "train_iters": 30})  # fmt: skip
     parsed = None
     if windows is not None:
