@@ -163,7 +163,7 @@ def _cuda():
     """Accelerator, apex and nvcc as upstream finds them (imports torch)."""
     out = {}
     try:
-        import torch
+        import torch  # heavy, and only on CUDA: a broken torch is a finding, not a crash
     except BaseException as exc:
         return {"error": f"import torch: {type(exc).__name__}: {exc}"}
     out["torch_version"] = torch.__version__

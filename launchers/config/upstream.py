@@ -33,6 +33,7 @@ import sys
 import sysconfig
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 PINNED_COMMIT = "f4157bea69f3df8c6cb66f2ebcda66ba03d1288e"
@@ -298,6 +299,7 @@ def generate_corpus(path: Path, documents: int = CORPUS_DOCUMENTS, seed: int = 1
 
 def train_tokenizer(corpus: Path, out_dir: Path, vocab_size: int = TOKENIZER_VOCAB) -> None:
     """Train a byte-level BPE on the corpus and save it as GPT-2 ``vocab.json`` + ``merges.txt``."""
+    # Only setup builds the dataset; CI reads this file with the system python3 (stdlib only).
     from tokenizers import ByteLevelBPETokenizer
 
     def texts():
@@ -521,8 +523,6 @@ def ensure_cpu_comm_op(log=print) -> None:
 
 def _versions() -> dict[str, str]:
     out: dict[str, str] = {"python": sys.version.split()[0]}
-    from importlib.metadata import PackageNotFoundError, version
-
     for pkg in ("torch", "torchvision", "deepspeed", "transformers"):
         try:
             out[pkg] = version(pkg)

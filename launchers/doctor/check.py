@@ -1,7 +1,7 @@
 """Pre-flight doctor: is every node of a hostfile ready for the run, checked the way the run goes?
 
 ``python -m launchers doctor --hosts HOSTFILE`` (``make doctor HOSTS=...``) runs a small probe
-(``launchers.doctor.probe``, standard library only, sent as ``python -c``) on every node through
+(``launchers.config.probe``, standard library only, sent as ``python -c``) on every node through
 the path the run will use: pdsh over ssh (DeepSpeed's default runner, with the same
 ``PDSH_RCMD_TYPE``/``PDSH_SSH_ARGS_APPEND``), plain ssh for the other multi-node launchers, the
 lab's pdsh/ssh or its namespaces (``ip netns exec``) for an emulated cluster, or this machine for
