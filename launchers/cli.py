@@ -128,7 +128,8 @@ def cmd_list(_: argparse.Namespace) -> int:
         )  # fmt: skip
     console.print(models)
     console.print(
-        "params = l(12h^2+13h) + V h + s h + 2h, V padded to a multiple of 128 (TP=1)",
+        "params = l(4h^2 + 2fh + f + 9h) + V h + s h + 2h, f = ffn_hidden_size (4h unless set),"
+        " V padded to a multiple of 128 (TP=1)",
         style="dim",
     )
     strategies = Table(title="Strategies (megatron_configs/strategies.yaml); dp = world/(tp*pp)")

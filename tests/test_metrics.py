@@ -16,10 +16,18 @@ from analysis.theory import formulas
 from analysis.theory.setup import RunSetup
 
 
-def test_t_table():
-    assert stats.t95(4) == 2.776
-    assert stats.t95(35) == 2.042  # next lower row: conservative
-    assert stats.t95(1000) == 1.96
+def test_t_quantile_exact_at_the_df():
+    from scipy.stats import t  # an independent route to the quantile (scipy.stats: slow import)
+
+    for df in (1, 4, 35, 7.3, 1000):  # integer, between printed rows, fractional Welch df, large
+        assert stats.t95(df) == pytest.approx(float(t.ppf(0.975, df)), rel=1e-12)
+    # printed t-tables to their three decimals: 4 df 2.776, 35 df 2.030, 1000 df 1.962
+    assert stats.t95(4) == pytest.approx(2.776, abs=5e-4)
+    assert stats.t95(35) == pytest.approx(2.030, abs=5e-4)
+    assert stats.t95(1000) == pytest.approx(1.962, abs=5e-4)
+    assert stats.t95(7.3) < stats.t95(7)  # a fractional df is not floored to a row
+    with pytest.raises(ValueError):
+        stats.t95(0.5)
 
 
 def test_steady_state_drops_first_window():
@@ -30,7 +38,9 @@ def test_steady_state_drops_first_window():
     assert steady.stats.median == 214.0
     assert steady.stats.n == 5
     assert (steady.first_iteration, steady.last_iteration, steady.window) == (6, 30, 5)
-    half = 2.776 * steady.stats.std / math.sqrt(5)
+    a = 4 * 0.975 * 0.025  # the 0.975 quantile of t(4), closed form for 4 df
+    t4 = 2 * math.sqrt(math.cos(math.acos(math.sqrt(a)) / 3) / math.sqrt(a) - 1)
+    half = t4 * steady.stats.std / math.sqrt(5)
     assert steady.stats.ci_lo == pytest.approx(209.84 - half)
 
 

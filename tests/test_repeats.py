@@ -490,7 +490,8 @@ def test_random_effects_mean_interval_and_spreads() -> None:
     assert est.k == 3 and est.mean == pytest.approx(110.0)
     assert est.arithmetic_mean == pytest.approx(331 / 3)
     assert est.spread == pytest.approx(math.log(1.1))
-    half = 4.303 * math.log(1.1) / math.sqrt(3)  # t(2) x sd / sqrt(k), log scale
+    t2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)  # the 0.975 quantile of t(2) in closed form
+    half = t2 * math.log(1.1) / math.sqrt(3)  # t(2) x sd / sqrt(k), log scale
     assert (est.ci_lo, est.ci_hi) == pytest.approx((110 * math.exp(-half), 110 * math.exp(half)))
     assert est.within == pytest.approx(0.02)
     assert est.tau == pytest.approx(math.sqrt(math.log(1.1) ** 2 - 0.02**2))

@@ -191,7 +191,7 @@ class RunMetrics:
     link_mbit: float | None
     """Inter-node link, Mbit/s."""
     num_parameters: int | None
-    """Parameters from the formula l(12h^2+13h) + Vh + sh + 2h."""
+    """Parameters from the formula l(4h^2 + 2fh + f + 9h) + Vh + sh + 2h (f the FFN size)."""
     iter_ms_mean: float | None
     """Mean ms per iteration over the steady-state windows."""
     iter_ms_median: float | None

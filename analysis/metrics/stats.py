@@ -1,44 +1,28 @@
 """The statistics every figure with an interval uses: the Student-t quantile of a 95% interval,
 the summary of a sample with its t-interval, and Welch's difference of two means.
 
-The quantiles come from scipy (``scipy.special.stdtrit``: the inverse of Student's t
-distribution that ``scipy.stats.t.ppf`` calls; ``scipy.stats`` itself takes a second to
-import), read at the rows of a printed t-table (df 1-30, 40, 60, 120, then the normal quantile)
-and rounded to the table's three decimals: a df between two rows takes the lower row, which
-widens the interval a little (conservative), and the figures stay those of the table the
-reports were made with.
+The quantile is scipy's exact one at the actual degrees of freedom (``scipy.special.stdtrit``:
+the inverse of Student's t distribution that ``scipy.stats.t.ppf`` calls; ``scipy.stats``
+itself takes a second to import), a fractional Welch df included: no table rows, no rounding.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import ndtri, stdtrit
-
-T_TABLE_ROWS = (*range(1, 31), 40, 60, 120)
-"""Degrees of freedom a t-quantile is read at (the rows of a printed t-table); a df between
-rows takes the next lower row, a df above the last the normal quantile."""
+from scipy.special import stdtrit
 
 
 def t95(df: float) -> float:
-    """Two-sided 95% Student-t critical value at the table row at or below ``df`` (conservative),
-    to three decimals (``stdtrit(row, 0.975)``); df > 120 -> 1.96 (the normal's ``ndtri``)."""
-    if df < 1:
+    """Two-sided 95% Student-t critical value at ``df`` degrees of freedom (any real df >= 1, a
+    Welch-Satterthwaite df included): ``stdtrit(df, 0.975)``, exact to double precision."""
+    if not df >= 1:
         raise ValueError(f"df({df}) must be >= 1")
-    if df > T_TABLE_ROWS[-1]:
-        return _quantile(None)
-    return _quantile(max(k for k in T_TABLE_ROWS if k <= math.floor(df)))
-
-
-@functools.cache
-def _quantile(row: int | None) -> float:
-    """The 0.975 quantile of t with ``row`` df (None: of the normal), to three decimals."""
-    return round(float(ndtri(0.975) if row is None else stdtrit(row, 0.975)), 3)
+    return float(stdtrit(df, 0.975))
 
 
 @dataclass(frozen=True)
@@ -105,9 +89,10 @@ def welch(a: tuple[float, float, int], b: tuple[float, float, int]) -> tuple[flo
     """Welch's unequal-variance comparison of two means from ``(mean, sem, n)`` each:
     ``(mean_b - mean_a, se, df)`` with ``se = sqrt(sem_a^2 + sem_b^2)`` and the
     Welch-Satterthwaite ``df = se^4 / (sem_a^4 / (n_a - 1) + sem_b^4 / (n_b - 1))``
-    (``n_a + n_b - 2`` when both spreads are 0). The same statistic as
-    ``scipy.stats.ttest_ind_from_stats(..., equal_var=False)``, which gives the t and p but not
-    the df and standard error an interval needs."""
+    (``n_a + n_b - 2`` when both spreads are 0): Welch (1947), Biometrika 34, 28-35;
+    Satterthwaite (1946), Biometrics Bulletin 2, 110-114. The same statistic as
+    ``scipy.stats.ttest_ind_from_stats(..., equal_var=False)``, which returns only the t and p
+    (scipy 1.17), not the df and standard error an interval needs."""
     (ma, sa, na), (mb, sb, nb) = a, b
     se = math.sqrt(sa**2 + sb**2)
     if se == 0:
