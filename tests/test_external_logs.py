@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +165,44 @@ def test_every_fixture_has_expectations() -> None:
     logs = {p.name for p in FIXTURES.glob("*.log")}
     assert logs == {e["file"] for e in EXPECTED}
     assert len(logs) >= 12
+
+
+# -- the report on these logs: warm-up where it ends, pauses left out, no negative remainder ----
+
+
+def _report_rows(logdir: Path, out: Path) -> dict[str, Any]:
+    build = importlib.import_module("analysis.report.build")
+    return {r.name: r for r in build.build(logdir, out)}
+
+
+def test_warm_up_of_several_iterations_is_found_and_named(tmp_path: Path) -> None:
+    """A real Megatron log at log interval 1 (bigscience-2021-meg-ds-3d-lm-loss, 49 iterations)
+    with the times of the issue's Megatron-Core run written in: iteration 1 at 132,508 ms,
+    2 at 67,124 ms, then 1,460-1,830 ms."""
+    text = (FIXTURES / "bigscience-2021-meg-ds-3d-lm-loss.log").read_text(encoding="utf-8")
+    later = [1460.0 + (i * 37) % 371 for i in range(47)]
+    times = iter([132508.0, 67124.0, *later])
+    text = re.sub(
+        r"elapsed time per iteration \(ms\): [\d.]+",
+        lambda _m: f"elapsed time per iteration (ms): {next(times):.1f}",
+        text,
+    )
+    (tmp_path / "warmup.log").write_text(text, encoding="utf-8")
+    row = _report_rows(tmp_path, tmp_path / "report")["warmup"]
+    median = statistics.median(later)
+    assert abs(row.iter_ms_mean - median) / median < 0.03
+    assert row.warmup_iterations == [1, 2]
+    assert "iterations 1, 2 (warm-up" in row.steady_dropped
+    report = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    assert "dropped: windows ending at iterations 1, 2 (warm-up" in report
+
+
+def test_external_corpus_pauses_left_out_and_no_negative_remainder(tmp_path: Path) -> None:
+    rows = _report_rows(FIXTURES, tmp_path / "report")
+    for row in rows.values():
+        assert row.other_ms is None or row.other_ms >= 0, (row.name, row.other_ms)
+    aurora = rows["alcf-aurora-2025-keyvalue"]  # 3,395-3,420 ms; two windows of 6,863 and 5,334
+    assert aurora.pause_iterations == [136006, 136008]
+    assert aurora.iter_ms_mean == pytest.approx(statistics.fmean([3420.2, 3402.7, 3394.8, 3401.5]))
+    moe = rows["mds-moe-2022-dp8-fp16"]  # 942 ms first window; 907 ms at iteration 110
+    assert moe.warmup_iterations == [10] and moe.pause_iterations == [110]

@@ -7,6 +7,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from analysis.metrics import rows as metrics
@@ -183,3 +184,37 @@ def test_tables_are_the_launchers_presets() -> None:
 def test_steady_windows_drop_the_first() -> None:
     assert formulas.steady_windows([10, 20, 30]) == [20, 30]
     assert formulas.steady_windows([10]) == []
+
+
+def test_steady_split_finds_a_long_warm_up_and_pauses() -> None:
+    # The profile: 132,508 ms, 67,124 ms, then 152 windows of 1,460-1,830 ms.
+    times = [132508.0, 67124.0] + [1460.0 + (i * 37) % 371 for i in range(152)]
+    split = formulas.steady_split(times)
+    assert split.start == 2 and not split.capped and split.pauses == ()
+    # median of the reference + 3.5 x max(1.4826 MAD, 2% of the median)
+    ref = np.asarray(times[len(times) // 3 :])
+    med = float(np.median(ref))
+    bound = med + 3.5 * max(1.4826 * float(np.median(np.abs(ref - med))), 0.02 * med)
+    assert split.median == med and split.threshold == pytest.approx(bound)
+    # pauses (a checkpoint save every 5th window) are kept out, the rest kept
+    paused = [100.0] * 20
+    paused[7] = paused[14] = 400.0
+    split = formulas.steady_split(paused)
+    assert split.start == 1 and split.pauses == (7, 14)
+    assert formulas.steady_windows(list(range(20)), paused) == [
+        i for i in range(1, 20) if i not in (7, 14)
+    ]
+    assert list(formulas.steady_windows(np.arange(20), paused)) == [
+        i for i in range(1, 20) if i not in (7, 14)
+    ]
+
+
+def test_steady_split_caps_a_drift_and_keeps_two_speeds() -> None:
+    drift = [float(300 - 10 * i) for i in range(12)]  # falls all along: never flat
+    split = formulas.steady_split(drift)
+    assert split.start <= len(drift) // formulas.WARMUP_CAP
+    bimodal = [100.0, 100.0] + [100.0, 300.0] * 6  # half the windows slow: not pauses
+    assert formulas.steady_split(bimodal).pauses == ()
+    flat = [10.0, 10.0, 10.0, 10.1, 10.0, 10.0]  # MAD 0: the 2% floor, nothing dropped
+    assert formulas.steady_split(flat).start == 1 and formulas.steady_split(flat).pauses == ()
+    assert formulas.steady_windows([10, 20, 30]) == [20, 30]  # no times: the first window only

@@ -367,3 +367,16 @@ def test_steps_per_print_from_step_lines_only_when_evenly_spaced(steps, want, as
         run, lambda key, value, _src: value is None or got.setdefault(key, value)
     )
     assert got.get("steps_per_print") == want
+
+
+def test_negative_remainder_is_not_a_time():
+    mg = {"forward-backward": [130.0, 131.0, 129.0], "optimizer": [5.0, 5.0, 5.0]}
+    bd, why = timers.breakdown(100.0, DP2_SETUP, {}, mg, None, 2.0)
+    assert why is None and bd is not None
+    assert bd.other_ms is None and "35.0 ms more than the 100.0 ms iteration" in bd.other_na
+    assert "disagree" in bd.other_na
+    close = {"forward-backward": [100.5, 101.5, 99.5], "optimizer": [0.5, 0.5, 0.5]}
+    bd, _ = timers.breakdown(100.0, DP2_SETUP, {}, close, None, 3.0)
+    assert bd.other_ms == 0.0 and "within the noise" in bd.other_na
+    fine, _ = timers.breakdown(100.0, DP2_SETUP, {}, {"forward-backward": [90.0]}, None, 1.0)
+    assert fine.other_ms == pytest.approx(10.0) and fine.other_na is None

@@ -4,11 +4,13 @@ One ``RunMetrics`` row per run; ``SCHEMA`` is the column -> dtype contract of th
 summary.json and summary.csv (units in column names: ``_ms``, ``_mb`` = MiB, ``_gbps`` = Gbit/s,
 ``_per_s``). A figure the logs cannot support is ``None`` and ``na_reasons[column]`` says why.
 
-Steady-state rule (``STEADY_RULE``): Megatron iteration lines are means over ``log_interval``
-iterations; the first logged window is warm-up (graph build, allocator, data loader, first
-communicator set-up) and is dropped; the remaining windows are the samples. DeepSpeed per-step
-timer lines (one per iteration on the plain engine) drop the same first ``log_interval``
-iterations and give the per-iteration spread.
+Steady-state rule (``STEADY_RULE``, ``formulas.steady_split``): Megatron iteration lines are
+means over ``log_interval`` iterations; the first logged window, and the following ones far
+above the later windows' median, are warm-up (graph build, compilation, allocator, data loader,
+first communicator set-up) and are dropped; later windows as far above it are pauses
+(checkpoint save, evaluation) and are left out; the remaining windows are the samples. The
+timers (DeepSpeed per-step lines, one per iteration on the plain engine, and Megatron's) leave
+out the same iterations, and give the per-iteration spread.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from analysis.theory import comm
 from analysis.theory.formulas import (
     flops_per_iteration,
     gpt_parameters,
-    steady_windows,
+    steady_split,
     zero_state_bytes,
 )
 from analysis.theory.setup import RunSetup
@@ -65,14 +67,33 @@ class SteadyState:
     """Last iteration inside it."""
     dropped: str
     """What was dropped and why."""
+    warmup_iterations: tuple[int, ...] = ()
+    """Iteration (or step) number closing each window dropped as warm-up."""
+    pause_iterations: tuple[int, ...] = ()
+    """Iteration number closing each window kept out of the mean as a pause."""
+
+    @property
+    def pause_ranges(self) -> list[tuple[int, int]]:
+        """(first, last) iteration of each pause window, for the timers to leave out too."""
+        return [(end - self.window + 1, end) for end in self.pause_iterations]
 
     @property
     def iterations_text(self) -> str:
         """``iterations 6-30 (5 windows of 5)``."""
+        pauses = (
+            f", {len(self.pause_iterations)} pause(s) left out" if self.pause_iterations else ""
+        )
         return (
             f"iterations {self.first_iteration}-{self.last_iteration} "
-            f"({self.stats.n} windows of {self.window}, {self.source})"
+            f"({self.stats.n} windows of {self.window}, {self.source}{pauses})"
         )
+
+
+def _numbers_text(numbers: Sequence[int]) -> str:
+    """``1, 2, 3`` or, for more than six, ``1, 2, ..., 40 (12 windows)``."""
+    if len(numbers) <= 6:
+        return ", ".join(f"{n}" for n in numbers)
+    return f"{numbers[0]}, {numbers[1]}, ..., {numbers[-1]} ({len(numbers)} windows)"
 
 
 def wire_bytes(record: RunRecord | None) -> tuple[float | None, str]:
@@ -104,7 +125,8 @@ def _series(
 
 
 def steady_state(parsed: ParsedRun) -> tuple[SteadyState | None, str | None]:
-    """Apply ``STEADY_RULE`` to Megatron iteration lines, else to PipelineEngine step lines."""
+    """Apply ``STEADY_RULE`` (:func:`formulas.steady_split`) to Megatron iteration lines, else
+    to PipelineEngine step lines: warm-up windows and pauses dropped, with the reason."""
     numbers, ms = _series(parsed.iterations, "iteration", "elapsed_ms")
     source = "megatron"
     if not len(numbers):
@@ -115,15 +137,47 @@ def steady_state(parsed: ParsedRun) -> tuple[SteadyState | None, str | None]:
     first = int(numbers[0])
     if len(numbers) < 2:
         return None, f"only the warm-up window (iteration {first}) was logged: no steady state"
-    stats = describe(steady_windows(ms))
+    split = steady_split(ms)
+    warm = tuple(int(x) for x in numbers[: split.start])
+    pauses = tuple(int(numbers[i]) for i in split.pauses)
+    stats = describe(split.select(ms))
+    dropped = f"window ending at iteration {first} (warm-up: the first window, always)"
+    if split.threshold is not None:
+        bound = (
+            f"{split.threshold:,.1f} ms = median {split.median:,.1f} ms of the later windows "
+            "+ 3.5 scaled MADs"
+        )
+        if len(warm) > 1:
+            dropped = (
+                f"windows ending at iterations {_numbers_text(warm)} (warm-up: the first "
+                f"window, and the following ones above {bound}: {ms[1]:,.1f} ms"
+                + (f" ... {ms[split.start - 1]:,.1f} ms" if split.start > 2 else "")
+                + ")"
+            )
+        if split.capped:
+            dropped += (
+                "; the times were still above the bound at the cap (a third of the windows): "
+                "a drift, not cut further"
+            )
+        if pauses:
+            dropped += (
+                f"; pauses left out of the mean (checkpoint, evaluation or a stall: above {bound})"
+                f": windows ending at iterations {_numbers_text(pauses)} ("
+                + ", ".join(f"{ms[i]:,.1f}" for i in split.pauses[:6])
+                + (" ..." if len(pauses) > 6 else "")
+                + " ms)"
+            )
+    kept = numbers[split.start :]
     return (
         SteadyState(
             stats=stats,
             source=source,
             window=int(numbers[1]) - first,
-            first_iteration=first + 1,
-            last_iteration=int(numbers[-1]),
-            dropped=f"window ending at iteration {first} (warm-up)",
+            first_iteration=int(numbers[split.start - 1]) + 1,
+            last_iteration=int(kept[-1]) if len(kept) else int(numbers[-1]),
+            dropped=dropped,
+            warmup_iterations=warm,
+            pause_iterations=pauses,
         ),
         None,
     )
@@ -208,6 +262,12 @@ class RunMetrics:
     """Number of steady-state windows."""
     steady_iterations: str | None
     """Which iterations fed the time (and from which lines)."""
+    steady_dropped: str | None
+    """Which iterations were left out of the steady state (warm-up, pauses) and why."""
+    warmup_iterations: list[int] | None
+    """Iteration closing each window dropped as warm-up."""
+    pause_iterations: list[int] | None
+    """Iteration closing each window left out of the mean as a pause (checkpoint, evaluation)."""
     samples_per_s: float | None
     """Global batch / mean iteration time."""
     tokens_per_s: float | None
@@ -479,12 +539,15 @@ def compute(run: LoadedRun) -> RunMetrics:
         "iter_ms_ci95_hi": st.ci_hi,
         "iter_ms_n": st.n,
         "steady_iterations": steady.iterations_text,
+        "steady_dropped": steady.dropped,
+        "warmup_iterations": list(steady.warmup_iterations),
+        "pause_iterations": list(steady.pause_iterations),
     }
     if st.n < 2:
         na["iter_ms_ci95_lo"] = "fewer than 2 steady-state windows: no interval"
-    warmup = steady.first_iteration - 1
-    ds = deepspeed_step_timers(p, warmup)
-    mg = megatron_timers(p, warmup)
+    warmup = steady.first_iteration - 1  # the timers over the same iterations as the time
+    ds = deepspeed_step_timers(p, warmup, steady.pause_ranges)
+    mg = megatron_timers(p, warmup, steady.pause_ranges)
     if ds.get("fwd") and ds.get("step"):
         parts = [np.asarray(ds["fwd"]), np.asarray(ds.get("bwd", ds.get("bwd_inner", []))),
                  np.asarray(ds["step"])]  # fmt: skip
@@ -529,6 +592,7 @@ def compute(run: LoadedRun) -> RunMetrics:
     tf, el = record_values(p.iterations, "tflops"), record_values(p.iterations, "elapsed_ms")
     numbers = record_values(p.iterations, "iteration")
     sel = ~np.isnan(tf) & ~np.isnan(el) & (el != 0) & (numbers >= steady.first_iteration)
+    sel &= ~np.isin(numbers, steady.pause_iterations)  # (the windows the time was taken over)
     tf_w, el_w = tf[sel], el[sel]  # (the windows' printed TFLOPs and elapsed time)
     if len(tf_w):
         row["tflops_printed"] = math.fsum(tf_w) / len(tf_w)
@@ -542,7 +606,8 @@ def compute(run: LoadedRun) -> RunMetrics:
                 else f"differs by up to {worst:.3g} TFLOP/s in a window"
             )
     pipe = _pipeline_pool(p, s, na)
-    bd, why = breakdown(st.mean, s, ds, mg, pipe)
+    iter_half = 0.0 if st.ci_hi is None else st.ci_hi - st.mean
+    bd, why = breakdown(st.mean, s, ds, mg, pipe, iter_half)
     if bd is None:
         na["fwd_ms"] = na.get("fwd_ms") or why or "no timers"
     else:
@@ -556,6 +621,8 @@ def compute(run: LoadedRun) -> RunMetrics:
             "other_ms": bd.other_ms,
             "breakdown_sources": bd.sources,
         }
+        if bd.other_na:
+            na["other_ms"] = bd.other_na
         if bd.pipeline_wait_ms is not None:
             _pipeline_figures(row, s, pipe, cplan, bd, na)
         if (s.zero_stage or 0) == 3:

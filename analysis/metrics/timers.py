@@ -6,12 +6,15 @@ optimizer and the rest (``other`` = iteration - timers).
 
 from __future__ import annotations
 
+import math
 import statistics
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from analysis.metrics.stats import sample_std, t95
 from analysis.parse.records import ParsedRun, TimerBlock, TimerGroupView, blocks_of, timer_groups
 from analysis.theory import comm
 from analysis.theory.formulas import bubble_fraction
@@ -31,8 +34,20 @@ _ALIASES = {
 """Older DeepSpeed timer names, and the PipelineEngine's ``_microstep`` names, to today's."""
 
 
-def deepspeed_step_timers(parsed: ParsedRun, warmup_iters: int) -> dict[str, list[float]]:
-    """Per-iteration DeepSpeed timer samples (ms) after dropping ``warmup_iters`` iterations.
+def outside(its: np.ndarray, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Mask of the iteration numbers ``its`` outside every (first, last) range (the pauses the
+    steady-state rule left out: the timers leave out the same iterations)."""
+    keep = np.ones(len(its), dtype=bool)
+    for lo, hi in ranges:
+        keep &= ~((its >= lo) & (its <= hi))
+    return keep
+
+
+def deepspeed_step_timers(
+    parsed: ParsedRun, warmup_iters: int, pauses: Sequence[tuple[int, int]] = ()
+) -> dict[str, list[float]]:
+    """Per-iteration DeepSpeed timer samples (ms) after dropping ``warmup_iters`` iterations
+    and the ``pauses`` (first, last iteration) the steady-state rule left out.
 
     The plain engine logs its timers once per optimizer step and resets them
     (``deepspeed/runtime/engine.py`` ``DeepSpeedEngine.step`` -> ``timers.log``; ``utils/timer.py``
@@ -60,7 +75,7 @@ def deepspeed_step_timers(parsed: ParsedRun, warmup_iters: int) -> dict[str, lis
         # Attributed to an iteration (or to the iteration line closing its window); else one
         # block per iteration, in file order.  ``keep``: in file order.
         if attributed:
-            keep = its > warmup_iters
+            keep = (its > warmup_iters) & outside(its, pauses)
         else:
             keep = np.zeros(len(its), dtype=bool)
             keep[warmup_iters:] = True
@@ -81,8 +96,11 @@ def deepspeed_step_timers(parsed: ParsedRun, warmup_iters: int) -> dict[str, lis
     return out  # type: ignore[return-value]
 
 
-def megatron_timers(parsed: ParsedRun, after_iteration: int) -> dict[str, list[float]]:
-    """Megatron timer means per window (ms per iteration, max across ranks) after the warm-up.
+def megatron_timers(
+    parsed: ParsedRun, after_iteration: int, pauses: Sequence[tuple[int, int]] = ()
+) -> dict[str, list[float]]:
+    """Megatron timer means per window (ms per iteration, max across ranks) after the warm-up,
+    without the ``pauses`` (first, last iteration) the steady-state rule left out.
 
     Megatron logs them with ``normalizer=args.log_interval`` (upstream ``megatron/training.py``
     ``training_log``), so each value is already per iteration.
@@ -91,7 +109,8 @@ def megatron_timers(parsed: ParsedRun, after_iteration: int) -> dict[str, list[f
     picked: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     first: dict[str, tuple[int, int]] = {}  # name -> (its first block, its place in it)
     for view in views:
-        keep = np.nan_to_num(view.iteration, nan=0.0) > after_iteration
+        its = np.nan_to_num(view.iteration, nan=0.0)
+        keep = (its > after_iteration) & outside(its, pauses)
         rows = view.rows[keep]  # (once for all the view's names: a run of log interval 1 has
         # millions of blocks)
         for j, name in enumerate(view.names):
@@ -110,14 +129,17 @@ def megatron_timers(parsed: ParsedRun, after_iteration: int) -> dict[str, list[f
                 vals = np.concatenate([v for _r, v in parts])[np.argsort(rows, kind="stable")]
             columns[name] = array("d", vals)  # type: ignore[assignment]
         return columns
-    return _megatron_timers_by_block(parsed, after_iteration)  # a NaN: Python's max
+    return _megatron_timers_by_block(parsed, after_iteration, pauses)  # a NaN: Python's max
 
 
-def _megatron_timers_by_block(parsed: ParsedRun, after_iteration: int) -> dict[str, list[float]]:
+def _megatron_timers_by_block(
+    parsed: ParsedRun, after_iteration: int, pauses: Sequence[tuple[int, int]] = ()
+) -> dict[str, list[float]]:
     """``megatron_timers`` block by block (a (min, max) pair's largest as Python's ``max``)."""
     out: dict[str, list[float]] = {}
     for block in blocks_of(parsed.timers, "megatron"):
-        if (block.iteration or 0) <= after_iteration:
+        it = block.iteration or 0
+        if it <= after_iteration or any(lo <= it <= hi for lo, hi in pauses):
             continue
         for key, value in block.values_ms.items():
             ms = max(value) if isinstance(value, tuple) else value
@@ -260,9 +282,20 @@ class Breakdown:
     pipeline_wait_ms: float | None = None
     """Blocking pipeline sends and receives of the first stage (PipelineEngine ``pipe_*``)."""
     other_ms: float | None = None
-    """Iteration time not covered by any timer (data loading, bookkeeping, untimed comm)."""
+    """Iteration time not covered by any timer (data loading, bookkeeping, untimed comm);
+    never below zero (see ``other_na``)."""
+    other_na: str | None = None
+    """Why ``other_ms`` is None or 0 when the timers sum to more than the iteration time."""
     sources: dict[str, str] = field(default_factory=dict)
     """Part -> timers that fed it."""
+
+
+def half_width(values: Sequence[float]) -> float:
+    """Half-width of the 95% t-interval of the mean of ``values`` (0 for fewer than 2)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    return t95(n - 1) * sample_std(values) / math.sqrt(n)
 
 
 def breakdown(
@@ -271,12 +304,25 @@ def breakdown(
     ds: dict[str, list[float]],
     mg: dict[str, list[float]],
     pipe: dict[str, list[float]] | None = None,
+    iter_half: float = 0.0,
 ) -> tuple[Breakdown | None, str | None]:
     """Breakdown from the PipelineEngine's timers (``pipe``, already per iteration), else
-    DeepSpeed per-step timers, else Megatron's; ``other`` = iteration - timers."""
+    DeepSpeed per-step timers, else Megatron's; ``other`` = iteration - timers.
+
+    Each source combines its ranks one way for every part: DeepSpeed's engine and the
+    PipelineEngine print rank 0's timers (the first stage), Megatron's ``minmax`` timers are
+    read at their max over ranks. ``other`` below zero by more than its noise (the 95%
+    half-widths of the iteration mean, ``iter_half``, and of every timer's mean, in
+    quadrature) is not a time: None, with the reason in ``Breakdown.other_na``; within the
+    noise it is 0 (with the same note).
+    """
+    noise: list[float] = [iter_half]
 
     def mean(name: str, pool: dict[str, list[float]]) -> float:
-        return statistics.fmean(pool[name]) if pool.get(name) else 0.0
+        if not pool.get(name):
+            return 0.0
+        noise.append(half_width(pool[name]))
+        return statistics.fmean(pool[name])
 
     pipe = pipe or {}
     if {"fwd", "bwd", "step"} <= pipe.keys():
@@ -330,6 +376,20 @@ def breakdown(
         elif setup.wall_clock_breakdown is False:
             reason += " (DeepSpeed wall_clock_breakdown off, Megatron timing-log-level 0)"
         return None, reason
-    other = iter_ms - sum(parts.values())
+    other: float | None = iter_ms - sum(parts.values())
     sources["other_ms"] = "iteration time - sum of the timers: not covered by any timer"
-    return Breakdown(**parts, other_ms=other, sources=sources), None
+    why = None
+    spread = math.sqrt(math.fsum(x * x for x in noise))
+    if other is not None and other < 0:
+        over = f"the timers sum to {iter_ms - other:,.1f} ms, {-other:,.1f} ms more than the "
+        over += f"{iter_ms:,.1f} ms iteration (noise ±{spread:,.1f} ms, 95%)"
+        if -other > spread:
+            why = over + (
+                ": timers and iteration time disagree (a timer overlapping another, or "
+                "counted on a slower rank than the iteration line): no remainder"
+            )
+            other = None
+        else:
+            why = over + ": within the noise, shown as 0"
+            other = 0.0
+    return Breakdown(**parts, other_ms=other, other_na=why, sources=sources), None

@@ -273,7 +273,9 @@ def render(
         md += ["Which iterations fed each number:", ""]
         for r in group:
             md.append(
-                f"- {repeats.label(r)}: {r.steady_iterations or 'none'}; spread: "
+                f"- {repeats.label(r)}: {r.steady_iterations or 'none'}"
+                + (f"; dropped: {r.steady_dropped}" if r.steady_dropped else "")
+                + "; spread: "
                 f"{r.iter_ms_std_source or 'n/a'}; TFLOPs printed "
                 f"{number(r.tflops_printed, 3) or 'n/a'} vs recomputed "
                 f"{number(r.tflops, 4) or 'n/a'}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 Normalization = Literal["layernorm", "rmsnorm"]
@@ -269,18 +270,114 @@ def parse_size(text: str | int) -> int:
 
 # --------------------------------------------------------------------------- steady state
 
+WARMUP_K = 3.5
+"""A window is an outlier when it lies more than ``WARMUP_K`` robust scatters above the median:
+the modified z-score cut of Iglewicz and Hoaglin (1993, *How to Detect and Handle Outliers*,
+ASQC Quality Press), ``0.6745 (x - median) / MAD > 3.5``, i.e. 3.5 scaled MADs."""
+
+SCATTER_FLOOR = 0.02
+"""Least scatter, as a share of the median: the scaled MAD of near-equal windows is about 0 (a
+run of identical rounded times), and a window a few percent slower is jitter, not warm-up; so
+no window within 3.5 x 2% = 7% of the median is ever called warm-up or a pause."""
+
+WARMUP_CAP = 3
+"""At most ``len(windows) // WARMUP_CAP`` leading windows (and never fewer than the first) are
+warm-up: a run whose times keep falling for longer is drifting, and that drift is not cut away
+(the report says the cap was reached)."""
+
+MIN_REFERENCE = 5
+"""Reference windows the scatter needs before a window is judged by it: the MAD of four or
+fewer windows swings with any one of them, so a shorter series keeps the first-window rule."""
+
 STEADY_RULE = (
-    "drop the first logging window (warm-up), use every later window; each window is the mean "
-    "over log_interval iterations"
+    "drop the first logging window (warm-up) and every following window more than 3.5 scaled "
+    "MADs (at least 2% of the median each) above the median of the windows past the first third "
+    "(modified z-score > 3.5, Iglewicz-Hoaglin), up to a third of the windows; later windows "
+    "that far above the median are pauses (checkpoint, evaluation) and are left out of the "
+    "mean, while at least half the steady windows remain (judged with 5 reference windows or "
+    "more; else the first window only); each window is the mean over "
+    "log_interval iterations"
 )
-"""How the steady state is chosen, for every figure that needs one (report, matrix table,
-per-iteration interface bytes)."""
+"""How the steady state is chosen, for every figure that needs one (report: time, throughput,
+TFLOP/s, timers; matrix table). The lab's per-iteration interface bytes have no window times:
+they drop the first window only (bytes per iteration do not depend on time)."""
 
 W = TypeVar("W", bound=Sequence)
 
 
-def steady_windows(windows: W) -> W:
-    """The windows :data:`STEADY_RULE` keeps: all but the first (warm-up), in order; empty when
-    only the warm-up window was logged. The same kind of sequence comes back (a list, or a view
-    of a numpy array: a log-interval-1 run logs millions of windows)."""
-    return windows[1:]  # type: ignore[return-value]
+@dataclass(frozen=True)
+class SteadySplit:
+    """Where :data:`STEADY_RULE` puts each window: warm-up, steady, or pause."""
+
+    count: int
+    """Windows in the series."""
+    start: int
+    """Index of the first steady window (windows before it are warm-up; at least 1)."""
+    pauses: tuple[int, ...] = ()
+    """Indices (>= ``start``) of the windows kept out of the steady mean as pauses."""
+    median: float | None = None
+    """Median of the reference windows (ms), None when the series was too short to judge."""
+    threshold: float | None = None
+    """Outlier bound (ms): median + 3.5 x scatter; None when not judged."""
+    capped: bool = False
+    """The warm-up reached the cap: the times were still above the bound there."""
+
+    @property
+    def kept(self) -> list[int]:
+        """Indices of the steady windows, in order."""
+        out = set(self.pauses)
+        return [i for i in range(self.start, self.count) if i not in out]
+
+    def select(self, windows: W) -> W:
+        """The steady windows of ``windows`` (the same kind of sequence: a list, or a numpy
+        array: a log-interval-1 run logs millions of windows)."""
+        if not self.pauses:
+            return windows[self.start :]  # type: ignore[return-value]
+        # numpy (~0.1 s) here, not at the top: the launcher's CLI imports this module.
+        import numpy as np
+
+        if isinstance(windows, np.ndarray):
+            return windows[np.asarray(self.kept, dtype=np.int64)]  # type: ignore[return-value]
+        return [windows[i] for i in self.kept]  # type: ignore[return-value]
+
+
+def steady_split(times: Sequence[float] | None, count: int | None = None) -> SteadySplit:
+    """Apply :data:`STEADY_RULE` to the window times (ms per iteration, in order).
+
+    The reference is the windows past the cap (``len // WARMUP_CAP``; all but the first when that
+    is 1); ``threshold`` = its median + ``WARMUP_K`` x max(1.4826 x MAD, ``SCATTER_FLOOR`` x
+    median). Leading windows above it, from the second on, are warm-up, up to the cap; steady
+    windows above it are pauses when they are fewer than half the steady windows (more are not
+    pauses but a run with two speeds, and all are kept). Without ``times`` (``count`` windows,
+    times unknown), or with fewer than ``MIN_REFERENCE`` reference windows, only the first
+    window is warm-up.
+    """
+    n = len(times) if times is not None else int(count or 0)
+    if times is None or n < 3:
+        return SteadySplit(count=n, start=min(1, n))
+    # numpy (~0.1 s) here, not at the top: the launcher's CLI imports this module.
+    import numpy as np
+
+    t = np.asarray(times, dtype=float)
+    cap = max(1, n // WARMUP_CAP)
+    ref = t[cap:]
+    ref = ref[~np.isnan(ref)]
+    if len(ref) < MIN_REFERENCE:
+        return SteadySplit(count=n, start=1)
+    median = float(np.median(ref))
+    scatter = max(1.4826 * float(np.median(np.abs(ref - median))), SCATTER_FLOOR * abs(median))
+    threshold = median + WARMUP_K * scatter
+    start = 1
+    while start < cap and t[start] > threshold:
+        start += 1
+    capped = start == cap and cap > 1 and bool(t[start] > threshold)
+    high = np.flatnonzero(t[start:] > threshold) + start
+    pauses = tuple(int(i) for i in high) if 2 * len(high) < n - start else ()
+    return SteadySplit(n, start, pauses, median, threshold, capped)
+
+
+def steady_windows(windows: W, times: Sequence[float] | None = None) -> W:
+    """The windows :data:`STEADY_RULE` keeps, in order (:func:`steady_split` of ``times``, the
+    windows' ms per iteration; without them only the first window is dropped); empty when only
+    the warm-up window was logged. The same kind of sequence comes back."""
+    return steady_split(times, count=len(windows)).select(windows)

@@ -75,7 +75,7 @@ class MatrixRow:
 
 
 def steady_iter_ms(run_dir: Path) -> float | None:
-    """Mean elapsed ms of the iteration lines after the first logging window, or None."""
+    """Mean elapsed ms of the steady iteration lines (``STEADY_RULE``), or None."""
     # The parser brings numpy (~0.25 s): imported when a run's logs are read, not with the CLI.
     from analysis.parse.reader import merge_runs, parse_file
 
@@ -83,7 +83,8 @@ def steady_iter_ms(run_dir: Path) -> float | None:
     if not parts:
         return None
     windows = sorted(merge_runs(parts).iterations, key=lambda it: it.iteration)
-    values = [it.elapsed_ms for it in steady_windows(windows) if it.elapsed_ms is not None]
+    times = [it.elapsed_ms for it in windows]  # the report's rule: warm-up and pauses found
+    values = [it.elapsed_ms for it in steady_windows(windows, times) if it.elapsed_ms is not None]
     return statistics.fmean(values) if values else None
 
 
