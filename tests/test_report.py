@@ -223,6 +223,8 @@ WINDOW_SETS = [[], DP2_WINDOWS[:1], DP2_WINDOWS[:2], DP2_WINDOWS[:3], DP2_WINDOW
     st.one_of(st.none(), st.integers(0, 7)),
 )
 def test_no_status_set_crashes_the_report_and_ratios_use_completed_runs(specs, named):
+    """Failed and interrupted runs stay out of every ratio; running or cut runs are compared
+    against a completed reference and marked."""
     runs = []
     for i, (strategy, status, w, factor) in enumerate(specs):
         windows = None if status == "missing" else WINDOW_SETS[w]
@@ -235,14 +237,17 @@ def test_no_status_set_crashes_the_report_and_ratios_use_completed_runs(specs, n
     rows, text = _rows(runs, baseline)
     by_name = {r.name: r for r in rows}
     for r in rows:
-        if r.status != "completed":
+        if r.status not in ("completed", "incomplete", "running"):  # failed, interrupted
             assert r.speedup is None and r.mem_saving_pct is None
             assert r.busbw_gbps_inferred is None
             assert f"{r.name} {r.status}" in text and "Not in any ratio." in text
+        elif r.status != "completed":  # running or cut: timed and compared, marked
+            assert r.busbw_gbps_inferred is None
+            assert f"{r.name} running or cut" in text
         if r.speedup is not None:
             ref = by_name[r.baseline or ""]
             assert ref.status == "completed" and ref.setup_key == r.setup_key
-            assert r.status == "completed"
+            assert r.status in ("completed", "incomplete", "running")
 
 
 def test_pipeline_timers_section_on_real_gpu_logs(tmp_path):
@@ -285,3 +290,25 @@ def test_the_report_parses_the_logs_before_it_imports_pandas():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo
     ).stdout
     assert out.strip() == "False"
+
+
+def test_cut_log_is_timed_and_compared(tmp_path):
+    """zero1's lab log cut at half its 30 iterations, beside the completed dp2 of its group."""
+    for suffix in ("cmd", "json", "log"):
+        (tmp_path / f"dp2.{suffix}").write_bytes((LAB_LOGS / f"dp2.{suffix}").read_bytes())
+    for suffix in ("cmd", "json"):
+        (tmp_path / f"zero1.{suffix}").write_bytes((LAB_LOGS / f"zero1.{suffix}").read_bytes())
+    lines = (LAB_LOGS / "zero1.log").read_text(encoding="utf-8").splitlines(keepends=True)
+    last = next(i for i, line in enumerate(lines) if " iteration       15/      30 |" in line)
+    (tmp_path / "zero1.log").write_text("".join(lines[: last + 1]), encoding="utf-8")
+    rows = {r.name: r for r in report.build(tmp_path, tmp_path / "report")}
+    cut, done = rows["zero1"], rows["dp2"]
+    assert cut.status == "incomplete" and done.status == "completed"
+    assert cut.last_iteration == 15 and cut.iter_ms_mean == pytest.approx((196.0 + 205.8) / 2)
+    assert cut.baseline == "dp2" and cut.speedup == pytest.approx(
+        done.iter_ms_mean / cut.iter_ms_mean
+    )
+    assert cut.speedup_ci95_lo < cut.speedup < cut.speedup_ci95_hi
+    text = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    assert "| zero1 | zero1 | running or cut at iteration 15 of 30 |" in text
+    assert "no timed run" not in text and "(1 running or cut), 0 not completed" in text

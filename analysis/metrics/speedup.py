@@ -81,11 +81,24 @@ def choose_reference(
     return ref, why
 
 
+RUNNING = ("incomplete", "running")
+"""Statuses of a run whose log ends before its last iteration without a failure (still running,
+or its log cut): timed and compared like a completed run, and marked as such."""
+
+
+def compared_status(status: str) -> bool:
+    """Whether a run of this status takes part in a ratio as the compared run: completed, or
+    running / cut (``RUNNING``); failed and interrupted runs never."""
+    return status == "completed" or status in RUNNING
+
+
 def compare(rows: list[RunMetrics], baseline: str | None = None) -> list[RunMetrics]:
     """Cross-run figures within each setup group: speedup, memory saving, inferred bandwidth.
 
-    Only completed runs take part in a ratio, as reference or as compared run; the reference of
-    each group is ``choose_reference``'s, and its reason is kept in ``baseline_why``.
+    Completed runs take part in a ratio as reference or as compared run; a running or cut run
+    (``RUNNING``) only as the compared run, over the windows it logged; failed and interrupted
+    runs never. The reference of each group is ``choose_reference``'s, and its reason is kept in
+    ``baseline_why``.
     """
     refs: dict[str, tuple[RunMetrics | None, str]] = {}
     for key in dict.fromkeys(r.setup_key for r in rows):
@@ -101,9 +114,10 @@ def compare(rows: list[RunMetrics], baseline: str | None = None) -> list[RunMetr
         base, why = refs[row.setup_key]
         na = dict(row.na_reasons)
         changes: dict[str, Any] = {"baseline_why": why}
-        if row.status != "completed":
+        if not compared_status(row.status):
             na["speedup"] = (
-                f"run {row.status}: not compared (only completed runs take part in ratios)"
+                f"run {row.status}: not compared (only completed and running or cut runs take "
+                "part in ratios)"
             )
         elif base is None:
             na["speedup"] = f"no reference run in group '{row.setup_key}': {why}"
@@ -116,7 +130,7 @@ def compare(rows: list[RunMetrics], baseline: str | None = None) -> list[RunMetr
             ratio, lo, hi = speedup_interval(base, row)
             changes |= {"speedup": ratio, "speedup_ci95_lo": lo, "speedup_ci95_hi": hi}
             changes["baseline"] = base.name
-        if row.status != "completed":
+        if not compared_status(row.status):
             na["mem_saving_pct"] = f"run {row.status}: its memory line is not comparable"
         elif base is not None and base.peak_mem_mb and row.peak_mem_mb is not None:
             changes["mem_saving_pct"] = (base.peak_mem_mb - row.peak_mem_mb) / base.peak_mem_mb

@@ -24,6 +24,7 @@ from rich.table import Table
 from analysis.metrics import repeats, speedup
 from analysis.metrics import rows as metrics
 from analysis.metrics.rows import RunMetrics
+from analysis.metrics.speedup import RUNNING, compared_status
 from analysis.predict import prediction
 from analysis.report import predictions as report_predict
 from analysis.report.markdown import md_table
@@ -89,7 +90,18 @@ def _groups(rows: list[RunMetrics]) -> dict[str, list[RunMetrics]]:
 
 
 def _timed(rows: list[RunMetrics]) -> list[RunMetrics]:
-    return [r for r in rows if r.iter_ms_mean is not None and r.status == "completed"]
+    """Runs with a steady-state time that take part in ratios: completed, running or cut."""
+    return [r for r in rows if r.iter_ms_mean is not None and compared_status(r.status)]
+
+
+def status_text(r: RunMetrics) -> str:
+    """The status as the tables show it: a running or cut run with where its log ends."""
+    if r.status not in RUNNING:
+        return r.status
+    where = "" if r.last_iteration is None else f" at iteration {r.last_iteration}"
+    if where and r.train_iters:
+        where += f" of {r.train_iters}"
+    return f"running or cut{where}"
 
 
 def _context(rows: list[RunMetrics]) -> str:
@@ -168,8 +180,21 @@ def findings(group: list[RunMetrics]) -> list[str]:
     return out
 
 
+def _running(r: RunMetrics) -> str:
+    """A run whose log ends before its last iteration without a failure."""
+    timed = (
+        f"timed over {r.steady_iterations} and compared like a completed run"
+        if r.iter_ms_mean is not None
+        else "no steady-state time yet"
+    )
+    return f"{repeats.label(r)} {status_text(r)} (no failure in its log): {timed}."
+
+
 def _not_completed(r: RunMetrics) -> str:
-    """A run that did not complete: status, kind, where it stopped, why; never in a ratio."""
+    """A run that did not complete: status, kind, where it stopped, why; never in a ratio
+    (a running or cut run: ``_running``)."""
+    if r.status in RUNNING:
+        return _running(r)
     if r.last_iteration is None:
         where = "before any logged iteration"
     else:
@@ -188,26 +213,38 @@ def reference_line(group: list[RunMetrics]) -> str:
     return f"Reference for speedups and savings: {why or 'none'}."
 
 
+def _still(running: list[RunMetrics]) -> str:
+    """`` (2 running or cut)`` when some runs of the group are."""
+    return f" ({len(running)} running or cut)" if running else ""
+
+
 def executive_summary(groups: dict[str, list[RunMetrics]]) -> list[str]:
     """One line per setup group: its fastest run (or the repeats' summary) and what failed."""
     md: list[str] = []
     for key, group in groups.items():
         timed = _timed(group)
-        failed = [r for r in group if r.status != "completed"]
+        failed = [r for r in group if r.status != "completed" and r.status not in RUNNING]
+        running = [r for r in group if r.status in RUNNING]
         if (line := repeats.summary_line(key, repeats.group_repeats(group))) is not None:
-            md.append(line + f"; {len(timed)} timed run(s), {len(failed)} not completed.")
+            md.append(
+                line + f"; {len(timed)} timed run(s){_still(running)}, {len(failed)} not completed."
+            )
         elif timed:
             best = min(timed, key=lambda r: r.iter_ms_mean or 0.0)
             line = (
-                f"- **{key}**: fastest {best.name} ({best.strategy}), "
+                f"- **{key}**: fastest {best.name} ({best.strategy}"
+                + (f", {status_text(best)}" if best.status in RUNNING else "")
+                + "), "
                 f"{best.iter_ms_mean:,.1f} ms/iteration, "
                 f"{number(best.samples_per_s, 1)} samples/s"
             )
             if best.speedup is not None:
                 line += f", {best.speedup:.2f}x vs {best.baseline}"
-            md.append(line + f"; {len(timed)} timed run(s), {len(failed)} not completed.")
+            md.append(
+                line + f"; {len(timed)} timed run(s){_still(running)}, {len(failed)} not completed."
+            )
         else:
-            md.append(f"- **{key}**: no timed run; {len(failed)} not completed.")
+            md.append(f"- **{key}**: no timed run{_still(running)}; {len(failed)} not completed.")
     return md
 
 
@@ -244,7 +281,7 @@ def render(
                 [
                     repeats.label(r),
                     r.strategy or "?",
-                    r.status,
+                    status_text(r),
                     cell(r, "peak_mem_mb", notes, 0),
                     _time_cell(r, notes),
                     cell(r, "samples_per_s", notes, 2),
@@ -602,7 +639,7 @@ def console_table(rows: list[RunMetrics]) -> None:
         ("setup", lambda r: r.setup_key),
         ("run", repeats.label),
         ("strategy", lambda r: r.strategy or "?"),
-        ("status", lambda r: r.status),
+        ("status", status_text),
         ("ms/iter", lambda r: number(r.iter_ms_mean, 1) or "n/a"),
         ("samples/s", lambda r: number(r.samples_per_s, 2) or "n/a"),
         ("speedup", lambda r: f"{r.speedup:.2f}x" if r.speedup else "n/a"),
