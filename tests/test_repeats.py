@@ -520,3 +520,32 @@ def test_bare_logs_of_one_configuration_are_repeats(tmp_path) -> None:
     assert set(sets) == {"dp2_try0", "zero2_try0"} and sets["dp2_try0"]["runs_timed"] == 2
     assert sets["zero2_try0"]["speedup_interval"] == repeats.UNPAIRED_METHOD
     assert sets["zero2_try0"]["spec_hash"].startswith("setup:")
+
+
+def test_repeat_figures_show_one_bar_per_spec(tmp_path) -> None:
+    """REPEAT=2: the time and breakdown figures have one bar per spec (the mean over its
+    repeats with the between-run interval), never two bars of one name."""
+    from analysis.metrics.rows import to_frame
+    from analysis.report import plots  # matplotlib: imported by the test that draws
+
+    lab_matrix(tmp_path, [1.0, 1.1], {s: [1.0, 1.0] for s in JITTER})
+    rows = report.build(tmp_path, tmp_path / "report")
+    frame = to_frame(rows)
+    group = frame[frame["iter_ms_mean"].notna()]
+    sets = repeats.to_json(rows)
+    shown = plots.per_spec(group, sets)
+    assert len(group) == 6 and len(shown) == 3
+    names = [f"tiny-{s} (mean of 2)" for s in ("baseline", "pipeline", "zero2")]
+    assert sorted(shown["name"]) == names
+    by = {s["name"]: s for s in sets}
+    for _, row in shown.iterrows():
+        s = by[row["name"].removesuffix(" (mean of 2)")]
+        assert row["iter_ms_mean"] == s["iter_ms_mean"]
+        assert row["iter_ms_ci95_lo"] == s["iter_ms_ci95_lo"]
+    base = group[group["name"] == "tiny-baseline"]
+    merged = shown[shown["name"] == "tiny-baseline (mean of 2)"].iloc[0]
+    assert merged["fwd_ms"] == pytest.approx(base["fwd_ms"].mean())
+    assert plots.run_labels(base) == ["tiny-baseline r1", "tiny-baseline r2"]
+    figures = sorted(p.name for p in (tmp_path / "report" / "figures").glob("*.png"))
+    assert any(n.startswith("time-") for n in figures)
+    assert any(n.startswith("breakdown-") for n in figures)

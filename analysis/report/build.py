@@ -691,10 +691,12 @@ def build(logdir: Path, out: Path, baseline: str | None = None) -> list[RunMetri
     frame = metrics.to_frame(rows)
     from analysis.report.plots import write_figures  # matplotlib and pandas: 0.7 s, for figures
 
-    figures = [p.relative_to(out).as_posix() for p in write_figures(frame, out / "figures")]
+    sets = repeats.to_json(rows)
+    written = write_figures(frame, out / "figures", sets)
+    figures = [p.relative_to(out).as_posix() for p in written]
     label = logdir.name or str(logdir)
     (out / "report.md").write_text(render(rows, label, figures, model))
-    summary = {"runs": [metrics.row_dict(r) for r in rows], "repeats": repeats.to_json(rows)}
+    summary = {"runs": [metrics.row_dict(r) for r in rows], "repeats": sets}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     frame.to_csv(out / "summary.csv", index=False)
     return rows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -40,15 +41,57 @@ def _title(group: str, frame: pd.DataFrame) -> str:
     )
 
 
-def write_figures(frame: pd.DataFrame, out: Path) -> list[Path]:
-    """Write the figures for every setup group with timed runs; returns the written paths."""
+def run_labels(rows: pd.DataFrame) -> list[str]:
+    """Bar labels of single runs: the name, with ``r2`` for round 2 of a repeated matrix."""
+    rounds = rows["repeat_round"] if "repeat_round" in rows else [None] * len(rows)
+    return [
+        str(name) + ("" if r is None or pd.isna(r) else f" r{int(r)}")
+        for name, r in zip(rows["name"], rounds, strict=True)
+    ]
+
+
+def per_spec(rows: pd.DataFrame, sets: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per spec: the runs of a repeat set with two or more timed runs become one row,
+    its time the set's mean with the between-run interval (summary.json ``repeats``: the
+    results table's figures) and each breakdown part the mean over those runs; other runs stay
+    as they are. In the order of each spec's first run."""
+    out: list[pd.Series] = []
+    done: set[int] = set()
+    for i, row in rows.iterrows():
+        if i in done:
+            continue
+        s = next((s for s in sets if row["path"] in s["runs"]), None)
+        if s is None or (s.get("runs_timed") or 0) < 2:
+            single = row.copy()
+            single["name"] = run_labels(rows.loc[[i]])[0]
+            out.append(single)
+            continue
+        members = rows[rows["path"].isin(s["runs"])]
+        done.update(members.index)
+        merged = row.copy()
+        merged["name"] = f"{s['name']} (mean of {s['runs_timed']})"
+        for col in ("iter_ms_mean", "iter_ms_ci95_lo", "iter_ms_ci95_hi"):
+            merged[col] = s[col]
+        for col in BREAKDOWN_PARTS:
+            merged[col] = members[col].mean() if members[col].notna().any() else None
+        out.append(merged)
+    return pd.DataFrame(out)
+
+
+def write_figures(
+    frame: pd.DataFrame, out: Path, sets: list[dict[str, Any]] | None = None
+) -> list[Path]:
+    """Write the figures for every setup group with timed runs; returns the written paths.
+    ``sets`` (summary.json's ``repeats``): the time and breakdown figures show one bar per
+    spec, the mean over its repeats with the between-run interval (:func:`per_spec`)."""
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for group, rows in frame.groupby("setup_key", sort=True):
-        rows = rows[rows["iter_ms_mean"].notna()]
-        if rows.empty:
+    for group, all_rows in frame.groupby("setup_key", sort=True):
+        all_rows = all_rows[all_rows["iter_ms_mean"].notna()]
+        if all_rows.empty:
             continue
         slug = _slug(str(group))
+        rows = per_spec(all_rows, [s for s in sets or [] if s["setup_key"] == group])
         labels = rows["name"].tolist()
         x = range(len(rows))
 
@@ -57,15 +100,19 @@ def write_figures(frame: pd.DataFrame, out: Path) -> list[Path]:
         hi = (rows["iter_ms_ci95_hi"] - rows["iter_ms_mean"]).fillna(0)
         ax.bar(x, rows["iter_ms_mean"], yerr=[lo, hi], capsize=4, color="#4c72b0")
         ax.set_xticks(list(x), labels, rotation=30, ha="right")
-        ax.set_ylabel("ms per iteration (mean, 95% CI)")
+        merged = len(rows) < len(all_rows)  # (repeats drawn as one bar per spec)
+        ax.set_ylabel(
+            "ms per iteration (mean, 95% CI"
+            + ("; repeats: their mean,\nbetween-run CI)" if merged else ")")
+        )
         ax.set_title(_title(str(group), rows), fontsize=9)
         written.append(_save(fig, out / f"time-{slug}.png"))
 
-        mem = rows[rows["peak_mem_mb"].notna()]
+        mem = all_rows[all_rows["peak_mem_mb"].notna()]
         if not mem.empty:
             fig, ax = plt.subplots(figsize=(7, 4))
             ax.bar(range(len(mem)), mem["peak_mem_mb"], color="#55a868")
-            ax.set_xticks(range(len(mem)), mem["name"].tolist(), rotation=30, ha="right")
+            ax.set_xticks(range(len(mem)), run_labels(mem), rotation=30, ha="right")
             kind = str(mem["mem_kind"].iloc[0])
             ax.set_ylabel("peak memory, MiB")
             ax.set_title(_title(str(group), mem) + f"\n{kind}", fontsize=9)
@@ -95,9 +142,9 @@ def write_figures(frame: pd.DataFrame, out: Path) -> list[Path]:
             "busbw_gbps_inferred": "inferred",
             "busbw_gbps_measured": "netbench",
         }
-        bw = rows[[c for c in bw_cols]].notna().any(axis=1)
+        bw = all_rows[[c for c in bw_cols]].notna().any(axis=1)
         if bw.any():
-            sub = rows[bw]
+            sub = all_rows[bw]
             fig, ax = plt.subplots(figsize=(7, 4))
             width = 0.25
             for k, (col, label) in enumerate(bw_cols.items()):
@@ -113,7 +160,7 @@ def write_figures(frame: pd.DataFrame, out: Path) -> list[Path]:
             link = sub["link_mbit"].iloc[0]
             if pd.notna(link):
                 ax.axhline(link / 1000.0, color="k", ls="--", lw=1, label="link rate")
-            ax.set_xticks(range(len(sub)), sub["name"].tolist(), rotation=30, ha="right")
+            ax.set_xticks(range(len(sub)), run_labels(sub), rotation=30, ha="right")
             ax.set_ylabel("bus bandwidth, Gbit/s (missing = n/a)")
             ax.set_title(_title(str(group), sub), fontsize=9)
             ax.legend(fontsize=7)
