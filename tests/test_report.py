@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -301,6 +302,8 @@ def test_cut_log_is_timed_and_compared(tmp_path):
     lines = (LAB_LOGS / "zero1.log").read_text(encoding="utf-8").splitlines(keepends=True)
     last = next(i for i, line in enumerate(lines) if " iteration       15/      30 |" in line)
     (tmp_path / "zero1.log").write_text("".join(lines[: last + 1]), encoding="utf-8")
+    written = time.time() - 3 * 3600  # its last line three hours ago
+    os.utime(tmp_path / "zero1.log", (written, written))
     rows = {r.name: r for r in report.build(tmp_path, tmp_path / "report")}
     cut, done = rows["zero1"], rows["dp2"]
     assert cut.status == "incomplete" and done.status == "completed"
@@ -310,5 +313,9 @@ def test_cut_log_is_timed_and_compared(tmp_path):
     )
     assert cut.speedup_ci95_lo < cut.speedup < cut.speedup_ci95_hi
     text = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
-    assert "| zero1 | zero1 | running or cut at iteration 15 of 30 |" in text
+    assert cut.since_last_write_s == pytest.approx(3 * 3600, abs=600)
+    assert (
+        "| zero1 | zero1 | running or cut at iteration 15 of 30, log last written 3.0 h ago |"
+        in text
+    )
     assert "no timed run" not in text and "(1 running or cut), 0 not completed" in text

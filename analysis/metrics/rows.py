@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -376,6 +377,9 @@ class RunMetrics:
     """run.json ``repeat.round`` (1-based)."""
     na_reasons: dict[str, str] = field(default_factory=dict)
     """Column -> why it is None (or why it should be read with care)."""
+    since_last_write_s: float | None = None
+    """Running or cut runs: seconds from the last write of the log files to the report (the
+    wall time since the last line when the log is still being written)."""
     problems: list[Problem] = field(default_factory=list)
     """Loading/parsing problems of this run (summary.json gives their messages)."""
 
@@ -494,6 +498,8 @@ def compute(run: LoadedRun) -> RunMetrics:
     elif row.get("comm_bytes_per_iter"):
         row["wire_over_model"] = wire / row["comm_bytes_per_iter"]
 
+    if run.status in ("incomplete", "running") and run.last_write is not None:
+        row["since_last_write_s"] = max(0.0, time.time() - run.last_write)
     if p is None:
         na["iter_ms_mean"] = "no log"
         return RunMetrics(**row)

@@ -101,7 +101,20 @@ def status_text(r: RunMetrics) -> str:
     where = "" if r.last_iteration is None else f" at iteration {r.last_iteration}"
     if where and r.train_iters:
         where += f" of {r.train_iters}"
+    if r.since_last_write_s is not None:
+        where += f", log last written {_age(r.since_last_write_s)} ago"
     return f"running or cut{where}"
+
+
+def _age(seconds: float) -> str:
+    """``42 s``, ``7 min``, ``3.2 h``, ``2.0 d``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
 
 
 def _context(rows: list[RunMetrics]) -> str:

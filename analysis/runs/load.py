@@ -80,6 +80,9 @@ class LoadedRun:
     """netbench.json as read (measured collective bandwidth)."""
     log_files: tuple[str, ...] = ()
     """Log files that fed the run, relative to LOGDIR."""
+    last_write: float | None = None
+    """When its log files were last written (the newest mtime, seconds since the epoch): for a
+    log still being written, the time of its last line."""
     problems: tuple[Problem, ...] = ()
     """What was missing or inconsistent, each with its code."""
 
@@ -517,6 +520,7 @@ def _make_runs(
                 record=record,
                 netbench=netbench,
                 log_files=tuple(p.relative_to(root).as_posix() for p in logs),
+                last_write=max((p.stat().st_mtime for p in logs), default=None),
                 problems=tuple(all_problems),
             )
         )
