@@ -206,3 +206,9 @@ def test_external_corpus_pauses_left_out_and_no_negative_remainder(tmp_path: Pat
     assert aurora.iter_ms_mean == pytest.approx(statistics.fmean([3420.2, 3402.7, 3394.8, 3401.5]))
     moe = rows["mds-moe-2022-dp8-fp16"]  # 942 ms first window; 907 ms at iteration 110
     assert moe.warmup_iterations == [10] and moe.pause_iterations == [110]
+    # "no timed run" only where no run of the group has a steady-state time
+    text = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    untimed = re.findall(r"^- \*\*(.+?)\*\*: no timed run", text, flags=re.M)
+    for key in untimed:
+        assert all(r.iter_ms_mean is None for r in rows.values() if r.setup_key == key), key
+    assert "running or cut at iteration 120 of 1716613" in text  # mds-moe's log, cut

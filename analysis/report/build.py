@@ -226,9 +226,14 @@ def reference_line(group: list[RunMetrics]) -> str:
     return f"Reference for speedups and savings: {why or 'none'}."
 
 
-def _still(running: list[RunMetrics]) -> str:
-    """`` (2 running or cut)`` when some runs of the group are."""
-    return f" ({len(running)} running or cut)" if running else ""
+def _counts(timed: list[RunMetrics], running: list[RunMetrics], failed: int) -> str:
+    """``; 4 timed run(s) (3 running or cut), 2 running or cut without a steady time yet, 1 not
+    completed.``"""
+    live = sum(1 for r in timed if r.status in RUNNING)
+    text = f"; {len(timed)} timed run(s)" + (f" ({live} running or cut)" if live else "")
+    if waiting := len(running) - live:
+        text += f", {waiting} running or cut without a steady-state time yet"
+    return text + f", {failed} not completed."
 
 
 def executive_summary(groups: dict[str, list[RunMetrics]]) -> list[str]:
@@ -238,26 +243,31 @@ def executive_summary(groups: dict[str, list[RunMetrics]]) -> list[str]:
         timed = _timed(group)
         failed = [r for r in group if r.status != "completed" and r.status not in RUNNING]
         running = [r for r in group if r.status in RUNNING]
+        counts = _counts(timed, running, len(failed))
         if (line := repeats.summary_line(key, repeats.group_repeats(group))) is not None:
-            md.append(
-                line + f"; {len(timed)} timed run(s){_still(running)}, {len(failed)} not completed."
-            )
+            md.append(line + counts)
         elif timed:
             best = min(timed, key=lambda r: r.iter_ms_mean or 0.0)
+            what = [best.strategy] if best.strategy else []
+            what += [status_text(best)] if best.status in RUNNING else []
             line = (
-                f"- **{key}**: fastest {best.name} ({best.strategy}"
-                + (f", {status_text(best)}" if best.status in RUNNING else "")
-                + "), "
-                f"{best.iter_ms_mean:,.1f} ms/iteration, "
-                f"{number(best.samples_per_s, 1)} samples/s"
+                f"- **{key}**: fastest {best.name}"
+                + (f" ({', '.join(what)})" if what else "")
+                + f", {best.iter_ms_mean:,.1f} ms/iteration"
+                + (f", {number(best.samples_per_s, 1)} samples/s" if best.samples_per_s else "")
             )
             if best.speedup is not None:
                 line += f", {best.speedup:.2f}x vs {best.baseline}"
+            md.append(line + counts)
+        elif stopped := [r for r in failed if r.iter_ms_mean is not None]:
+            best = min(stopped, key=lambda r: r.iter_ms_mean or 0.0)
             md.append(
-                line + f"; {len(timed)} timed run(s){_still(running)}, {len(failed)} not completed."
+                f"- **{key}**: no run to compare (failed runs stay out of every ratio); "
+                f"{len(stopped)} timed before it stopped ({best.name} {best.status}: "
+                f"{best.iter_ms_mean:,.1f} ms/iteration, not in any ratio)" + counts
             )
         else:
-            md.append(f"- **{key}**: no timed run{_still(running)}; {len(failed)} not completed.")
+            md.append(f"- **{key}**: no timed run" + counts)
     return md
 
 
