@@ -28,8 +28,7 @@ from typing import Any
 import pytest
 
 from launchers.cli import main as cli_main
-from launchers.config import gpu
-from launchers.config import probe as _doctor_probe
+from launchers.config import gpu, probe
 from launchers.config.hostfile import parse_hostfile_text
 from launchers.config.presets import default_paths, resolve_spec
 from launchers.config.project import megatron_args
@@ -62,7 +61,7 @@ def request(
 @pytest.fixture(scope="module")
 def here() -> dict[str, Any]:
     """This machine's facts from the real probe (CPU request)."""
-    reply = transport.probe_local(_doctor_probe.command(sys.executable, request().to_json()))
+    reply = transport.probe_local(probe.command(sys.executable, request().to_json()))
     assert reply.facts is not None, reply.error
     return reply.facts
 
@@ -86,7 +85,7 @@ def failing(report: verdicts.NodeReport) -> dict[str, verdicts.Finding]:
 
 
 def test_probe_reports_what_pip_reports(here: dict[str, Any]) -> None:
-    for name in _doctor_probe.PACKAGES:
+    for name in probe.PACKAGES:
         assert here["packages"][name] == importlib.metadata.version(name)
     assert here["python"]["executable"] == sys.executable
     assert here["python"]["version"] == ".".join(map(str, sys.version_info[:3]))
@@ -105,18 +104,18 @@ def test_probe_reads_upstream_commit_and_data(here: dict[str, Any]) -> None:
 
 
 def test_probe_output_is_found_behind_launcher_prefixes() -> None:
-    line = _doctor_probe.MARKER + json.dumps({"hostname": "n"})
-    assert _doctor_probe.parse_output(f"banner\n10.0.0.2: {line}\n") == {"hostname": "n"}
-    assert _doctor_probe.parse_output("no marker here\n") is None
-    assert _doctor_probe.parse_output(_doctor_probe.MARKER + "{not json\n") is None
+    line = probe.MARKER + json.dumps({"hostname": "n"})
+    assert probe.parse_output(f"banner\n10.0.0.2: {line}\n") == {"hostname": "n"}
+    assert probe.parse_output("no marker here\n") is None
+    assert probe.parse_output(probe.MARKER + "{not json\n") is None
 
 
 def test_probe_runs_on_the_standard_library_alone(tmp_path: Path) -> None:
     """A node whose interpreter has none of the venv's packages (``-S``: no site-packages)."""
-    python, *rest = _doctor_probe.command(sys.executable, request(logs=tmp_path).to_json())
+    python, *rest = probe.command(sys.executable, request(logs=tmp_path).to_json())
     reply = transport.probe_local([python, "-S", *rest])
     assert reply.facts is not None, reply.error
-    assert reply.facts["packages"] == {name: None for name in _doctor_probe.PACKAGES}
+    assert reply.facts["packages"] == {name: None for name in probe.PACKAGES}
     assert reply.facts["torch_cuda_build"] is None
 
 
@@ -184,7 +183,7 @@ def test_cuda_on_a_cpu_only_node(here: dict[str, Any]) -> None:
     facts = dict(here)
     facts["cuda"] = {"torch_version": "2.14.1+cu130", "available": False, "count": 0,
                      "cuda_home": None, "apex": {m: "ModuleNotFoundError: No module named 'apex'"
-                                                 for m in _doctor_probe.APEX_MODULES}}  # fmt: skip
+                                                 for m in probe.APEX_MODULES}}  # fmt: skip
     report = row(facts, expectation(here, "cuda"), slots=2)
     bad = failing(report)
     assert {"accelerator", "cuda"} <= set(bad)
@@ -435,9 +434,9 @@ def test_probe_finds_headers_under_cuda_home_or_cpath(monkeypatch, tmp_path: Pat
     (extra / "cusparse.h").write_text("")
     monkeypatch.delenv("CPLUS_INCLUDE_PATH", raising=False)
     monkeypatch.delenv("CPATH", raising=False)
-    assert _doctor_probe._headers(str(home))["missing"] == list(_doctor_probe.CUDA_HEADERS[1:])
+    assert probe._headers(str(home))["missing"] == list(probe.CUDA_HEADERS[1:])
     monkeypatch.setenv("CPATH", str(extra))
-    assert _doctor_probe._headers(str(home))["missing"] == list(_doctor_probe.CUDA_HEADERS[2:])
+    assert probe._headers(str(home))["missing"] == list(probe.CUDA_HEADERS[2:])
 
 
 # --------------------------------------------------------------------------- the lab, for real
