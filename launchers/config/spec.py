@@ -105,6 +105,8 @@ class ModelConfig:
     """Samples per optimizer step over all data-parallel ranks (``--global-batch-size``)."""
     precision: Precision
     """Training precision."""
+    ffn_hidden_size: int | None = None
+    """MLP hidden size f (``--ffn-hidden-size``); None: Megatron's default 4h."""
 
     def __post_init__(self) -> None:
         owner = f"model {self.name!r}"
@@ -120,6 +122,8 @@ class ModelConfig:
             global_batch_size=self.global_batch_size,
         )
         _one_of(owner, "precision", self.precision, PRECISIONS)
+        if self.ffn_hidden_size is not None:
+            _positive(owner, ffn_hidden_size=self.ffn_hidden_size)
 
     def num_parameters(self, tp: int = 1, normalization: Normalization = "layernorm") -> int:
         """Parameters of one model replica (:func:`gpt_parameters`), the vocabulary padded as
@@ -127,7 +131,7 @@ class ModelConfig:
         (``max_position_embeddings``)."""
         vocab = padded_vocab_size(self.vocab_size, tp)
         return gpt_parameters(self.num_layers, self.hidden_size, self.max_position_embeddings,
-                              vocab, normalization)  # fmt: skip
+                              vocab, normalization, ffn=self.ffn_hidden_size)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -376,7 +380,8 @@ class RunSpec:
         """Parameters of one replica (:func:`gpt_parameters`), as this run builds it."""
         m = self.model
         return gpt_parameters(m.num_layers, m.hidden_size, m.max_position_embeddings,
-                              self.padded_vocab_size, self.normalization)  # fmt: skip
+                              self.padded_vocab_size, self.normalization,
+                              ffn=m.ffn_hidden_size)  # fmt: skip
 
     @property
     def parameters_per_stage(self) -> list[int]:
@@ -385,7 +390,8 @@ class RunSpec:
         m, s = self.model, self.strategy
         return [
             gpt_parameters_on_rank(m.num_layers, m.hidden_size, m.max_position_embeddings,
-                                   self.padded_vocab_size, self.normalization, s.tp, s.pp, stage)
+                                   self.padded_vocab_size, self.normalization, s.tp, s.pp, stage,
+                                   ffn=m.ffn_hidden_size)
             for stage in range(s.pp)
         ]  # fmt: skip
 
@@ -492,7 +498,9 @@ def validate(spec: RunSpec) -> None:
 
 def spec_to_json(spec: RunSpec) -> dict[str, Any]:
     """The resolved spec as plain JSON (the ``spec`` entry of ``run.json``)."""
-    model = asdict(spec.model) | {
+    model = {  # (an FFN of the default 4h is left out: the specs of earlier runs keep their hash)
+        k: v for k, v in asdict(spec.model).items() if not (k == "ffn_hidden_size" and v is None)
+    } | {
         "num_parameters": spec.num_parameters,
         "padded_vocab_size": spec.padded_vocab_size,
         "parameters_per_stage": spec.parameters_per_stage,
