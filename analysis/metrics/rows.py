@@ -380,6 +380,18 @@ class RunMetrics:
     since_last_write_s: float | None = None
     """Running or cut runs: seconds from the last write of the log files to the report (the
     wall time since the last line when the log is still being written)."""
+    gpu: str | None = None
+    """GPU model of the peak table (``H100 SXM``), from run.json or ``--gpu``."""
+    peak_tflops: float | None = None
+    """Dense peak TFLOP/s per GPU for the run's dtype (analysis.theory.hardware)."""
+    peak_label: str | None = None
+    """What MFU is out of: ``989 TFLOP/s dense bf16, H100 SXM``."""
+    mfu: float | None = None
+    """Model FLOPs utilisation, percent: ``tflops / peak_tflops * 100`` (metrics.hardware)."""
+    mfu_printed: float | None = None
+    """The same from Megatron's printed TFLOPs (``tflops_printed``), percent."""
+    mem_per_rank: list[dict[str, Any]] | None = None
+    """Per rank: ``rank``, ``allocated_mb`` and ``reserved_mb`` peaks (MiB), ``after_iteration``."""
     problems: list[Problem] = field(default_factory=list)
     """Loading/parsing problems of this run (summary.json gives their messages)."""
 

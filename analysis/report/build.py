@@ -21,11 +21,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from analysis.metrics import repeats, speedup
+from analysis.metrics import hardware, repeats, speedup
 from analysis.metrics import rows as metrics
 from analysis.metrics.rows import RunMetrics
 from analysis.metrics.speedup import RUNNING, compared_status
 from analysis.predict import prediction
+from analysis.report import gpu as report_gpu
 from analysis.report import predictions as report_predict
 from analysis.report.markdown import md_table
 from analysis.runs import load
@@ -344,6 +345,7 @@ def render(
             )
         md.append("")
 
+    md += report_gpu.section(rows)
     md += ["## Time breakdown", ""]
     md += [
         "ms per iteration, steady state. DeepSpeed's per-step timers are sums over the step's "
@@ -666,6 +668,7 @@ def console_table(rows: list[RunMetrics]) -> None:
         ("ms/iter", lambda r: number(r.iter_ms_mean, 1) or "n/a"),
         ("samples/s", lambda r: number(r.samples_per_s, 2) or "n/a"),
         ("speedup", lambda r: f"{r.speedup:.2f}x" if r.speedup else "n/a"),
+        ("MFU", lambda r: f"{r.mfu:.1f}%" if r.mfu is not None else "n/a"),
         ("peak MiB", lambda r: number(r.peak_mem_mb, 0) or "n/a"),
         ("MB/iter", lambda r: number((r.comm_bytes_per_iter or 0) / 1e6, 2) or "n/a"),
     ]
@@ -693,20 +696,34 @@ def _set_aside(out: Path) -> Path | None:
 
 
 def summarize(
-    logdir: Path, exclude: list[Path], baseline: str | None = None
+    logdir: Path,
+    exclude: list[Path],
+    baseline: str | None = None,
+    given: hardware.HardwareGiven | None = None,
 ) -> tuple[list[load.LoadedRun], list[RunMetrics], report_predict.ReportSections]:
     """The runs under ``logdir``, their summary rows (with the cross-run and leave-one-out
-    figures) and the calibrated model's sections: everything the report shows."""
+    figures, MFU against ``given`` or run.json's GPU) and the calibrated model's sections:
+    everything the report shows."""
     runs = load.discover(logdir, exclude=exclude)
-    rows = speedup.compare([metrics.compute(r) for r in runs], baseline)
+    computed = hardware.apply([metrics.compute(r) for r in runs], runs, given or _NO_GIVEN)
+    rows = speedup.compare(computed, baseline)
     rows = repeats.same_round_speedups(rows)
     model = report_predict.report_sections(runs, rows)
     return runs, prediction.fill_rows(rows, model.loo), model
 
 
-def build(logdir: Path, out: Path, baseline: str | None = None) -> list[RunMetrics]:
+_NO_GIVEN = hardware.HardwareGiven()
+"""No ``--gpu``/``--peak-tflops``: the GPU comes from run.json."""
+
+
+def build(
+    logdir: Path,
+    out: Path,
+    baseline: str | None = None,
+    given: hardware.HardwareGiven | None = None,
+) -> list[RunMetrics]:
     """Load, compute, write everything; returns the rows."""
-    _runs, rows, model = summarize(logdir, [out], baseline)
+    _runs, rows, model = summarize(logdir, [out], baseline, given)
     moved = _set_aside(out)
     if moved:
         print(f"previous report kept as {moved}", file=sys.stderr)
@@ -732,12 +749,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="output directory (default LOGDIR/report)")
     parser.add_argument("--baseline", help="name of the baseline run (default: strategy baseline)")
     parser.add_argument("--summary", action="store_true", help="also print the executive summary")
+    parser.add_argument(
+        "--gpu", help="GPU of logs without run.json (MFU peak): e.g. 'H100 SXM', 'A100 80GB'"
+    )
+    parser.add_argument(
+        "--peak-tflops", type=float, help="dense peak TFLOP/s per GPU for the runs' dtype (MFU)"
+    )
     args = parser.parse_args(argv)
     if not args.logdir.exists():
         parser.error(f"{args.logdir} does not exist")
     default = args.logdir if args.logdir.is_dir() else args.logdir.parent
     out = args.out or default / "report"
-    rows = build(args.logdir, out, args.baseline)
+    given = hardware.HardwareGiven(args.gpu, args.peak_tflops)
+    rows = build(args.logdir, out, args.baseline, given)
     console_table(rows)
     print(f"wrote {out / 'report.md'}")
     if args.summary:

@@ -65,6 +65,27 @@ class Upstream:
 
 
 @dataclass(frozen=True)
+class GpuInfo:
+    """One GPU of a node, as ``nvidia-smi --query-gpu=name,memory.total,driver_version`` printed
+    it when the run started (or why it could not be read)."""
+
+    __pydantic_config__ = DOCUMENT
+
+    node: StrictStr
+    """Host name of the node (the hostfile's)."""
+    index: StrictInt | None = None
+    """GPU index on the node (nvidia-smi's order)."""
+    name: StrictStr | None = None
+    """Product name (``NVIDIA H100 80GB HBM3``): what the MFU peak is looked up by."""
+    memory_total_mib: StrictFloat | StrictInt | None = None
+    """``memory.total`` in MiB."""
+    driver_version: StrictStr | None = None
+    """NVIDIA driver version."""
+    error: StrictStr | None = None
+    """Why the node's GPUs could not be read (no nvidia-smi, unreachable node)."""
+
+
+@dataclass(frozen=True)
 class Provenance:
     """Where and with what a run was generated."""
 
@@ -86,6 +107,9 @@ class Provenance:
     """Environment variables that change a run (NCCL, DeepSpeed, CUDA ones), by name."""
     created: StrictStr | None = None
     """UTC ISO time the run directory was generated."""
+    gpus: list[GpuInfo] | None = None
+    """The GPUs of every node when a CUDA run started (``launchers.run.gpus``); None on CPU or
+    for a run recorded before they were."""
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from rich.progress import (
 )
 
 from analysis.runs.record import SCHEMA_VERSION, Outcome, from_json
+from launchers.run import gpus
 from launchers.run.memlimit import MemoryCgroup, format_size
 from launchers.run.render import write_atomic
 from launchers.run.verdict import Arrivals, classify, classify_stopped
@@ -346,6 +347,9 @@ def _prepare(
         nodes = [replace(n, argv=cgroup.wrap(n.argv)) for n in nodes]
     ex = _Execution(run_dir, doc.get("name", run_dir.name), nodes, cgroup, start_iso=utc_now())
     fields: dict[str, Any] = {"outcome": {"status": "running", "start": ex.start_iso}}
+    prov = gpus.provenance_with_gpus(doc)  # (CUDA only: the GPUs every node has)
+    if prov is not None:
+        fields["provenance"] = prov
     if cgroup is not None:
         fields["limits"] = {
             "memory_bytes": cgroup.limit_bytes,
