@@ -21,26 +21,26 @@ MODEL = {"num_layers": 32, "hidden_size": 4096, "seq_length": 4096, "vocab": 503
 GBS, WORLD = 32, 8
 
 
-def args_block(precision: str) -> str:
-    """Megatron's argument dump (``print_args``) for the model, in ``precision``."""
+def args_block(precision: str, zero: int = 1, model: dict[str, int] = MODEL) -> str:
+    """Megatron's argument dump (``print_args``) for ``model``, in ``precision``."""
     values = {
         "bf16": precision == "bf16",
         "fp16": precision == "fp16",
         "data_parallel_size": WORLD,
-        "ffn_hidden_size": 4 * MODEL["hidden_size"],
+        "ffn_hidden_size": 4 * model["hidden_size"],
         "global_batch_size": GBS,
-        "hidden_size": MODEL["hidden_size"],
+        "hidden_size": model["hidden_size"],
         "log_interval": 10,
-        "max_position_embeddings": MODEL["seq_length"],
+        "max_position_embeddings": model["seq_length"],
         "micro_batch_size": 1,
         "num_attention_heads": 32,
-        "num_layers": MODEL["num_layers"],
+        "num_layers": model["num_layers"],
         "pipeline_model_parallel_size": 1,
-        "seq_length": MODEL["seq_length"],
+        "seq_length": model["seq_length"],
         "tensor_model_parallel_size": 1,
         "train_iters": 100,
         "world_size": WORLD,
-        "zero_stage": 1,
+        "zero_stage": zero,
     }
     lines = ["------------------------ arguments ------------------------"]
     lines += [f"  {k} {'.' * (48 - len(k))} {v}" for k, v in values.items()]
@@ -48,9 +48,8 @@ def args_block(precision: str) -> str:
     return "\n".join(lines)
 
 
-def iteration_ms(tflops: float) -> float:
-    """The iteration time at which the model runs at ``tflops`` per GPU."""
-    m = MODEL
+def iteration_ms(tflops: float, m: dict[str, int] = MODEL) -> float:
+    """The iteration time at which model ``m`` runs at ``tflops`` per GPU."""
     flops = flops_per_iteration(
         GBS, m["seq_length"], m["num_layers"], m["hidden_size"], m["vocab"], None, False
     )
@@ -94,15 +93,17 @@ def write_log(
     tflops: float = 147.4,
     dialect: str = "ds",
     memory: dict[int, float] | None = None,
+    zero: int = 1,
+    model: dict[str, int] = MODEL,
 ) -> Path:
     """A CUDA training log: arguments, padded vocabulary, accelerator, 10 windows of 10
     iterations (the first a slow warm-up) at ``tflops`` per GPU, and memory lines per rank."""
     line = ds_line if dialect == "ds" else core_line
-    ms = iteration_ms(tflops)
+    ms = iteration_ms(tflops, model)
     out = [
         "[2024-04-04 09:35:35,959] [INFO] [real_accelerator.py:191:get_accelerator] Setting "
         "ds_accelerator to cuda (auto detect)",
-        args_block(precision),
+        args_block(precision, zero, model),
         " > padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)",
         line(10, ms * 2.6, tflops / 2.6),
     ]
@@ -317,3 +318,51 @@ def test_known_gpu_from_run_json_through_the_report(tmp_path):
     assert (row["gpu"], row["peak_tflops"], row["precision"]) == ("H100 SXM", 989.0, "fp16")
     assert row["mfu"] == pytest.approx(50.0, abs=0.01)
     assert "MFU 50.0% of 989 TFLOP/s dense fp16, H100 SXM" in (out / "report.md").read_text()
+
+
+# -- GPU tensor memory -----------------------------------------------------------------------
+
+SMALL = {"num_layers": 24, "hidden_size": 2048, "seq_length": 2048, "vocab": 50304}
+"""A 1.3B GPT: its Adam state fits an 80 GB GPU without ZeRO."""
+
+
+def test_cuda_memory_per_rank_beside_the_model_state(tmp_path):
+    """Baseline and ZeRO-1/2/3 on 8 GPUs, each printing Megatron's CUDA memory line per rank:
+    the allocated and reserved peaks per rank, the analytic model state of the run's stage
+    beside them, and the saving against the baseline in tensor memory."""
+    logs = tmp_path / "logs"
+    peaks = {"baseline": 26000.0, "zero1": 12500.0, "zero2": 9800.0, "zero3": 6100.0}
+    for stage, (name, peak) in enumerate(peaks.items()):
+        memory = {rank: peak - 8 * rank for rank in range(2)}  # ranks 0 and 1 print
+        write_log(logs / f"{name}.log", tflops=120.0, memory=memory, zero=stage, model=SMALL)
+    out = tmp_path / "report"
+    report.main([str(logs), "--out", str(out), "--gpu", "A100 80GB"])
+    rows = summary(out)
+    base, z2 = rows["baseline"], rows["zero2"]
+    assert [m["rank"] for m in z2["mem_per_rank"]] == [0, 1]
+    assert z2["mem_per_rank"][1]["allocated_mb"] == pytest.approx(9792.0)
+    assert z2["mem_per_rank"][0]["reserved_mb"] == pytest.approx(9800.0 * 1.2)
+    assert z2["mem_per_rank"][0]["after_iteration"] == 10
+    psi = z2["num_parameters"]
+    assert z2["model_state_mb"] == pytest.approx((2 * psi + 14 * psi / 8) / 2**20)
+    assert base["model_state_mb"] == pytest.approx(16 * psi / 2**20)
+    assert z2["mem_saving_pct"] == pytest.approx(100 * (26000 - 9800) / 26000)
+    text = (out / "report.md").read_text()
+    section = text[text.index("## GPU: MFU and tensor memory") : text.index("## Time breakdown")]
+    assert "| zero2 | zero2 | 1 | 9,792 | 11,750 | 4,706 | 5,086 |" in section
+    saved = base["model_state_mb"] - z2["model_state_mb"]
+    assert (
+        f"- zero2: peak allocated 9,800 MiB, saves 16,200 MiB (62.3%) of tensor memory against "
+        f"baseline (the model state predicts {saved:,.0f} MiB)."
+    ) in section
+    assert "model state per rank at DP 8, MiB: DP 20,078; ZeRO-1 6,902; ZeRO-2 4,706; " in section
+
+
+def test_cpu_runs_have_no_gpu_section(tmp_path):
+    from conftest import LAB_LOGS
+
+    out = tmp_path / "report"
+    report.build(LAB_LOGS, out)
+    assert "## GPU" not in (out / "report.md").read_text()
+    row = summary(out)["2n_dp2_1000mbit"]
+    assert row["mfu"] is None and row["na_reasons"]["mfu"] == "CPU run: no GPU"

@@ -59,10 +59,8 @@ def stage_states(r: RunMetrics) -> str | None:
     (``formulas.zero_state_bytes``), MiB; None without TP = PP = 1 and the parameter count."""
     if r.num_parameters is None or not r.dp or (r.tp or 1) * (r.pp or 1) != 1:
         return None
-    parts = [
-        f"ZeRO-{k} {zero_state_bytes(r.num_parameters, k, r.dp, r.precision or 'fp32') / 2**20:.0f}"
-        for k in range(4)
-    ]
+    psi, precision = r.num_parameters, r.precision or "fp32"
+    parts = [f"ZeRO-{k} {zero_state_bytes(psi, k, r.dp, precision) / 2**20:,.0f}" for k in range(4)]
     return "; ".join(parts).replace("ZeRO-0", "DP")
 
 
@@ -102,20 +100,21 @@ def memory_lines(rows: list[RunMetrics]) -> list[str]:
         "",
     ]
     by_name = {(r.setup_key, r.name): r for r in rows}
+    said: set[str] = set()
     for r in cuda:
         states = stage_states(r)
+        if states and r.setup_key not in said:
+            said.add(r.setup_key)
+            out.append(f"- {r.setup_key}: model state per rank at DP {r.dp}, MiB: {states}.")
         ref = by_name.get((r.setup_key, r.baseline)) if r.baseline else None
         text = f"- {repeats.label(r)}: peak allocated {number(r.peak_mem_mb, 0) or 'n/a'} MiB"
         if ref is not None and ref is not r and ref.peak_mem_mb and r.peak_mem_mb is not None:
             saved = ref.peak_mem_mb - r.peak_mem_mb
-            text += f", saves {saved:.0f} MiB ({_pct(r.mem_saving_pct)}) of tensor memory"
+            text += f", saves {saved:,.0f} MiB ({_pct(r.mem_saving_pct)}) of tensor memory"
             text += f" against {ref.name}"
             if ref.model_state_mb is not None and r.model_state_mb is not None:
-                text += (
-                    f" (the model state predicts {ref.model_state_mb - r.model_state_mb:.0f} MiB)"
-                )
-        if states:
-            text += f"; model state per stage at DP {r.dp}, MiB: {states}"
+                predicted = ref.model_state_mb - r.model_state_mb
+                text += f" (the model state predicts {predicted:,.0f} MiB)"
         out.append(text + ".")
     return [*out, ""]
 
