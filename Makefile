@@ -59,12 +59,15 @@ RUN_FLAGS = --hosts $(HOSTS) --logs $(LOGS) \
 RUN_TARGETS := $(foreach m,$(MODELS),$(foreach s,$(STRATEGIES),$(m)-$(s)))
 ALL_TARGETS := $(foreach m,$(MODELS),all-$(m))
 
-.PHONY: help setup setup-gpu doctor test test-all lint fmt demo report predict bench netbench list clean-lab $(RUN_TARGETS) $(ALL_TARGETS)
+.PHONY: help setup setup-gpu gpu-check doctor test test-all lint fmt demo report predict bench netbench list clean-lab $(RUN_TARGETS) $(ALL_TARGETS)
 
 help:
 	@echo "make setup            create .venv, install pinned deps, fetch upstream, build data"
 	@echo "make setup DEVICE=cuda   also build NVIDIA apex (or say which CUDA toolkit is missing)"
 	@echo "make doctor HOSTS=..  check every node of a hostfile before a run"
+	@echo "make gpu-check        on a GPU machine: its PyTorch, apex for its sm, small/large x"
+	@echo "                      baseline/ZeRO-1/2/3 in bf16 for real, the report with MFU (9 min);"
+	@echo "                      stops at once without a GPU; DRY_RUN=1 DEVICE=cuda prints the plan"
 	@echo "make test             the fast suite: unit, parse, report, one real upstream run"
 	@echo "make test-all         everything: adds the lab, Slurm, Open MPI and fault suites (CI)"
 	@echo "make demo             tiny model, every core strategy, emulated 2-node lab, report"
@@ -89,6 +92,17 @@ setup: $(VENV)/.requirements.stamp
 # path or mirror) at the pinned commit, when a CUDA toolkit of torch's CUDA version is present.
 setup-gpu: $(VENV)/.requirements.stamp
 	$(PYTHON) -m launchers.config.gpu setup
+
+# One call on a machine with a GPU (launchers/config/gpu_check.py): a venv on the machine's own
+# PyTorch (GPU_PYTHON, with --system-site-packages), the missing pins (from WHEELS when given),
+# apex's needed extensions for the device's sm, small and large x baseline/zero1/2/3 in bf16 at
+# world size 1, then the report. Without a GPU it stops at once and says so.
+GPU_PYTHON  ?= python3
+GPU_VENV    ?= .venv-gpu
+gpu-check:
+	$(GPU_PYTHON) -m launchers.config.gpu_check --venv $(GPU_VENV) \
+		$(if $(DRY_RUN),--dry-run) $(if $(filter cuda,$(DEVICE)),--device cuda) \
+		$(if $(WHEELS),--wheels $(WHEELS))
 
 # Every node of HOSTS, through the path the run will use (pdsh/ssh, or the lab's namespaces).
 doctor:

@@ -37,12 +37,13 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+import sysconfig
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launchers.config import probe
+from launchers.config import apex_ext, probe
 from launchers.config.spec import Adjustment, RunSpec
 from launchers.config.upstream import (
     UpstreamError,
@@ -465,20 +466,76 @@ def setup(log: Callable[[str], None] = print) -> int:
     return 0
 
 
+def extension_command(source: Path, names: Sequence[str]) -> list[str]:
+    """``apex_ext.py``: only ``names`` of apex's extensions, for this machine's GPU, into this
+    environment's site-packages."""
+    target = sysconfig.get_paths()["purelib"]
+    return [sys.executable, str(Path(apex_ext.__file__)), str(source), target, *names]
+
+
+def build_needed(log: Callable[[str], None] = print) -> int:
+    """``make gpu-check``'s apex step: the extensions upstream imports (:data:`APEX_EXTENSIONS`)
+    that do not import yet, and only those, for the sm of the GPU at hand; apex's Python part
+    installed without extensions first. Exit status."""
+    facts = local_facts()
+    cuda = facts.get("cuda") or {}
+    if "error" in facts or ("error" in cuda and "torch_version" not in cuda):
+        log(f"apex: stopped: {facts.get('error') or cuda.get('error')}")
+        return 1
+    missing = apex_problems(cuda.get("apex") or {})
+    if not missing:
+        log(f"apex: every module upstream imports on CUDA imports ({', '.join(APEX_EXTENSIONS)})")
+        return 0
+    toolkit = Toolkit.from_facts(cuda, facts.get("torch_cuda_build"))
+    if toolkit.apex_build_problem:
+        log(f"apex: stopped: {toolkit.apex_build_problem}")
+        return 1
+    try:
+        source = ensure_apex_source(log)
+    except GpuSetupError as exc:
+        log(f"apex: stopped: {exc}")
+        return 1
+    env = build_environment(toolkit)
+    if any(name.startswith("apex.") for name in missing):
+        plain = {k: v for k, v in env.items() if k not in ("APEX_CPP_EXT", "APEX_CUDA_EXT")}
+        log(f"apex: the Python package, no extensions: {' '.join(build_command(source))}")
+        if subprocess.run(build_command(source), env=plain, check=False).returncode != 0:
+            log("apex: pip install of the Python package failed; output above")
+            return 1
+    names = [name for name in APEX_EXTENSIONS if name in missing]
+    if names:
+        cmd = extension_command(source, names)
+        log(f"apex: {' '.join(cmd)}")
+        if subprocess.run(cmd, env=env, check=False).returncode != 0:
+            log("apex: the extension build failed; output above")
+            return 1
+    left = apex_problems((local_facts().get("cuda") or {}).get("apex") or {})
+    if left:
+        log("apex: still not importable: " + "; ".join(f"{k} ({v})" for k, v in left.items()))
+        return 1
+    log("apex: built; every module upstream imports on CUDA imports")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m launchers.config.gpu setup|needs``."""
+    """``python -m launchers.config.gpu setup|build-needed|needs``."""
     ap = argparse.ArgumentParser(
         prog="python -m launchers.config.gpu", description=__doc__.split("\n")[0]
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("setup", help="build NVIDIA apex with its extensions, or say what is missing")
     sub.add_parser("needs", help="upstream's GPU prerequisites and the lines that need them")
+    sub.add_parser(
+        "build-needed", help="build only the apex extensions upstream needs, for this GPU's sm"
+    )
     args = ap.parse_args(argv)
     if args.cmd == "needs":
         for need in UPSTREAM_NEEDS:
             switch = f"switch: {need.switch}" if need.switch else "no switch"
             print(f"- {need.what}: {need.where} ({switch})")
         return 0
+    if args.cmd == "build-needed":
+        return build_needed()
     return setup()
 
 

@@ -1,0 +1,287 @@
+"""``make gpu-check``: one call that runs upstream for real on the GPU at hand and reports it.
+
+On a machine without a CUDA GPU it stops at once (``nvidia-smi`` absent or listing no GPU: no
+torch import, well under 5 s) and says so. On a GPU machine, within ``--budget-s`` (9 minutes):
+
+1. a venv on top of the machine's PyTorch (``python -m venv --system-site-packages``, the
+   interpreter that runs this script: the cluster's ``module load pytorch`` or container one);
+2. the pinned requirements but torch and torchvision, installed where missing or at another
+   version (``pip install -r``; ``--wheels DIR``: from that folder, ``--no-index``);
+3. the versions found (torch, its CUDA, the device, its compute capability, DeepSpeed);
+4. upstream at its pinned commit and the tiny dataset (``launchers.config.upstream setup``);
+5. only the apex extensions upstream needs, for the device's sm
+   (``launchers.config.gpu build-needed``: ``TORCH_CUDA_ARCH_LIST`` from
+   ``torch.cuda.get_device_capability``);
+6. ``small`` and ``large`` with the baseline and ZeRO-1/2/3, bf16, world size 1 (ZeRO at DP 1
+   is degenerate but runs its code), few iterations, each run bounded by what is left;
+7. ``python -m analysis.report`` on them: iteration time, TFLOP/s, MFU, tensor memory.
+
+``--dry-run`` prints the plan (every command, in order) and starts nothing; with
+``--device cuda`` it does so on a machine without a GPU.
+
+Standard library only: the interpreter that runs it is the machine's, before any project
+dependency is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BUDGET_S = 530.0
+"""The whole check's budget, seconds: nine minutes with room for the start and the refusal."""
+
+DETECT_TIMEOUT_S = 4.0
+"""``nvidia-smi`` gets this long to list the GPUs (the refusal stays under 5 s)."""
+
+MODELS = ("small", "large")
+"""Models run."""
+
+STRATEGIES = ("baseline", "zero1", "zero2", "zero3")
+"""Strategies run for each model."""
+
+TRAIN_ITERS = {"small": 30, "large": 20}
+"""Iterations per run: a warm-up window and steady windows of LOG_INTERVAL."""
+
+LOG_INTERVAL = 5
+"""Iterations per logged window."""
+
+NOT_PINNED_HERE = ("torch", "torchvision")
+"""Requirements the machine's own PyTorch provides (never reinstalled)."""
+
+APEX_NEEDED = ("amp_C", "fused_layer_norm_cuda", "fused_weight_gradient_mlp_cuda")
+"""The apex extensions upstream imports (``launchers.config.gpu.APEX_EXTENSIONS``, which the
+tests compare this with; spelled out here because this module imports nothing of the project)."""
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of the check."""
+
+    what: str
+    """What it does, for the log."""
+    argv: list[str]
+    """The command."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables added to the environment."""
+    skip_if: str = ""
+    """When the step is left out at run time (said in the plan)."""
+
+
+def detect() -> tuple[list[str], str]:
+    """(GPU lines of ``nvidia-smi -L``, why none): without a GPU, the reason to stop."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return [], "nvidia-smi not found: no NVIDIA driver on this machine"
+    try:
+        proc = subprocess.run(
+            [smi, "-L"], capture_output=True, text=True, timeout=DETECT_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return [], f"nvidia-smi -L did not answer within {DETECT_TIMEOUT_S:g} s"
+    except OSError as exc:
+        return [], f"nvidia-smi -L: {exc}"
+    gpus = [line for line in proc.stdout.splitlines() if line.startswith("GPU ")]
+    if proc.returncode != 0 or not gpus:
+        said = (proc.stdout + proc.stderr).strip().splitlines()
+        return [], f"nvidia-smi -L lists no GPU ({said[-1] if said else f'exit {proc.returncode}'})"
+    return gpus, ""
+
+
+def requirements_without_torch(source: Path, target: Path) -> Path:
+    """``requirements.txt`` minus :data:`NOT_PINNED_HERE`, written to ``target``."""
+    kept = []
+    for line in source.read_text().splitlines():
+        name = line.split("#")[0].strip().split("==")[0].split(">=")[0].strip().lower()
+        if name not in NOT_PINNED_HERE:
+            kept.append(line)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("\n".join(kept) + "\n")
+    return target
+
+
+VERSIONS = (
+    "import torch, importlib.metadata as m; "
+    "cap = torch.cuda.get_device_capability(0) if torch.cuda.is_available() else None; "
+    'print("torch", torch.__version__, "cuda", torch.version.cuda, "device", '
+    'torch.cuda.get_device_name(0) if cap else None, "sm", '
+    '"%d.%d" % cap if cap else None, "deepspeed", m.version("deepspeed"))'
+)
+"""What the versions step prints."""
+
+
+def plan(venv: Path, logs: Path, base_python: str, wheels: Path | None) -> list[Step]:
+    """Every command of the check, in order."""
+    py = str(venv / "bin" / "python")
+    pip_from = ["--no-index", "--find-links", str(wheels)] if wheels else []
+    hostfile = logs / "hostfile"
+    steps = [
+        Step(
+            f"venv on the machine's PyTorch ({base_python})",
+            [base_python, "-m", "venv", "--system-site-packages", str(venv)],
+            skip_if=f"{py} exists",
+        ),
+        Step(
+            "pinned requirements but torch/torchvision, where missing"
+            + (f" (from {wheels}, no network)" if wheels else ""),
+            [
+                py,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                *pip_from,
+                "-r",
+                str(logs / "requirements-gpu-check.txt"),
+            ],
+            env={"DS_BUILD_OPS": "0"},
+        ),
+        Step("versions found", [py, "-c", VERSIONS]),
+        Step(
+            "upstream at its pinned commit and the tiny dataset",
+            [py, "-m", "launchers.config.upstream", "setup"],
+        ),
+        Step(
+            f"apex: only {', '.join(APEX_NEEDED)}, for this GPU's sm",
+            [py, "-m", "launchers.config.gpu", "build-needed"],
+            skip_if="every one imports already",
+        ),
+    ]
+    for model in MODELS:
+        steps.append(
+            Step(
+                f"{model}: {', '.join(STRATEGIES)} in bf16 at world size 1",
+                [
+                    py,
+                    "-m",
+                    "launchers",
+                    "matrix",
+                    "--model",
+                    model,
+                    "--strategies",
+                    ",".join(STRATEGIES),
+                    "--device",
+                    "cuda",
+                    "--hosts",
+                    str(hostfile),
+                    "--logs",
+                    str(logs / "runs"),
+                    "--set",
+                    "precision=bf16",
+                    "--set",
+                    f"train_iters={TRAIN_ITERS[model]}",
+                    "--set",
+                    f"log_interval={LOG_INTERVAL}",
+                    "--skip-doctor",
+                    "--force",
+                ],
+            )
+        )
+    steps.append(
+        Step(
+            "the report: iteration time, TFLOP/s, MFU, tensor memory",
+            [
+                py,
+                "-m",
+                "analysis.report",
+                str(logs / "runs"),
+                "--out",
+                str(logs / "report"),
+                "--summary",
+            ],
+        )
+    )
+    return steps
+
+
+REPORT_S = 30.0
+"""Kept back from the runs for the report."""
+
+
+def with_timeout(step: Step, left_s: float, runs_left: int) -> list[str]:
+    """The step's argv; a run matrix gets ``--timeout`` per run: what is left of the budget
+    (less the report's share) over the runs still to go."""
+    if "matrix" not in step.argv:
+        return step.argv
+    per_run = (left_s - REPORT_S) / max(1, runs_left)
+    return [*step.argv, "--timeout", str(max(30, int(per_run)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit 0 when every step ran, 2 without a GPU, 1 when a step failed."""
+    ap = argparse.ArgumentParser(prog="python -m launchers.config.gpu_check", description=__doc__)
+    ap.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
+    ap.add_argument("--device", choices=("cuda",), help="cuda: plan as on a GPU machine")
+    ap.add_argument("--venv", type=Path, default=ROOT / ".venv-gpu")
+    ap.add_argument("--logs", type=Path, default=ROOT / "logs" / "gpu-check")
+    ap.add_argument("--wheels", type=Path, help="install from this wheelhouse, no network")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S)
+    args = ap.parse_args(argv)
+    start = time.monotonic()
+    gpus, why = ([], "") if args.dry_run and args.device == "cuda" else detect()
+    if not gpus and not (args.dry_run and args.device == "cuda"):
+        print(f"gpu-check: no CUDA GPU on this machine: {why}; nothing was run "
+              "(DRY_RUN=1 DEVICE=cuda prints the plan)", file=sys.stderr)  # fmt: skip
+        return 2
+    logs, venv = args.logs.absolute(), args.venv.absolute()
+    steps = plan(venv, logs, sys.executable, args.wheels)
+    if args.dry_run:
+        print(f"gpu-check plan (budget {args.budget_s:g} s; {', '.join(gpus) or 'GPU assumed'}):")
+        print(f"  write {logs / 'hostfile'}: localhost slots=1")
+        print(f"  write {logs / 'requirements-gpu-check.txt'}: requirements.txt without "
+              f"{', '.join(NOT_PINNED_HERE)}")  # fmt: skip
+        runs = len(MODELS) * len(STRATEGIES)  # (the plan's per-run bound, at the start)
+        for n, step in enumerate(steps, 1):
+            env = " ".join(f"{k}={v}" for k, v in step.env.items())
+            skip = f"  (skipped when {step.skip_if})" if step.skip_if else ""
+            print(f"  {n}. {step.what}{skip}\n     {env + ' ' if env else ''}"
+                  f"{shlex.join(with_timeout(step, args.budget_s, runs))}")  # fmt: skip
+        return 0
+    print(f"gpu-check: {'; '.join(gpus)}", flush=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / "hostfile").write_text("localhost slots=1\n")
+    requirements_without_torch(ROOT / "requirements.txt", logs / "requirements-gpu-check.txt")
+    runs = len(MODELS) * len(STRATEGIES)
+    for step in steps:
+        if step.skip_if.endswith("exists") and (venv / "bin" / "python").exists():
+            print(f"gpu-check: {step.what}: skipped ({step.skip_if})", flush=True)
+            continue
+        left = args.budget_s - (time.monotonic() - start)
+        if left <= 0 or (left < REPORT_S and "analysis.report" not in step.argv):
+            print(f"gpu-check: out of time before '{step.what}'", file=sys.stderr)
+            return 1
+        cmd = with_timeout(step, left, runs)
+        matrix = "matrix" in cmd
+        if matrix:
+            runs -= len(STRATEGIES)
+            left -= REPORT_S  # (the report runs whatever the runs did)
+        print(f"gpu-check: {step.what}: {shlex.join(cmd)}", flush=True)
+        try:
+            rc = subprocess.run(
+                cmd, cwd=ROOT, env={**os.environ, **step.env}, timeout=left, check=False
+            ).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+            print(f"gpu-check: '{step.what}' ran past the budget and was stopped", file=sys.stderr)
+        if rc != 0 and not matrix:
+            print(f"gpu-check: '{step.what}' failed (exit {rc})", file=sys.stderr)
+            return 1
+        if rc != 0:
+            print(f"gpu-check: '{step.what}': not every run completed (exit {rc}); the "
+                  "report says which", flush=True)  # fmt: skip
+    print(f"gpu-check: done in {time.monotonic() - start:.0f} s; {logs / 'report' / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,163 @@
+"""``make gpu-check``: the refusal without a GPU (under 5 s), the dry-run plan, the GPU detection,
+the budget, and the apex build that compiles only the extensions named."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from launchers.config import gpu, gpu_check
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fake_smi(tmp_path: Path, body: str) -> dict[str, str]:
+    """An environment whose PATH has only a fake ``nvidia-smi`` (running ``body``) and the
+    basic tools."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n{body}\n")
+    smi.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+def test_refuses_at_once_without_a_gpu(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {**os.environ, "PATH": str(empty)}  # (no nvidia-smi, even on a GPU machine)
+    start = time.monotonic()
+    proc = subprocess.run(
+        [shutil.which("make") or "make", "--no-print-directory", "gpu-check",
+         f"GPU_PYTHON={sys.executable}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0 and elapsed < 5.0
+    assert "gpu-check: no CUDA GPU on this machine: nvidia-smi not found" in proc.stderr
+    assert "nothing was run" in proc.stderr
+    assert not (ROOT / ".venv-gpu").exists()
+
+
+def test_refuses_when_nvidia_smi_lists_no_gpu(tmp_path, monkeypatch):
+    env = fake_smi(tmp_path, 'echo "No devices were found"; exit 6')
+    monkeypatch.setenv("PATH", env["PATH"])
+    gpus, why = gpu_check.detect()
+    assert gpus == [] and why == "nvidia-smi -L lists no GPU (No devices were found)"
+    assert gpu_check.main([]) == 2
+
+
+def test_detects_a_gpu(tmp_path, monkeypatch):
+    line = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-6f0c0c8e-0000-0000-0000-000000000000)"
+    monkeypatch.setenv("PATH", fake_smi(tmp_path, f'echo "{line}"')["PATH"])
+    assert gpu_check.detect() == ([line], "")
+
+
+def test_dry_run_plan_on_a_cpu_machine():
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "gpu-check", "DRY_RUN=1", "DEVICE=cuda",
+         f"GPU_PYTHON={sys.executable}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "-m venv --system-site-packages" in out and "requirements.txt without torch" in out
+    assert "-m launchers.config.gpu build-needed" in out
+    for model in ("small", "large"):
+        assert (
+            f"-m launchers matrix --model {model} --strategies baseline,zero1,zero2,zero3 "
+            "--device cuda --hosts " in out
+        )
+    assert out.count("--set precision=bf16") == 2 and "localhost slots=1" in out
+    assert "-m analysis.report " in out and out.index("matrix --model large") < out.index(
+        "analysis.report"
+    )
+    assert not (ROOT / ".venv-gpu").exists()
+
+
+def test_plan_from_a_wheelhouse(tmp_path):
+    steps = gpu_check.plan(tmp_path / "venv", tmp_path / "logs", "python3", tmp_path / "wh")
+    pip = next(s for s in steps if "pip" in s.argv)
+    assert pip.argv[4:7] == ["--quiet", "--no-index", "--find-links"]
+
+
+def test_the_check_builds_what_upstream_needs():
+    assert tuple(gpu.APEX_EXTENSIONS) == gpu_check.APEX_NEEDED
+
+
+def test_requirements_without_torch(tmp_path):
+    out = gpu_check.requirements_without_torch(ROOT / "requirements.txt", tmp_path / "r.txt")
+    names = [line.split("==")[0] for line in out.read_text().splitlines() if "==" in line]
+    assert "torch" not in names and "torchvision" not in names and "deepspeed" in names
+
+
+def test_budget_per_run():
+    step = gpu_check.Step("small", ["python", "-m", "launchers", "matrix"])
+    assert gpu_check.with_timeout(step, 530.0, 8)[-2:] == ["--timeout", "62"]
+    assert gpu_check.with_timeout(step, 100.0, 4)[-1] == "30"  # (never under 30 s)
+    assert gpu_check.with_timeout(gpu_check.Step("x", ["true"]), 10.0, 1) == ["true"]
+
+
+def test_steps_run_in_order_and_a_failed_run_still_gets_the_report(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", fake_smi(tmp_path, 'echo "GPU 0: NVIDIA A10 (UUID: x)"')["PATH"])
+    trail = tmp_path / "trail"
+
+    def plan(venv, logs, python, wheels):
+        mark = lambda word: ["sh", "-c", f"echo {word} >> {trail}"]  # noqa: E731
+        return [
+            gpu_check.Step("first", mark("first")),
+            gpu_check.Step("runs", [*mark("runs"), "matrix"]),
+            gpu_check.Step("failing runs", ["sh", "-c", "exit 3", "matrix"]),
+            gpu_check.Step("report", [*mark("report"), "analysis.report"]),
+        ]
+
+    monkeypatch.setattr(gpu_check, "plan", plan)
+    assert gpu_check.main(["--logs", str(tmp_path / "logs"), "--venv", str(tmp_path)]) == 0
+    assert trail.read_text().split() == ["first", "runs", "report"]
+    assert (tmp_path / "logs" / "hostfile").read_text() == "localhost slots=1\n"
+
+
+def test_apex_ext_builds_only_the_named_extensions(tmp_path):
+    """apex's setup.py (here a stand-in declaring two C extensions) runs as is; only the named
+    extension is compiled, into the target; a name it does not declare stops the build."""
+    src = tmp_path / "apex"
+    src.mkdir()
+    for name in ("amp_C", "syncbn"):
+        (src / f"{name}.c").write_text(textwrap.dedent(f"""
+            #include <Python.h>
+            static struct PyModuleDef m = {{PyModuleDef_HEAD_INIT, "{name}", 0, -1, 0}};
+            PyMODINIT_FUNC PyInit_{name}(void) {{ return PyModule_Create(&m); }}
+        """))  # fmt: skip
+    (src / "setup.py").write_text(textwrap.dedent("""
+        import os
+        from setuptools import Extension, setup
+        assert os.environ["APEX_CUDA_EXT"] == "1" and os.environ["APEX_CPP_EXT"] == "1"
+        setup(name="apex", ext_modules=[Extension("amp_C", ["amp_C.c"]),
+                                        Extension("syncbn", ["syncbn.c"])])
+    """))  # fmt: skip
+    target = tmp_path / "site"
+    script = str(Path(gpu.apex_ext.__file__))
+    env = {**os.environ, "TORCH_CUDA_ARCH_LIST": "9.0"}
+    proc = subprocess.run([sys.executable, script, str(src), str(target), "amp_C"], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "apex_ext: building amp_C for sm 9.0" in proc.stdout
+    built = sorted(p.name.split(".")[0] for p in target.glob("*.so"))
+    assert built == ["amp_C"]
+    proc = subprocess.run([sys.executable, script, str(src), str(target), "mlp_cuda"], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode != 0 and "declares no extension ['mlp_cuda']" in proc.stderr
+
+
+@pytest.mark.parametrize("names", [["amp_C"], ["amp_C", "fused_layer_norm_cuda"]])
+def test_extension_command(names):
+    cmd = gpu.extension_command(Path("/src/apex"), names)
+    assert cmd[0] == sys.executable and cmd[1].endswith("launchers/config/apex_ext.py")
+    assert cmd[2] == "/src/apex" and cmd[4:] == names
