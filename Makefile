@@ -1,7 +1,7 @@
 # Thin targets over `python -m` entry points. Every variable has a default; override on the
 # command line: `make small-pipeline HOSTS=hostfiles/2node DRY_RUN=1`.
 
-PYTHON      ?= .venv/bin/python
+PYTHON      ?= $(VENV)/bin/python
 VENV        ?= .venv
 HOSTS       ?= hostfiles/localhost
 LOGS        ?= logs
@@ -38,6 +38,11 @@ TIMEOUT     ?=
 MEM_LIMIT   ?=
 # Non-empty: start multi-node runs and matrices without the doctor's check of every node.
 SKIP_DOCTOR ?=
+# TORCH=system: `make setup` builds the venv on SYSTEM_PYTHON's own PyTorch (see setup below).
+TORCH       ?=
+SYSTEM_PYTHON ?= python3
+# A folder of wheels to install from with no network (pip --no-index --find-links).
+WHEELS      ?=
 # Tests: extra pytest arguments (e.g. PYTEST_ARGS="-x -k parse"); a -m here replaces the marker
 # selection of `make test`.
 PYTEST_ARGS ?=
@@ -64,6 +69,7 @@ ALL_TARGETS := $(foreach m,$(MODELS),all-$(m))
 help:
 	@echo "make setup            create .venv, install pinned deps, fetch upstream, build data"
 	@echo "make setup DEVICE=cuda   also build NVIDIA apex (or say which CUDA toolkit is missing)"
+	@echo "make setup TORCH=system  the venv on SYSTEM_PYTHON's PyTorch (--system-site-packages)"
 	@echo "make doctor HOSTS=..  check every node of a hostfile before a run"
 	@echo "make gpu-check        on a GPU machine: its PyTorch, apex for its sm, small/large x"
 	@echo "                      baseline/ZeRO-1/2/3 in bf16 for real, the report with MFU (9 min);"
@@ -83,8 +89,20 @@ $(VENV)/.requirements.stamp: requirements.txt
 	DS_BUILD_OPS=0 $(PYTHON) -m pip install --quiet -r requirements.txt
 	@cp requirements.txt $@
 
-setup: $(VENV)/.requirements.stamp
+# TORCH=system: the venv on top of SYSTEM_PYTHON, the interpreter that already has the site's
+# PyTorch (--system-site-packages); the pins but torch/torchvision, installed where missing or at
+# another version; then what was found, against the tested range (launchers/config/torch_check.py).
+$(VENV)/.requirements-system.stamp: requirements.txt
+	@test -x $(PYTHON) || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
+	@grep -qi "include-system-site-packages *= *true" $(VENV)/pyvenv.cfg || { echo "setup TORCH=system: $(VENV) exists without --system-site-packages: remove it or name another VENV=..."; exit 1; }
+	@echo "setup: installing the pins but torch/torchvision into $(VENV) (on $(SYSTEM_PYTHON)'s PyTorch)"
+	$(SYSTEM_PYTHON) -m launchers.config.torch_check requirements requirements.txt $(VENV)/requirements-system.txt
+	DS_BUILD_OPS=0 $(PYTHON) -m pip install --quiet $(if $(WHEELS),--no-index --find-links $(WHEELS)) -r $(VENV)/requirements-system.txt
+	@cp requirements.txt $@
+
+setup: $(if $(filter system,$(TORCH)),$(VENV)/.requirements-system.stamp,$(VENV)/.requirements.stamp)
 	@echo "setup: $(VENV) is up to date with requirements.txt"
+	$(if $(filter system,$(TORCH)),$(PYTHON) -m launchers.config.torch_check check)
 	$(PYTHON) -m launchers.config.upstream setup $(if $(ALLOW_NO_UPSTREAM),|| echo "setup: continuing without upstream (ALLOW_NO_UPSTREAM set): upstream tests will be skipped")
 	$(if $(filter cuda,$(DEVICE)),$(PYTHON) -m launchers.config.gpu setup)
 
@@ -97,7 +115,7 @@ setup-gpu: $(VENV)/.requirements.stamp
 # PyTorch (GPU_PYTHON, with --system-site-packages), the missing pins (from WHEELS when given),
 # apex's needed extensions for the device's sm, small and large x baseline/zero1/2/3 in bf16 at
 # world size 1, then the report. Without a GPU it stops at once and says so.
-GPU_PYTHON  ?= python3
+GPU_PYTHON  ?= $(SYSTEM_PYTHON)
 GPU_VENV    ?= .venv-gpu
 gpu-check:
 	$(GPU_PYTHON) -m launchers.config.gpu_check --venv $(GPU_VENV) \

@@ -9,11 +9,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-from launchers.config import gpu, gpu_check
+from launchers.config import gpu, gpu_check, torch_check
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,3 +162,59 @@ def test_extension_command(names):
     cmd = gpu.extension_command(Path("/src/apex"), names)
     assert cmd[0] == sys.executable and cmd[1].endswith("launchers/config/apex_ext.py")
     assert cmd[2] == "/src/apex" and cmd[4:] == names
+
+
+# -- make setup TORCH=system ---------------------------------------------------------------------
+
+
+def test_setup_torch_system_plan(tmp_path):
+    venv = tmp_path / "venv"
+    proc = subprocess.run(
+        ["make", "-n", "--no-print-directory", "setup", "TORCH=system", f"VENV={venv}",
+         "SYSTEM_PYTHON=/opt/site/bin/python3", "WHEELS=/wh"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    lines = proc.stdout.splitlines()
+    assert lines[0] == (
+        f"test -x {venv}/bin/python || /opt/site/bin/python3 -m venv --system-site-packages {venv}"
+    )
+    assert any("torch_check requirements requirements.txt" in line for line in lines)
+    assert f"--no-index --find-links /wh -r {venv}/requirements-system.txt" in proc.stdout
+    assert f"{venv}/bin/python -m launchers.config.torch_check check" in lines
+
+
+def test_setup_torch_system_refuses_a_venv_without_the_system_packages(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "setup", "TORCH=system", f"VENV={venv}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "exists without --system-site-packages: remove it or name another VENV" in proc.stdout
+    assert not (venv / "requirements-system.txt").exists()
+
+
+def test_torch_outside_the_tested_range_is_a_warning_naming_the_versions():
+    found = {"torch": "2.11.0+cu130", "torch_cuda": "13.0", "torch_origin": "system (/usr)"}
+    (warning,) = torch_check.warnings(found)
+    assert warning.startswith("torch 2.11.0+cu130 is outside the tested range (2.14.x")
+    found = {"torch": "2.14.1+cu126", "torch_cuda": "12.6"}
+    (warning,) = torch_check.warnings(found)
+    assert "built with CUDA 12.6, not the tested 13.0" in warning
+    assert torch_check.warnings({"torch": "2.14.1", "torch_cuda": "13.0"}) == []
+    assert torch_check.cuda_of("2.11.0+cu130") == "13.0" and torch_check.cuda_of("2.1.0") is None
+    assert torch_check.built_cuda("cuda: Optional[str] = '13.0'\n") == "13.0"
+
+
+def test_provenance_records_the_torch_found(tmp_path):
+    from conftest import tiny_specs
+
+    from launchers.run import render
+
+    prov = render.provenance(tiny_specs(["baseline"])[0], datetime.now(timezone.utc))
+    found = torch_check.facts()
+    assert (prov.torch, prov.torch_cuda, prov.torch_origin) == (
+        found["torch"], found["torch_cuda"], "venv"
+    )  # fmt: skip
+    assert prov.torch_warnings == (torch_check.warnings(found) or None)

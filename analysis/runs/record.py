@@ -97,6 +97,13 @@ class Provenance:
     """Installed DeepSpeed version."""
     torch: StrictStr | None = None
     """Installed torch version."""
+    torch_cuda: StrictStr | None = None
+    """CUDA version torch was built with (``torch/version.py``; None for a CPU-only build)."""
+    torch_origin: StrictStr | None = None
+    """Where torch comes from: ``venv``, or ``system (<site dir>)`` for the machine's own
+    PyTorch under a ``--system-site-packages`` venv (``make setup TORCH=system``)."""
+    torch_warnings: list[StrictStr] | None = None
+    """How this torch differs from the tested range (``launchers.config.torch_check``)."""
     python: StrictStr | None = None
     """Python version of the generator."""
     hostname: StrictStr | None = None

@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launchers.config.torch_check import NOT_PINNED_HERE, requirements_without_torch
+
 BUDGET_S = 530.0
 """The whole check's budget, seconds: nine minutes with room for the start and the refusal."""
 
@@ -52,9 +54,6 @@ TRAIN_ITERS = {"small": 30, "large": 20}
 
 LOG_INTERVAL = 5
 """Iterations per logged window."""
-
-NOT_PINNED_HERE = ("torch", "torchvision")
-"""Requirements the machine's own PyTorch provides (never reinstalled)."""
 
 APEX_NEEDED = ("amp_C", "fused_layer_norm_cuda", "fused_weight_gradient_mlp_cuda")
 """The apex extensions upstream imports (``launchers.config.gpu.APEX_EXTENSIONS``, which the
@@ -96,18 +95,6 @@ def detect() -> tuple[list[str], str]:
         said = (proc.stdout + proc.stderr).strip().splitlines()
         return [], f"nvidia-smi -L lists no GPU ({said[-1] if said else f'exit {proc.returncode}'})"
     return gpus, ""
-
-
-def requirements_without_torch(source: Path, target: Path) -> Path:
-    """``requirements.txt`` minus :data:`NOT_PINNED_HERE`, written to ``target``."""
-    kept = []
-    for line in source.read_text().splitlines():
-        name = line.split("#")[0].strip().split("==")[0].split(">=")[0].strip().lower()
-        if name not in NOT_PINNED_HERE:
-            kept.append(line)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text("\n".join(kept) + "\n")
-    return target
 
 
 VERSIONS = (

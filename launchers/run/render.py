@@ -28,6 +28,7 @@ from analysis.runs.record import (
     from_json,
     to_json,
 )
+from launchers.config import torch_check
 from launchers.config.hostfile import render_hostfile
 from launchers.config.project import (
     DS_CONFIG_NAME,
@@ -228,10 +229,14 @@ def provenance(spec: RunSpec, now: datetime) -> Provenance:
         for k, v in sorted(os.environ.items())
         if k.startswith(PROVENANCE_ENV_PREFIXES) or k == "CUDA_VISIBLE_DEVICES"
     }
+    found = torch_check.facts()
     return Provenance(
         upstream=Upstream(commit=upstream_commit(spec.paths.upstream_dir), patch=None),
         deepspeed=_version("deepspeed"),
         torch=_version("torch"),
+        torch_cuda=found["torch_cuda"],
+        torch_origin=found["torch_origin"],
+        torch_warnings=torch_check.warnings(found) or None,
         python=platform.python_version(),
         hostname=socket.gethostname(),
         hostfile_text=render_hostfile(spec.cluster),
