@@ -21,7 +21,7 @@ MODEL = {"num_layers": 32, "hidden_size": 4096, "seq_length": 4096, "vocab": 503
 GBS, WORLD = 32, 8
 
 
-def args_block(precision: str, zero: int = 1, model: dict[str, int] = MODEL) -> str:
+def args_block(precision: str, zero: int = 1, model: dict[str, int] = MODEL, micro: int = 1) -> str:
     """Megatron's argument dump (``print_args``) for ``model``, in ``precision``."""
     values = {
         "bf16": precision == "bf16",
@@ -32,7 +32,7 @@ def args_block(precision: str, zero: int = 1, model: dict[str, int] = MODEL) -> 
         "hidden_size": model["hidden_size"],
         "log_interval": 10,
         "max_position_embeddings": model["seq_length"],
-        "micro_batch_size": 1,
+        "micro_batch_size": micro,
         "num_attention_heads": 32,
         "num_layers": model["num_layers"],
         "pipeline_model_parallel_size": 1,
@@ -95,6 +95,7 @@ def write_log(
     memory: dict[int, float] | None = None,
     zero: int = 1,
     model: dict[str, int] = MODEL,
+    micro: int = 1,
 ) -> Path:
     """A CUDA training log: arguments, padded vocabulary, accelerator, 10 windows of 10
     iterations (the first a slow warm-up) at ``tflops`` per GPU, and memory lines per rank."""
@@ -103,7 +104,7 @@ def write_log(
     out = [
         "[2024-04-04 09:35:35,959] [INFO] [real_accelerator.py:191:get_accelerator] Setting "
         "ds_accelerator to cuda (auto detect)",
-        args_block(precision, zero, model),
+        args_block(precision, zero, model, micro),
         " > padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)",
         line(10, ms * 2.6, tflops / 2.6),
     ]
@@ -366,3 +367,15 @@ def test_cpu_runs_have_no_gpu_section(tmp_path):
     assert "## GPU" not in (out / "report.md").read_text()
     row = summary(out)["2n_dp2_1000mbit"]
     assert row["mfu"] is None and row["na_reasons"]["mfu"] == "CPU run: no GPU"
+
+
+def test_a_batch_that_does_not_split_over_twice_the_ranks_still_gives_a_report(tmp_path):
+    """8 GPUs, global batch 32, micro-batch 4: the prediction at 2 nodes (16 ranks) cannot split
+    the batch; the report says so instead of failing (it used to raise ValueError)."""
+    write_log(tmp_path / "logs" / "run.log", micro=4)
+    out = tmp_path / "report"
+    assert report.main([str(tmp_path / "logs"), "--out", str(out), "--gpu", "A100 80GB"]) == 0
+    row = summary(out)["run"]
+    assert row["micro_batch_size"] == 4 and row["mfu"] == pytest.approx(47.24, abs=0.01)
+    text = (out / "report.md").read_text()
+    assert "No crossover link rates or memory crossover at 2 nodes: global batch(32) % " in text

@@ -215,7 +215,12 @@ def report_sections(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics]) -> Re
         "",
     ]
 
-    base = what_if(ref, "baseline", nodes, rpn, rate0)
+    try:
+        base = what_if(ref, "baseline", nodes, rpn, rate0)
+    except ValueError as exc:  # (the reference's batch does not split over that many ranks)
+        md += [f"No crossover link rates or memory crossover at {nodes} nodes: {exc}.", ""]
+        md += _memory_lines(rows, runs)
+        return ReportSections(md, _recommendations(ref, rate0, preds, [], [], cal, loo), loo)
     crosses = [bandwidth_crossover(base, z, cal) for z in (1, 2, 3)]
     if (base.num_layers or 0) % 2 == 0 and (base.world_size or 1) % 2 == 0:
         crosses.append(crossover(base, what_if(ref, "pipeline", nodes, rpn, rate0), cal))
