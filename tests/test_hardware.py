@@ -4,6 +4,7 @@ rank: logs in Megatron-DeepSpeed's and Megatron-Core's own line shapes, through 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import ClassVar
 
@@ -14,7 +15,7 @@ from analysis.report import build as report
 from analysis.runs.record import from_json
 from analysis.theory import hardware
 from analysis.theory.formulas import flops_per_iteration
-from launchers.run import gpus
+from launchers.run import execute, gpus
 
 MODEL = {"num_layers": 32, "hidden_size": 4096, "seq_length": 4096, "vocab": 50304}
 """A 7B-class GPT (the Polaris log's shape), global batch 32 on 8 GPUs."""
@@ -379,3 +380,28 @@ def test_a_batch_that_does_not_split_over_twice_the_ranks_still_gives_a_report(t
     assert row["micro_batch_size"] == 4 and row["mfu"] == pytest.approx(47.24, abs=0.01)
     text = (out / "report.md").read_text()
     assert "No crossover link rates or memory crossover at 2 nodes: global batch(32) % " in text
+
+
+def test_the_executor_records_the_gpus_when_a_cuda_run_starts(tmp_path, monkeypatch):
+    """execute.run on a CUDA run directory: run.json gets provenance.gpus from nvidia-smi (a
+    stand-in printing an H100's line) before the launcher starts; the report reads it back."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "NVIDIA H100 80GB HBM3, 81559 MiB, 580.65.06"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    run_dir = tmp_path / "h100"
+    run_dir.mkdir()
+    spec = {"launcher": "local", "device": "cuda", "cluster": {"hosts": ["localhost"]}}
+    doc = {"name": "h100", "spec": spec, "outcome": {"status": "generated"}}
+    (run_dir / "run.json").write_text(json.dumps(doc))
+    (run_dir / "launch.sh").write_text("exit 0\n")
+    execute.run(run_dir, stall_s=30, show_progress=False)
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["provenance"]["gpus"] == [
+        {"node": "localhost", "index": 0, "name": "NVIDIA H100 80GB HBM3",
+         "memory_total_mib": 81559, "driver_version": "580.65.06"}
+    ]  # fmt: skip
+    name, memory, _ = mfu.recorded_gpu(from_json(record, "run.json"))
+    assert hardware.peak(name, "bf16", memory).label == "989 TFLOP/s dense bf16, H100 SXM"
