@@ -300,6 +300,8 @@ def test_known_gpu_from_run_json():
     assert "different GPUs" in mfu.peak_of(Row, mixed, mfu.HardwareGiven()).reason
     Row.device = "cpu"
     assert mfu.peak_of(Row, None, mfu.HardwareGiven()).reason == "CPU run: no GPU"
+    assert mfu.peak_of(Row, None, mfu.HardwareGiven(gpu="H100 SXM")).tflops is None
+    assert mfu.peak_of(Row, None, mfu.HardwareGiven(peak_tflops=2.0)).tflops == 2.0
 
 
 def test_known_gpu_from_run_json_through_the_report(tmp_path):

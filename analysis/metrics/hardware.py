@@ -53,14 +53,15 @@ def recorded_gpu(record: RunRecord | None) -> tuple[str | None, float | None, st
 
 
 def peak_of(row: Any, record: RunRecord | None, given: HardwareGiven) -> hardware.Peak:
-    """The run's denominator: ``--peak-tflops``, else ``--gpu``, else run.json's GPU."""
+    """The run's denominator: ``--peak-tflops``, else (not on CPU) ``--gpu``, else run.json's
+    GPU."""
     name, memory, why = recorded_gpu(record)
     if given.peak_tflops is not None:
         return hardware.given_peak(given.peak_tflops, row.precision, given.gpu or name)
+    if row.device == "cpu":  # (--gpu names the GPU of the CUDA runs, never a CPU run's peak)
+        return hardware.Peak(None, hardware.peak_dtype(row.precision), None, "CPU run: no GPU")
     if given.gpu:
         return hardware.peak(given.gpu, row.precision)
-    if row.device == "cpu":
-        return hardware.Peak(None, hardware.peak_dtype(row.precision), None, "CPU run: no GPU")
     if name is None:
         return hardware.Peak(None, hardware.peak_dtype(row.precision), None, why)
     return hardware.peak(name, row.precision, memory)
