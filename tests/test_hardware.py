@@ -167,9 +167,11 @@ def test_unknown_or_ambiguous_names_give_no_peak_and_say_why(name):
 
 
 def test_dtype_rule():
-    assert hardware.peak("NVIDIA A100-SXM4-80GB", None).label == (
+    assert hardware.peak("NVIDIA A100-SXM4-80GB", "fp32").label == (
         "19.5 TFLOP/s dense fp32, A100 80GB"  # fp32 without tensor cores unless tf32 is stated
     )
+    unknown = hardware.peak("NVIDIA A100-SXM4-80GB", None)  # never an fp32 guess
+    assert unknown.tflops is None and unknown.reason == hardware.DTYPE_UNKNOWN
     assert hardware.peak("NVIDIA A100-SXM4-80GB", "tf32").tflops == 156.0
     assert hardware.peak("AMD Instinct MI250X", "fp32").label.endswith("fp32 matrix, MI250X")
     v100 = hardware.peak("Tesla V100-SXM2-32GB", "bf16")
@@ -407,3 +409,26 @@ def test_the_executor_records_the_gpus_when_a_cuda_run_starts(tmp_path, monkeypa
     ]  # fmt: skip
     name, memory, _ = mfu.recorded_gpu(from_json(record, "run.json"))
     assert hardware.peak(name, "bf16", memory).label == "989 TFLOP/s dense bf16, H100 SXM"
+
+
+POLARIS = Path(__file__).parent / "fixtures" / "external" / "alcf-polaris-2024-zero2-tp2.log"
+
+
+def test_real_polaris_log_dtype_unknown_then_given(tmp_path):
+    """The Polaris A100 log (real Megatron-DeepSpeed lines: TFLOPs printed, CUDA memory of two
+    ranks) prints no argument dump: its dtype is unknown, so no MFU (an fp32 guess gave 504%);
+    with --dtype bf16 the printed TFLOPs are 31.5% of the A100's 312."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / POLARIS.name).write_bytes(POLARIS.read_bytes())
+    out = tmp_path / "report"
+    report.main([str(logs), "--out", str(out), "--gpu", "NVIDIA A100-SXM4-40GB"])
+    row = summary(out)[POLARIS.stem]
+    assert row["device"] == "cuda" and row["precision"] is None and row["gpu"] == "A100 40GB"
+    assert row["mfu_printed"] is None and row["na_reasons"]["mfu"] == hardware.DTYPE_UNKNOWN
+    assert [m["reserved_mb"] for m in row["mem_per_rank"]] == [32994.0, 35824.0]
+    out2 = tmp_path / "report2"
+    report.main([str(logs), "--out", str(out2), "--gpu", "A100 40GB", "--dtype", "bf16"])
+    row = summary(out2)[POLARIS.stem]
+    assert row["peak_label"] == "312 TFLOP/s dense bf16, A100 40GB"
+    assert row["mfu_printed"] == pytest.approx(100 * row["tflops_printed"] / 312)

@@ -34,6 +34,8 @@ class HardwareGiven:
     """``--gpu NAME``: a device name or table model (``H100 SXM``, ``NVIDIA A100-SXM4-80GB``)."""
     peak_tflops: float | None = None
     """``--peak-tflops X``: the dense peak per GPU for the run's dtype, TFLOP/s."""
+    dtype: str | None = None
+    """``--dtype``: the runs' dtype where their logs do not say (fp32, tf32, fp16, bf16, fp8)."""
 
 
 def recorded_gpu(record: RunRecord | None) -> tuple[str | None, float | None, str]:
@@ -56,15 +58,16 @@ def peak_of(row: Any, record: RunRecord | None, given: HardwareGiven) -> hardwar
     """The run's denominator: ``--peak-tflops``, else (not on CPU) ``--gpu``, else run.json's
     GPU."""
     name, memory, why = recorded_gpu(record)
+    precision = given.dtype or row.precision
     if given.peak_tflops is not None:
-        return hardware.given_peak(given.peak_tflops, row.precision, given.gpu or name)
+        return hardware.given_peak(given.peak_tflops, precision, given.gpu or name)
     if row.device == "cpu":  # (--gpu names the GPU of the CUDA runs, never a CPU run's peak)
-        return hardware.Peak(None, hardware.peak_dtype(row.precision), None, "CPU run: no GPU")
+        return hardware.Peak(None, hardware.peak_dtype(precision), None, "CPU run: no GPU")
     if given.gpu:
-        return hardware.peak(given.gpu, row.precision)
+        return hardware.peak(given.gpu, precision)
     if name is None:
-        return hardware.Peak(None, hardware.peak_dtype(row.precision), None, why)
-    return hardware.peak(name, row.precision, memory)
+        return hardware.Peak(None, hardware.peak_dtype(precision), None, why)
+    return hardware.peak(name, precision, memory)
 
 
 def with_mfu(row: Any, record: RunRecord | None, given: HardwareGiven) -> Any:
@@ -79,6 +82,8 @@ def with_mfu(row: Any, record: RunRecord | None, given: HardwareGiven) -> Any:
         na["peak_tflops"] = f"dense peak from {pk.source}"
         if row.tflops is not None:
             out["mfu"] = 100.0 * row.tflops / pk.tflops
+            if out["mfu"] > 100.0:
+                na["mfu"] = "above 100%: the GPU or the dtype of the peak is not the run's"
         else:
             na["mfu"] = f"no TFLOP/s for this run ({na.get('tflops') or 'no steady state'})"
         if row.tflops_printed is not None:

@@ -755,12 +755,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peak-tflops", type=float, help="dense peak TFLOP/s per GPU for the runs' dtype (MFU)"
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("fp32", "tf32", "fp16", "bf16", "fp8"),
+        help="the runs' dtype where their logs do not say it (MFU peak)",
+    )
     args = parser.parse_args(argv)
     if not args.logdir.exists():
         parser.error(f"{args.logdir} does not exist")
     default = args.logdir if args.logdir.is_dir() else args.logdir.parent
     out = args.out or default / "report"
-    given = hardware.HardwareGiven(args.gpu, args.peak_tflops)
+    given = hardware.HardwareGiven(args.gpu, args.peak_tflops, args.dtype)
     rows = build(args.logdir, out, args.baseline, given)
     console_table(rows)
     print(f"wrote {out / 'report.md'}")

@@ -207,8 +207,8 @@ class Peak:
 
     gpu: str | None
     """Model name (``H100 SXM``), None when the device name matched none."""
-    dtype: str
-    """Dtype the peak is for."""
+    dtype: str | None
+    """Dtype the peak is for (None: the run does not say)."""
     tflops: float | None
     """Dense peak TFLOP/s per GPU, None when unknown."""
     reason: str = ""
@@ -251,9 +251,17 @@ def match_gpu(name: str, memory_mib: float | None = None) -> tuple[GpuModel | No
     return None, f"{name!r} is not in the peak table (analysis.theory.hardware: {known})"
 
 
-def peak_dtype(precision: str | None) -> str:
-    """The table dtype of a run's precision: bf16/fp16/fp8/tf32 as is, anything else fp32."""
-    return precision if precision in DTYPES else "fp32"
+def peak_dtype(precision: str | None) -> str | None:
+    """The table dtype of a run's precision (fp32 when its arguments have neither --bf16 nor
+    --fp16, as the loader says), None when the run does not say."""
+    return precision if precision in DTYPES else None
+
+
+DTYPE_UNKNOWN = (
+    "the run's dtype is unknown (no --bf16/--fp16 in its arguments, spec or DeepSpeed config): "
+    "give --dtype"
+)
+"""Why a run whose precision nobody states has no peak (an fp32 guess would be 16x off)."""
 
 
 def number_text(value: float) -> str:
@@ -269,6 +277,8 @@ def peak(name: str | None, precision: str | None, memory_mib: float | None = Non
     gpu, why = match_gpu(name, memory_mib)
     if gpu is None:
         return Peak(None, dtype, None, why)
+    if dtype is None:
+        return Peak(gpu.name, None, None, DTYPE_UNKNOWN, source=gpu.source)
     value = gpu.peaks.get(dtype)
     if value is None:
         return Peak(
@@ -287,5 +297,5 @@ def given_peak(tflops: float, precision: str | None, gpu: str | None = None) -> 
     """A peak the user gave (``--peak-tflops``), labelled as such."""
     dtype = peak_dtype(precision)
     who = gpu or "as given"
-    label = f"{number_text(tflops)} TFLOP/s {dtype} ({who}, --peak-tflops)"
+    label = f"{number_text(tflops)} TFLOP/s{f' {dtype}' if dtype else ''} ({who}, --peak-tflops)"
     return Peak(gpu, dtype, tflops, "", label, "--peak-tflops")
