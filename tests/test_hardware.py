@@ -432,3 +432,8 @@ def test_real_polaris_log_dtype_unknown_then_given(tmp_path):
     row = summary(out2)[POLARIS.stem]
     assert row["peak_label"] == "312 TFLOP/s dense bf16, A100 40GB"
     assert row["mfu_printed"] == pytest.approx(100 * row["tflops_printed"] / 312)
+    assert (
+        "- alcf-polaris-2024-zero2-tp2: MFU n/a: no TFLOP/s for this run (model dimensions, "
+        "padded vocabulary, batch or world size unknown); Megatron's printed TFLOPs give 31.5% "
+        "of 312 TFLOP/s dense bf16, A100 40GB."
+    ) in (out2 / "report.md").read_text()

@@ -96,7 +96,11 @@ def with_mfu(row: Any, record: RunRecord | None, given: HardwareGiven) -> Any:
 def mfu_text(row: Any, digits: int = 1) -> str:
     """``MFU 41.0% of 989 TFLOP/s dense bf16, H100 SXM`` or ``MFU n/a: <why>``."""
     if row.mfu is None:
-        return f"MFU n/a: {row.na_reasons.get('mfu', 'unknown')}"
+        text = f"MFU n/a: {row.na_reasons.get('mfu', 'unknown')}"
+        if row.mfu_printed is not None:
+            text += f"; Megatron's printed TFLOPs give {row.mfu_printed:.{digits}f}%"
+            text += f" of {row.peak_label}"
+        return text
     return f"MFU {row.mfu:.{digits}f}% of {row.peak_label}"
 
 
