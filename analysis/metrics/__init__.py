@@ -1,2 +1,2 @@
-"""Per-run metrics (one row per run), timers and breakdowns, speedups, repeats, and the statistics
-(t quantiles, intervals, Welch) they use."""
+"""Per-run metrics (one row per run), timers and breakdowns, speedups, repeats, MFU and GPU memory
+per rank (``hardware``), and the statistics (t quantiles, intervals, Welch) they use."""

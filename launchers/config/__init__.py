@@ -1,3 +1,4 @@
 """What a run is: presets, the validated run spec (and its run.json form), hostfiles, the
-projections of a spec (argv, DeepSpeed JSON), upstream and GPU prerequisites, and the
-standard-library probe of what a node has."""
+projections of a spec (argv, DeepSpeed JSON), upstream and GPU prerequisites (apex's needed
+extensions, ``make gpu-check``, the machine's own PyTorch), and the standard-library probe of what
+a node has."""
