@@ -16,7 +16,11 @@ measures, each in its own process:
   ratio of the parser's CPU time to perl's on the same file, measured in the same run.
 
 CPU times are user + system of the measured process (parse_file: of the parse call alone); on a
-machine shared with other work, wall times are longer and vary more: both are printed.
+machine shared with other work, wall times are longer and vary more: both are printed.  The
+peak RSS of a large log's parse varies by some tens of MiB from run to run (the 64-rank log of
+1 GB: 379 to 416 MiB).  The library leaves glibc's allocator as it is; a process that must
+hold less can fix its mmap threshold from the environment, ``MALLOC_MMAP_THRESHOLD_=131072``:
+on that log's ``--json`` 412 -> 334 MiB, for about a third more CPU (page faults).
 
     python benchmarks/parse_bench.py [--size-mb 1024] [--logs noise,dense,ranks,...] [--dir DIR]
                                      [--keep] [--reuse] [--code DIR] [--skip-json] [--skip-report]

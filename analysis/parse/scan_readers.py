@@ -5,6 +5,7 @@ of ``analysis.parse.scan.Bulk``.
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Iterator
 from itertools import repeat
 from typing import Any
@@ -92,8 +93,9 @@ class BulkReaders:
     (``analysis.parse.scan``), whose state they read and update through ``host``."""
 
     def __init__(self, host: Any) -> None:
-        self.host = host
-        """The ``analysis.parse.scan.Bulk`` reading the file."""
+        self.host = weakref.proxy(host)
+        """The ``analysis.parse.scan.Bulk`` reading the file (a weak reference: no cycle
+        keeps it, and what it holds, alive once the file is read)."""
 
     def split_lines(
         self,

@@ -5,6 +5,7 @@ sight) and turns them into patterns: a collaborator of ``analysis.parse.scan.Bul
 from __future__ import annotations
 
 import re
+import weakref
 from itertools import compress, repeat
 from operator import itemgetter, methodcaller
 from typing import Any
@@ -36,8 +37,9 @@ class BulkShapes:
     (``analysis.parse.scan``), whose learned shapes live in ``host``."""
 
     def __init__(self, host: Any) -> None:
-        self.host = host
-        """The ``analysis.parse.scan.Bulk`` reading the file."""
+        self.host = weakref.proxy(host)
+        """The ``analysis.parse.scan.Bulk`` reading the file (a weak reference: no cycle
+        keeps it, and what it holds, alive once the file is read)."""
 
     def ds_shape(self, shape: bytes, body: bytes, rank: int) -> None:
         """Learn a new DeepSpeed line shape (``ds_codes``): the names it is read with, when
