@@ -125,6 +125,25 @@ def test_megatron_args_cpu_and_gpu() -> None:
     assert gpu[gpu.index("--zero-stage") + 1] == "0"
 
 
+def test_every_run_writes_tensorboard(tmp_path: Path) -> None:
+    """Upstream's --tensorboard-dir in the run directory, with the timers, batch size and world
+    size; memory only on CUDA (upstream reads torch.cuda.memory_stats(), empty on CPU)."""
+    for model, strategy, memory in (("tiny", "zero2", False), ("small", "pipeline", True)):
+        spec = make_spec(model, strategy)
+        run_dir = render_run_dir(spec, tmp_path, now=NOW)
+        record = read_run_record(run_dir)
+        argv = record.command[script_index(record.command) + 1 :]
+        assert argv[argv.index("--tensorboard-dir") + 1] == f"{run_dir}/tensorboard"
+        for flag in (
+            "--log-timers-to-tensorboard",
+            "--log-batch-size-to-tensorboard",
+            "--log-world-size-to-tensorboard",
+        ):
+            assert flag in argv
+            assert flag in (run_dir / "launch.sh").read_text()
+        assert ("--log-memory-to-tensorboard" in argv) is memory
+
+
 def test_recompute_on_cpu_uses_megatrons_checkpointing_and_refuses_the_pipeline() -> None:
     # DeepSpeed's CheckpointFunction needs an accelerator Stream, which the CPU accelerator has
     # not: on CPU the recompute is Megatron's own (uniform, one layer a unit); on GPU DeepSpeed's.

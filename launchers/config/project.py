@@ -25,6 +25,8 @@ NODE_RANK = "${NODE_RANK}"
 (``launch.sh`` takes it as ``$1`` or from the environment)."""
 
 DS_CONFIG_NAME = "ds_config.json"
+#: Folder of a run directory where upstream's TensorBoard writer (last rank) puts its event files.
+TENSORBOARD_DIR_NAME = "tensorboard"
 """File name of the DeepSpeed config inside a run directory."""
 HOSTFILE_NAME = "hostfile"
 """File name of the hostfile copy inside a run directory."""
@@ -151,6 +153,16 @@ def megatron_args(spec: RunSpec, run_dir: str) -> list[str]:
         ("no_gradient_accumulation_fusion", not gradient_accumulation_fusion(spec)),
         # CPU with PP: torch LayerNorm rejects sequence_parallel=; RMSNorm works.
         ("normalization", "rmsnorm" if spec.normalization == "rmsnorm" else None),
+        # TensorBoard (the last rank writes): loss, learning rate and batch size every iteration,
+        # the timers (max over ranks, s per iteration so far in the log interval, so at each
+        # logged iteration the text log's max / 1000) and the iteration time at each logged one.
+        ("tensorboard_dir", tensorboard_dir(run_dir)),
+        ("log_timers_to_tensorboard", True),
+        ("log_batch_size_to_tensorboard", True),
+        ("log_world_size_to_tensorboard", True),
+        ("log_validation_ppl_to_tensorboard", True),
+        # CUDA only: upstream reads torch.cuda.memory_stats(), empty on CPU (KeyError).
+        ("log_memory_to_tensorboard", spec.device == "cuda"),
     ]
     argv: list[str] = []
     for key, value in pairs:
@@ -158,6 +170,11 @@ def megatron_args(spec: RunSpec, run_dir: str) -> list[str]:
         if key == "deepspeed":
             argv += to_flag("deepspeed_config", ds_config_path(run_dir), sep="_")
     return argv
+
+
+def tensorboard_dir(run_dir: str) -> str:
+    """Folder of upstream's TensorBoard event files in a run directory."""
+    return posixpath.join(run_dir, TENSORBOARD_DIR_NAME)
 
 
 def ds_config_path(run_dir: str) -> str:

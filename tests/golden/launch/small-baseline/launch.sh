@@ -59,4 +59,10 @@ exec /venv/bin/deepspeed \
   --seed 1234 \
   --fp16 \
   --checkpoint-activations \
-  --deepspeed-activation-checkpointing
+  --deepspeed-activation-checkpointing \
+  --tensorboard-dir /RUNS/small-baseline/20261122T021500Z/tensorboard \
+  --log-timers-to-tensorboard \
+  --log-batch-size-to-tensorboard \
+  --log-world-size-to-tensorboard \
+  --log-validation-ppl-to-tensorboard \
+  --log-memory-to-tensorboard

@@ -53,4 +53,9 @@ exec /venv/bin/deepspeed \
   --zero-stage 0 \
   --seed 1234 \
   --no-gradient-accumulation-fusion \
-  --normalization rmsnorm
+  --normalization rmsnorm \
+  --tensorboard-dir /RUNS/tiny-pipeline/20261122T021500Z/tensorboard \
+  --log-timers-to-tensorboard \
+  --log-batch-size-to-tensorboard \
+  --log-world-size-to-tensorboard \
+  --log-validation-ppl-to-tensorboard

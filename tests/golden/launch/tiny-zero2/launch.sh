@@ -53,4 +53,9 @@ exec /venv/bin/deepspeed \
   --deepspeed_config /RUNS/tiny-zero2/20261122T021500Z/ds_config.json \
   --zero-stage 2 \
   --seed 1234 \
-  --no-gradient-accumulation-fusion
+  --no-gradient-accumulation-fusion \
+  --tensorboard-dir /RUNS/tiny-zero2/20261122T021500Z/tensorboard \
+  --log-timers-to-tensorboard \
+  --log-batch-size-to-tensorboard \
+  --log-world-size-to-tensorboard \
+  --log-validation-ppl-to-tensorboard

@@ -55,4 +55,9 @@ exec /venv/bin/deepspeed \
   --zero-stage 3 \
   --seed 1234 \
   --cpu-optimizer \
-  --no-gradient-accumulation-fusion
+  --no-gradient-accumulation-fusion \
+  --tensorboard-dir /RUNS/tiny-zero3-offload/20261122T021500Z/tensorboard \
+  --log-timers-to-tensorboard \
+  --log-batch-size-to-tensorboard \
+  --log-world-size-to-tensorboard \
+  --log-validation-ppl-to-tensorboard
