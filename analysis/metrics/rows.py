@@ -39,6 +39,7 @@ from analysis.runs.identity import identity
 from analysis.runs.load import LoadedRun
 from analysis.runs.problems import Problem
 from analysis.runs.record import RunRecord
+from analysis.runs.tensorboard import MEMORY_NA, TFLOPS_NA
 from analysis.theory import comm
 from analysis.theory.formulas import (
     flops_per_iteration,
@@ -380,6 +381,9 @@ class RunMetrics:
     since_last_write_s: float | None = None
     """Running or cut runs: seconds from the last write of the log files to the report (the
     wall time since the last line when the log is still being written)."""
+    event_files: list[str] = field(default_factory=list)
+    """The run's TensorBoard event files (upstream's ``--tensorboard-dir``), relative to LOGDIR;
+    the run's figures come from them when it has no log file."""
     gpu: str | None = None
     """GPU model of the peak table (``H100 SXM``), from run.json or ``--gpu``."""
     peak_tflops: float | None = None
@@ -444,6 +448,7 @@ def compute(run: LoadedRun) -> RunMetrics:
     row: dict[str, Any] = {
         "name": run.name,
         "path": run.path,
+        "event_files": list(run.event_files),
         "model": s.model,
         "strategy": s.strategy,
         "setup_key": s.setup_key,
@@ -526,7 +531,10 @@ def compute(run: LoadedRun) -> RunMetrics:
             na["iter_ms_mean"] += f"; run {run.status}"
     peak, reserved, mem_rank, mem_after = _peak_memory(p)
     row["peak_mem_mb"], row["peak_reserved_mb"] = peak, reserved
-    if peak is None:
+    from_events = bool(run.event_files) and not run.log_files  # (read from TensorBoard)
+    if peak is None and from_events:
+        na["peak_mem_mb"] = MEMORY_NA
+    elif peak is None:
         na["peak_mem_mb"] = "no memory report in the logs (printed after the first log interval)"
     else:
         on_cpu = s.device == "cpu"
@@ -612,6 +620,8 @@ def compute(run: LoadedRun) -> RunMetrics:
     sel = ~np.isnan(tf) & ~np.isnan(el) & (el != 0) & (numbers >= steady.first_iteration)
     sel &= ~np.isin(numbers, steady.pause_iterations)  # (the windows the time was taken over)
     tf_w, el_w = tf[sel], el[sel]  # (the windows' printed TFLOPs and elapsed time)
+    if not len(tf_w) and from_events:
+        na["tflops_printed"] = TFLOPS_NA
     if len(tf_w):
         row["tflops_printed"] = math.fsum(tf_w) / len(tf_w)
         if row["tflops"] is not None:

@@ -22,7 +22,7 @@ import itertools
 import json
 import re
 import shlex
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -33,6 +33,7 @@ from analysis.parse.reader import merge_runs, parse_file, parse_stream
 from analysis.parse.records import ParsedRun, int_values
 from analysis.runs.problems import Problem
 from analysis.runs.record import Outcome, RunRecord, RunRecordError, from_json
+from analysis.runs.tensorboard import TENSORBOARD_DIR, event_files, event_folders, read_events
 from analysis.theory.formulas import RATE_IN_NAME, padded_vocab_size, parse_rate
 from analysis.theory.presets import model_table
 from analysis.theory.setup import Precision, RunSetup
@@ -80,6 +81,9 @@ class LoadedRun:
     """netbench.json as read (measured collective bandwidth)."""
     log_files: tuple[str, ...] = ()
     """Log files that fed the run, relative to LOGDIR."""
+    event_files: tuple[str, ...] = ()
+    """TensorBoard event files of the run (upstream's ``--tensorboard-dir``), relative to
+    LOGDIR; the run is read from them when it has no log file."""
     last_write: float | None = None
     """When its log files were last written (the newest mtime, seconds since the epoch): for a
     log still being written, the time of its last line."""
@@ -492,9 +496,12 @@ def _make_runs(
     cmd: str | None,
     netbench: dict[str, Any] | None,
     problems: list[Problem],
+    events: Sequence[Path] = (),
 ) -> list[LoadedRun]:
     parsed_runs, log_text = _parse_all(logs, problems) if logs else ([], "")
-    if not logs:
+    if not logs and events:
+        parsed_runs = [read_events(events[0].parent)]
+    elif not logs:
         problems.append(Problem("no_log", "log", "no *.log file"))
     node_files = sum(1 for p in logs if NODE_SUFFIX.match(p.stem) or p.stem.startswith("node"))
     out = []
@@ -520,7 +527,8 @@ def _make_runs(
                 record=record,
                 netbench=netbench,
                 log_files=tuple(p.relative_to(root).as_posix() for p in logs),
-                last_write=max((p.stat().st_mtime for p in logs), default=None),
+                event_files=tuple(p.relative_to(root).as_posix() for p in events),
+                last_write=max((p.stat().st_mtime for p in [*logs] or [*events]), default=None),
                 problems=tuple(all_problems),
             )
         )
@@ -561,6 +569,7 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
         nb_path = run_dir / "netbench.json"
         netbench = _read_json(nb_path, problems) if nb_path.exists() else None
         logs = sorted(run_dir.glob("*.log"))
+        events = event_files(run_dir / TENSORBOARD_DIR)
         record = as_record(run_json, problems)
         name = record.name if record else _raw_name(run_json)
         name = name or run_dir.name
@@ -576,6 +585,7 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
             launch.read_text() if launch.exists() else None,
             netbench,
             problems,
+            events,
         )
     # A collective benchmark's own directory (netbench.json, no run.json; sessions put them
     # under <logs>/netbench/) holds launcher logs of the benchmark, not of a training run.
@@ -604,4 +614,15 @@ def discover(logdir: Path, exclude: Iterable[Path] = ()) -> list[LoadedRun]:
             problems.append(Problem("no_cmd", cmd_path.name, what))
         rel = (parent / stem).relative_to(root).as_posix()
         runs += _make_runs(stem, rel, "log_files", logs, root, None, ds_config, cmd, None, problems)
+    # A folder of event files outside a run directory (upstream's --tensorboard-dir, copied
+    # alone): a run named by the folder (by its parent when the folder is ``tensorboard``).
+    for folder in event_folders(candidates):
+        if any(folder.is_relative_to(d) for d in run_dirs):
+            continue
+        named = folder.parent if folder.name == TENSORBOARD_DIR and folder != root else folder
+        rel = folder.relative_to(root).as_posix() if folder != root else "."
+        events = event_files(folder)
+        runs += _make_runs(
+            named.name, rel, "log_files", [], root, None, None, None, None, [], events
+        )
     return sorted(runs, key=lambda r: r.name)
