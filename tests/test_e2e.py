@@ -8,6 +8,7 @@ default pdsh-over-ssh path and through per-node ``--no_ssh``.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,22 @@ def test_local_run_dir_is_complete_and_reported(tmp_path):
     assert row["status"] == "completed"
     assert row["iter_ms_mean"] and row["iter_ms_mean"] > 0
     assert row["comm_bytes_per_iter"] == 3_501_056 + 1_750_528  # all-reduce + all-gather (fp32)
+
+    # Upstream's TensorBoard events alone (the text log deleted) give the same figures.
+    assert row["event_files"] and list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    events_only = tmp_path / "events-only"
+    shutil.copytree(run_dir, events_only / run_dir.name)
+    for log in events_only.rglob("*.log"):
+        log.unlink()
+    out2 = tmp_path / "report-events"
+    rep2 = subprocess.run(
+        [sys.executable, "-m", "analysis.report", str(events_only), "--out", str(out2)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert rep2.returncode == 0, rep2.stderr[-2000:]
+    (row2,) = json.loads((out2 / "summary.json").read_text())["runs"]
+    assert row2["status"] == "completed"
+    assert row2["iter_ms_mean"] == pytest.approx(row["iter_ms_mean"], rel=0.005)
 
 
 LAB_OK, LAB_WHY = lab_available(ssh=True)
