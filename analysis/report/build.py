@@ -1,7 +1,8 @@
 """``python -m analysis.report LOGDIR [--out DIR] [--baseline NAME]``.
 
 Writes ``report.md``, ``figures/*.png``, ``summary.json`` (``{"runs": [ROW, ...]}``, one row per
-run, columns of ``metrics.rows.SCHEMA`` plus ``na_reasons``) and ``summary.csv``, and prints
+run, columns of ``metrics.rows.SCHEMA`` plus ``na_reasons``), ``summary.csv`` and
+``tensorboard/`` (one TensorBoard run per run, HParams: ``report.tensorboard``), and prints
 a console table. Default output: ``LOGDIR/report``. A previous report is never overwritten: an
 existing output directory is renamed to ``<DIR>.previous-<N>`` (first free N) first, and the
 console says so. Every sentence of the report that states a number is computed from the rows.
@@ -29,8 +30,10 @@ from analysis.predict import prediction
 from analysis.report import gpu as report_gpu
 from analysis.report import predictions as report_predict
 from analysis.report.markdown import md_table
+from analysis.report.tensorboard import write_tensorboard
 from analysis.runs import load
 from analysis.runs.problems import UNREAD_CODES
+from analysis.runs.tensorboard import TENSORBOARD_DIR
 from analysis.theory.formulas import STEADY_RULE
 from analysis.theory.units import number
 
@@ -739,6 +742,7 @@ def build(
     summary = {"runs": [metrics.row_dict(r) for r in rows], "repeats": sets}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     frame.to_csv(out / "summary.csv", index=False)
+    write_tensorboard(rows, out / TENSORBOARD_DIR)
     return rows
 
 
@@ -769,6 +773,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = build(args.logdir, out, args.baseline, given)
     console_table(rows)
     print(f"wrote {out / 'report.md'}")
+    print(f"TensorBoard: tensorboard --logdir {out / TENSORBOARD_DIR}")
     if args.summary:
         print("\n".join(executive_summary(_groups(rows))))
     return 0
