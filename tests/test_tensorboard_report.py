@@ -89,6 +89,8 @@ def test_tensorboard_server_lists_every_run_and_metric(server) -> None:
     assert [m["name"]["tag"] for m in experiment["metricInfos"]] == tags
     strategies = next(h for h in experiment["hparamInfos"] if h["name"] == "strategy")
     assert set(strategies["domainDiscrete"]) >= {"baseline", "pipeline", "tensor", "zero3"}
+    differs = {h["name"]: h["differs"] for h in experiment["hparamInfos"]}
+    assert differs["strategy"] and differs["tp"] and not differs["model"]  # (ticked first)
     request = {
         "experimentName": "",
         "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE"],

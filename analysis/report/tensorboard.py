@@ -87,6 +87,7 @@ def write_tensorboard(rows: list[RunMetrics], out: Path) -> list[Path]:
     # tensorboard's writer and protos: imported here, only when the report is written.
     from tensorboard.compat.proto import summary_pb2
     from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.plugins.hparams import plugin_data_pb2
     from tensorboard.plugins.hparams import summary_v2 as hp
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
@@ -103,7 +104,15 @@ def write_tensorboard(rows: list[RunMetrics], out: Path) -> list[Path]:
         for key in HPARAMS
     ]
     metrics = [hp.Metric(tag, display_name=label) for tag, label in METRICS.values()]
-    write(out, [hp.hparams_config_pb(hparams, metrics, time_created_secs=0.0)])
+    config = hp.hparams_config_pb(hparams, metrics, time_created_secs=0.0)
+    # The HParams views tick the hyperparameters that differ first (then by name): say which.
+    data = plugin_data_pb2.HParamsPluginData.FromString(
+        config.value[0].metadata.plugin_data.content
+    )
+    for info in data.experiment.hparam_infos:
+        info.differs = len({v[info.name] for v in values}) > 1
+    config.value[0].metadata.plugin_data.content = data.SerializeToString()
+    write(out, [config])
     taken: set[str] = set()
     folders = []
     for row, hparam in zip(rows, values, strict=True):
