@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,12 +23,6 @@ from analysis.report.tensorboard import HPARAMS, METRICS
 
 SERVER_START_S = 90.0
 """How long the server may take to answer its first request (it loads its plugins)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _finite(value: Any) -> bool:
@@ -48,24 +42,26 @@ def server(tmp_path: Path):
     yields (base URL, report rows)."""
     out = tmp_path / "report"
     rows = report.build(LAB_LOGS, out)
-    port = _free_port()
-    log = (tmp_path / "tensorboard.log").open("w")
-    logdir = str(out / "tensorboard")
-    argv = ["--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)]
+    log_path = tmp_path / "tensorboard.log"
+    log = log_path.open("w")
+    # --port 0: the system picks a free port; the server prints its URL.
+    argv = ["--logdir", str(out / "tensorboard"), "--host", "127.0.0.1", "--port", "0"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "tensorboard.main", *argv], stdout=log, stderr=subprocess.STDOUT
     )
-    base = f"http://127.0.0.1:{port}"
     try:
         # Until it answers with every run (it loads the folder in the background).
         deadline = time.monotonic() + SERVER_START_S
+        base = None
         while True:
             try:
-                if {r.name for r in rows} <= set(_get(f"{base}/data/runs")):
+                found = re.search(r" at (http://127\.0\.0\.1:\d+)/", log_path.read_text())
+                base = base or (found.group(1) if found else None)
+                if base and {r.name for r in rows} <= set(_get(f"{base}/data/runs")):
                     break
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
-            assert proc.poll() is None, (tmp_path / "tensorboard.log").read_text()
+            assert proc.poll() is None, log_path.read_text()
             assert time.monotonic() < deadline, "tensorboard did not list the runs in time"
             time.sleep(0.5)
         yield base, rows
