@@ -62,6 +62,11 @@ node's CPU budget) without the wire; on a link this cost and the wire time overl
 what-if model takes the larger of the two (``analysis.predict.calibration.LinkFit.time_ms``)."""
 
 
+QUICK_NETBENCH = {"budget_s": "0.3", "min_iters": "2", "max_iters": "8"}
+"""What ``quick`` changes in both benchmarks (``make demo``): a third of the time per size and
+fewer calls; the large sizes, bound by ``min_iters`` on a slow link, cost the same."""
+
+
 def _cmdline(pid: int) -> str:
     with contextlib.suppress(OSError):
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -133,24 +138,27 @@ class LabSession:
             network=self.label,
         )
 
-    def measure_bandwidth(self, logs: Path) -> Path | None:
-        """Run the collective benchmark once for the session; never fails the session."""
+    def measure_bandwidth(self, logs: Path, quick: bool = False) -> Path | None:
+        """Run the collective benchmark once for the session (``quick``: with
+        :data:`QUICK_NETBENCH`); never fails the session."""
         out = logs / "netbench" / f"{self.lab.name}-{self.lab.shape.label}"
         print(f"lab {self.lab.name}: measuring collective bandwidth ({out})", flush=True)
+        options = NETBENCH_OPTIONS | (QUICK_NETBENCH if quick else {})
         try:
-            netbench.run_on_lab(self.lab, out, NETBENCH_OPTIONS, timeout_s=900)
+            netbench.run_on_lab(self.lab, out, options, timeout_s=900)
         except Exception as e:  # the runs stay useful without a measured figure
             print(f"lab {self.lab.name}: collective benchmark failed: {e}", file=sys.stderr)
             return None
         path = out / "netbench.json"
         self.netbench = path if path.exists() else None
         if self.netbench is not None and self.lab.shaping_commands:
-            self.measure_host_time(out)
+            self.measure_host_time(out, quick)
         return self.netbench
 
-    def measure_host_time(self, out: Path) -> None:
-        """Add the host-time benchmark (``HOST_TIME_OPTIONS``, links unshaped) to the session's
-        netbench.json under ``host_time``; on failure say so there and go on."""
+    def measure_host_time(self, out: Path, quick: bool = False) -> None:
+        """Add the host-time benchmark (``HOST_TIME_OPTIONS``, links unshaped; ``quick``: with
+        :data:`QUICK_NETBENCH`) to the session's netbench.json under ``host_time``; on failure
+        say so there and go on."""
         assert self.netbench is not None
         print(f"lab {self.lab.name}: measuring the hosts' time per call (links unshaped)",
               flush=True)  # fmt: skip
@@ -158,7 +166,8 @@ class LabSession:
         # Not putting the shaping back raises out of here: no run may go on unshaped links.
         with self.lab.unshaped():
             try:
-                host = netbench.run_on_lab(self.lab, out / "host", HOST_TIME_OPTIONS, 600)
+                options = HOST_TIME_OPTIONS | (QUICK_NETBENCH if quick else {})
+                host = netbench.run_on_lab(self.lab, out / "host", options, 600)
             except Exception as e:  # the bandwidth figures stay useful without it
                 print(f"lab {self.lab.name}: host-time benchmark failed: {e}", file=sys.stderr)
                 host = {"error": str(e)}
