@@ -218,3 +218,16 @@ def test_steady_split_caps_a_drift_and_keeps_two_speeds() -> None:
     flat = [10.0, 10.0, 10.0, 10.1, 10.0, 10.0]  # MAD 0: the 2% floor, nothing dropped
     assert formulas.steady_split(flat).start == 1 and formulas.steady_split(flat).pauses == ()
     assert formulas.steady_windows([10, 20, 30]) == [20, 30]  # no times: the first window only
+
+
+def test_a_window_a_fifth_high_is_scatter_not_a_pause() -> None:
+    # A real lab run (make demo's tiny baseline at 100 Mbit/s, log interval 1): iteration 4 took
+    # 545.6 ms against a median of 452.8 ms, past 3.5 scaled MADs of so flat a series, but no
+    # checkpoint or evaluation happened there: it stays in the mean.
+    times = [536.0, 452.0, 451.5, 545.6, 453.0, 452.8, 452.1, 453.4]
+    split = formulas.steady_split(times)
+    assert split.threshold is not None and times[3] > split.threshold
+    assert split.pauses == () and split.start == 1
+    # At 1.25 times the median and beyond it is a pause.
+    times[3] = 1.26 * 452.8
+    assert formulas.steady_split(times).pauses == (3,)

@@ -289,14 +289,20 @@ MIN_REFERENCE = 5
 """Reference windows the scatter needs before a window is judged by it: the MAD of four or
 fewer windows swings with any one of them, so a shorter series keeps the first-window rule."""
 
+PAUSE_MIN_RATIO = 1.25
+"""A later window is a pause only when it is also at least this many times the median: a
+checkpoint save or an evaluation stretches its window well past the iterations' own jitter,
+while a window a few percent high is the run's scatter and stays in the mean (leaving it out
+would bias the mean low)."""
+
 STEADY_RULE = (
     "drop the first logging window (warm-up) and every following window more than 3.5 scaled "
     "MADs (at least 2% of the median each) above the median of the windows past the first third "
     "(modified z-score > 3.5, Iglewicz-Hoaglin), up to a third of the windows; later windows "
-    "that far above the median are pauses (checkpoint, evaluation) and are left out of the "
-    "mean, while at least half the steady windows remain (judged with 5 reference windows or "
-    "more; else the first window only); each window is the mean over "
-    "log_interval iterations"
+    "that far above the median and at least 1.25 times it are pauses (checkpoint, evaluation) "
+    "and are left out of the mean, while at least half the steady windows remain (judged "
+    "with 5 reference windows or more; else the first window only); each window is the mean "
+    "over log_interval iterations"
 )
 """How the steady state is chosen, for every figure that needs one (report: time, throughput,
 TFLOP/s, timers; matrix table). The lab's per-iteration interface bytes have no window times:
@@ -371,7 +377,8 @@ def steady_split(times: Sequence[float] | None, count: int | None = None) -> Ste
     while start < cap and t[start] > threshold:
         start += 1
     capped = start == cap and cap > 1 and bool(t[start] > threshold)
-    high = np.flatnonzero(t[start:] > threshold) + start
+    bound = max(threshold, PAUSE_MIN_RATIO * median)
+    high = np.flatnonzero(t[start:] > bound) + start
     pauses = tuple(int(i) for i in high) if 2 * len(high) < n - start else ()
     return SteadySplit(n, start, pauses, median, threshold, capped)
 
