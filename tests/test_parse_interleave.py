@@ -18,9 +18,11 @@ field. The runs:
 Exceptions, and only these: what only the run directory holds. ``run.json``'s interface
 counters (``wire_bytes_per_iter``, ``wire_over_model``), ``netbench.json`` (``busbw_gbps_measured``
 and what is computed from it: the inferred-bandwidth warning and the calibrated predictions),
-``run.json``'s link rate when no name states it (``link_mbit``, ``setup_key``, and again the
-warning and predictions, which use the link), and the bookkeeping fields (name, path, problems and
-the n/a reasons of the exempt fields); the n/a reasons of every other field must match too.
+the run directory's TensorBoard event files (``event_files``), ``run.json``'s link rate when no
+name states it (``link_mbit``, ``setup_key``, and again the warning and predictions, which use
+the link), and the bookkeeping fields (name, path, problems, the files' age
+``since_last_write_s`` and the n/a reasons of the exempt fields); the n/a reasons of every other
+field must match too.
 ``pytest -s`` prints the counts.
 """
 
@@ -52,7 +54,9 @@ STYLES: dict[str, Callable[[int, str], str]] = {
 }
 """Prefix of stream ``i`` (host name ``host``) in each launcher's style."""
 
-ALWAYS_EXEMPT = ("name", "path", "problems")
+# event_files: the run directory's tensorboard/ folder, which a bare log has not;
+# since_last_write_s: the files' modification time (a rewritten bare log is new).
+ALWAYS_EXEMPT = ("name", "path", "problems", "event_files", "since_last_write_s")
 # spec_hash: the identity of a configuration covers every setting of the setup, DeepSpeed's
 # steps_per_print and wall_clock_breakdown included, which only the config beside a log gives
 # when the log prints no config dump (the lab logs print none).
