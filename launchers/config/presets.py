@@ -278,7 +278,7 @@ def _cpu_adjustments(
 
 def resolve_spec(
     model: str,
-    strategy: str,
+    strategy: str | Strategy,
     cluster: Cluster,
     overrides: Mapping[str, Any] | None = None,
     *,
@@ -288,7 +288,8 @@ def resolve_spec(
     paths: RunPaths | None = None,
     config_dir: Path = CONFIG_DIR,
 ) -> RunSpec:
-    """Build the validated spec for ``model`` x ``strategy`` on ``cluster``.
+    """Build the validated spec for ``model`` x ``strategy`` (a preset name, or a
+    :class:`Strategy` built by the caller) on ``cluster``.
 
     ``overrides`` are typed values (see :func:`parse_overrides`); they win over the environment,
     which wins over the presets. ``device`` defaults to :func:`detect_device`, ``launcher`` to
@@ -302,7 +303,7 @@ def resolve_spec(
             f"valid keys: {', '.join(OVERRIDE_KEYS)}"
         )
     preset = get_model(model, config_dir)
-    chosen = get_strategy(strategy, config_dir)
+    chosen = strategy if isinstance(strategy, Strategy) else get_strategy(strategy, config_dir)
     device = device or detect_device()
     launcher = launcher or ("local" if len(cluster.hosts) == 1 else "pdsh")
 
