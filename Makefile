@@ -38,6 +38,9 @@ TIMEOUT     ?=
 MEM_LIMIT   ?=
 # Non-empty: start multi-node runs and matrices without the doctor's check of every node.
 SKIP_DOCTOR ?=
+# Megatron's --timing-log-option: minmax (default), max, or all (every rank's timers; the
+# report then names straggler ranks and their nodes).
+TIMERS      ?=
 # TORCH=system: `make setup` builds the venv on SYSTEM_PYTHON's own PyTorch (see setup below).
 TORCH       ?=
 SYSTEM_PYTHON ?= python3
@@ -59,7 +62,8 @@ RUN_FLAGS = --hosts $(HOSTS) --logs $(LOGS) \
 	$(if $(DELAY_MS),--delay-ms $(DELAY_MS)) $(if $(LOSS_PCT),--loss-pct $(LOSS_PCT)) \
 	$(foreach kv,$(SET),--set $(kv)) $(if $(FORCE),--force) $(if $(REPEAT),--repeat $(REPEAT)) \
 	$(if $(STALL),--stall $(STALL)) $(if $(TIMEOUT),--timeout $(TIMEOUT)) \
-	$(if $(MEM_LIMIT),--mem-limit $(MEM_LIMIT)) $(if $(SKIP_DOCTOR),--skip-doctor)
+	$(if $(MEM_LIMIT),--mem-limit $(MEM_LIMIT)) $(if $(SKIP_DOCTOR),--skip-doctor) \
+	$(if $(TIMERS),--timers $(TIMERS))
 
 RUN_TARGETS := $(foreach m,$(MODELS),$(foreach s,$(STRATEGIES),$(m)-$(s)))
 ALL_TARGETS := $(foreach m,$(MODELS),all-$(m))

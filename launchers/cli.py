@@ -38,7 +38,15 @@ from launchers.config.presets import (
     resolve_spec,
 )
 from launchers.config.project import DS_CONFIG_NAME
-from launchers.config.spec import DEVICES, LAUNCHER_MODES, Cluster, RunSpec, SpecError, spec_hash
+from launchers.config.spec import (
+    DEVICES,
+    LAUNCHER_MODES,
+    TIMING_LOG_OPTIONS,
+    Cluster,
+    RunSpec,
+    SpecError,
+    spec_hash,
+)
 from launchers.config.upstream import check_upstream
 from launchers.doctor import check as doctor
 from launchers.doctor.transport import DoctorError
@@ -183,6 +191,8 @@ class Request:
     """``--launcher`` or None (from the hostfile)."""
     logs: Path
     """``--logs`` root."""
+    timers: str = "minmax"
+    """``--timers``: Megatron's ``--timing-log-option`` (``all``: every rank's timers)."""
 
 
 def _request(args: argparse.Namespace) -> Request:
@@ -192,11 +202,12 @@ def _request(args: argparse.Namespace) -> Request:
         device=args.device,
         launcher=args.launcher,
         logs=Path(args.logs),
+        timers=args.timers,
     )
 
 
 def _resolve(req: Request, model: str, strategy: str) -> RunSpec:
-    return resolve_spec(
+    spec = resolve_spec(
         model,
         strategy,
         req.cluster,
@@ -204,6 +215,9 @@ def _resolve(req: Request, model: str, strategy: str) -> RunSpec:
         device=req.device,  # type: ignore[arg-type]
         launcher=req.launcher,  # type: ignore[arg-type]
     )
+    if req.timers != spec.timing_log_option:
+        spec = replace(spec, timing_log_option=req.timers)
+    return spec
 
 
 def print_dry_run(
@@ -490,6 +504,13 @@ def _options(p: argparse.ArgumentParser, execute: bool) -> None:
     )
     p.add_argument(
         "--dry-run", action="store_true", help="print launch.sh and ds_config.json; write nothing"
+    )
+    p.add_argument(
+        "--timers",
+        choices=TIMING_LOG_OPTIONS,
+        default="minmax",
+        help="Megatron's --timing-log-option: minmax (default), max, or all (every rank's "
+        "timers: the report names straggler ranks and their nodes)",
     )
     if execute:
         p.add_argument(

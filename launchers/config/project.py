@@ -129,7 +129,7 @@ def megatron_args(spec: RunSpec, run_dir: str) -> list[str]:
         ("num_workers", NUM_WORKERS),
         ("log_interval", t.log_interval),
         ("timing_log_level", TIMING_LOG_LEVEL),
-        ("timing_log_option", "minmax"),
+        ("timing_log_option", spec.timing_log_option),
         ("deepspeed", True),
         ("zero_stage", s.zero_stage),
         ("seed", t.seed),

@@ -47,6 +47,8 @@ DEVICES: tuple[str, ...] = get_args(Device)
 LAUNCHER_MODES: tuple[str, ...] = get_args(LauncherMode)
 OFFLOADS: tuple[str, ...] = get_args(Offload)
 ZERO_STAGES: tuple[int, ...] = get_args(ZeroStage)
+TIMING_LOG_OPTIONS: tuple[str, ...] = ("minmax", "max", "all")
+"""Megatron's ``--timing-log-option`` choices (upstream ``megatron/arguments.py``)."""
 
 
 SPEC_DOCUMENT = ConfigDict(extra="forbid")
@@ -333,10 +335,14 @@ class RunSpec:
     when it could not be read. Megatron pads them to :attr:`padded_vocab_size` (dummy rows), so
     the model has the shape its preset names whatever the data's tokenizer, as long as it is
     not larger."""
+    timing_log_option: str = "minmax"
+    """Megatron's ``--timing-log-option``: ``minmax`` (each timer's min and max over ranks),
+    ``max``, or ``all`` (every rank's time, which the report reads to name straggler ranks)."""
 
     def __post_init__(self) -> None:
         _one_of("run", "device", self.device, DEVICES)
         _one_of("run", "launcher", self.launcher, LAUNCHER_MODES)
+        _one_of("run", "timing_log_option", self.timing_log_option, TIMING_LOG_OPTIONS)
         _require(
             isinstance(self.master_port, int) and 1 <= self.master_port <= 65535,
             f"run: master_port must be an integer in 1..65535, got {self.master_port!r}",
@@ -521,7 +527,7 @@ def spec_to_json(spec: RunSpec) -> dict[str, Any]:
         "slots": list(spec.cluster.slots),
         "world_size": spec.world_size,
     }
-    return {
+    doc = {
         "name": spec.name,
         "model": model,
         "strategy": strategy,
@@ -538,6 +544,9 @@ def spec_to_json(spec: RunSpec) -> dict[str, Any]:
         "network": spec.network,
         "data_vocab_size": spec.data_vocab_size,
     }
+    if spec.timing_log_option != "minmax":  # (absent at the default: hashes stay as they were)
+        doc["timing_log_option"] = spec.timing_log_option
+    return doc
 
 
 _DERIVED_MODEL_KEYS = (
@@ -598,6 +607,8 @@ class SpecDocument:
     """The network the run used (an emulated lab's label), or empty."""
     data_vocab_size: int | None = None
     """The tokenizer's vocabulary, None when it could not be read."""
+    timing_log_option: str = "minmax"
+    """Megatron's ``--timing-log-option`` (absent: ``minmax``)."""
     name: str | None = None
     """The run's name (derived: not read back)."""
     gradient_accumulation_steps: int | None = None
@@ -655,6 +666,7 @@ def spec_from_json(
         ssh_check=doc.ssh_check,
         network=doc.network,
         data_vocab_size=doc.data_vocab_size,
+        timing_log_option=doc.timing_log_option,
     )
 
 
