@@ -22,6 +22,10 @@ LAB_SLOTS   ?= 1
 NODE_CPUS   ?=
 DELAY_MS    ?=
 LOSS_PCT    ?=
+# Lab faults: one node with fewer cores (SLOW_NODE=node2:cpu=0.25), one node's link slower
+# (SLOW_LINK=node3:10mbit); comma lists for several nodes. Recorded in run.json network.faults.
+SLOW_NODE   ?=
+SLOW_LINK   ?=
 # Interleaved rounds of a run or matrix (round 1 runs every strategy, then round 2, ...); each
 # repeat is its own run directory and the report's intervals include the run-to-run spread.
 REPEAT      ?=
@@ -60,6 +64,7 @@ RUN_FLAGS = --hosts $(HOSTS) --logs $(LOGS) \
 	$(if $(NET),--net $(NET) --lab-nodes $(LAB_NODES) --lab-slots $(LAB_SLOTS)) \
 	$(if $(NODE_CPUS),--node-cpus $(NODE_CPUS)) \
 	$(if $(DELAY_MS),--delay-ms $(DELAY_MS)) $(if $(LOSS_PCT),--loss-pct $(LOSS_PCT)) \
+	$(if $(SLOW_NODE),--slow-node $(SLOW_NODE)) $(if $(SLOW_LINK),--slow-link $(SLOW_LINK)) \
 	$(foreach kv,$(SET),--set $(kv)) $(if $(FORCE),--force) $(if $(REPEAT),--repeat $(REPEAT)) \
 	$(if $(STALL),--stall $(STALL)) $(if $(TIMEOUT),--timeout $(TIMEOUT)) \
 	$(if $(MEM_LIMIT),--mem-limit $(MEM_LIMIT)) $(if $(SKIP_DOCTOR),--skip-doctor) \

@@ -51,6 +51,7 @@ from launchers.config.upstream import check_upstream
 from launchers.doctor import check as doctor
 from launchers.doctor.transport import DoctorError
 from launchers.lab.bringup import lab_session
+from launchers.lab.faults import lab_faults
 from launchers.lab.net import LabError
 from launchers.lab.session import LabSession, lab_available
 from launchers.lab.slurm import KILL_WAIT_S
@@ -261,6 +262,7 @@ def _lab_session(args: argparse.Namespace) -> Iterator[LabSession | None]:
         time_limit_s=args.timeout,
         slots=args.lab_slots,
         node_cpus="auto" if args.node_cpus is None else (args.node_cpus or None),
+        faults=getattr(args, "faults", None),
     ) as session:
         yield session
 
@@ -328,13 +330,16 @@ def _apply_lab_hostfile(args: argparse.Namespace) -> None:
 def _run_many(args: argparse.Namespace, strategies: Sequence[str]) -> int:
     """Resolve every run first (all errors before anything starts), then run them in turn."""
     _apply_lab_hostfile(args)
+    args.faults = lab_faults(getattr(args, "slow_node", None), getattr(args, "slow_link", None),
+                             args.net, args.lab_nodes, args.node_cpus)  # fmt: skip
     req = _request(args)
     if args.net:  # the launcher asked for, or a refusal that says why (never another one),
         # resolved as the lab will run them, before the lab starts
         launcher = lab_launcher(args.launcher)
         req = replace(req, cluster=_dry_run_cluster(args), launcher=launcher)
         specs = [replace(_resolve(req, args.model, s), ssh_check=launcher == "no_ssh",
-                         network=f"emulated {args.lab_nodes} nodes x {args.net}")
+                         network=f"emulated {args.lab_nodes} nodes x {args.net}"
+                         + (f", {args.faults.label}" if args.faults else ""))
                  for s in strategies]  # fmt: skip
     else:
         specs = [_resolve(req, args.model, s) for s in strategies]
@@ -544,6 +549,10 @@ def _options(p: argparse.ArgumentParser, execute: bool) -> None:
             type=float,
             help="cores per emulated node (default: this machine's cores / 4; 0: no budget)",
         )
+        p.add_argument("--slow-node", metavar="NODE:cpu=CORES",
+                       help="lab: one node with fewer cores, e.g. node2:cpu=0.25")  # fmt: skip
+        p.add_argument("--slow-link", metavar="NODE:RATE",
+                       help="lab: one node's link slower, e.g. node3:10mbit")  # fmt: skip
         p.add_argument("--delay-ms", type=float, help="one-way delay of the emulated links")
         p.add_argument("--loss-pct", type=float, help="packet loss of the emulated links")
         p.add_argument(

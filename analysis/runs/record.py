@@ -217,6 +217,9 @@ class Network:
     """Token-bucket burst, ms at the link rate."""
     node_cpu: dict[StrictStr, Any] | None = None
     """Cores each node may use (``cpus``), how, and each node's ``cpu.stat``."""
+    faults: list[dict[StrictStr, Any]] = field(default_factory=list)
+    """Faults planted in the lab (``launchers.lab.faults``): each a ``kind`` (``slow_node``,
+    ``slow_link``), the ``node``, its ``spelling`` and what it and the other nodes got."""
     counters: dict[StrictStr, Any] | None = None
     """Interface byte counters per node at start, end and their difference."""
     per_iteration: dict[StrictStr, Any] | None = None

@@ -65,6 +65,7 @@ from launchers.lab.cpu import (
     default_node_cpus,
     remove_cgroups,
 )
+from launchers.lab.faults import Faults
 from launchers.lab.net import (
     COUNTERS,
     ENV_KEY_RE,
@@ -211,6 +212,9 @@ class Lab:
     node's sshd and every process ``wrap`` starts, and so everything they start): ``"auto"``
     (default) gives ``default_node_cpus()`` where a cpu cgroup can be made and no budget (said in
     ``describe``) where not; a number requires it; None gives no budget (nodes share the cores).
+
+    ``faults`` (``launchers.lab.faults``): nodes given fewer cores or a slower link than the
+    rest; checked here, before anything is made; a slow node requires the CPU budget.
     """
 
     def __init__(
@@ -220,11 +224,15 @@ class Lab:
         name: str | None = None,
         ssh: bool = True,
         node_cpus: float | Literal["auto"] | None = "auto",
+        faults: Faults | None = None,
     ) -> None:
         if not 2 <= nodes <= MAX_NODES:
             raise ValueError(f"nodes({nodes}) must be within 2..{MAX_NODES}")
         if node_cpus != "auto" and node_cpus is not None and not 0 < node_cpus <= 1024:
             raise ValueError(f"node_cpus({node_cpus}) must be > 0 (cores), 'auto' or None")
+        self.faults = faults or Faults()
+        budget = default_node_cpus() if node_cpus == "auto" else node_cpus
+        self.faults.check(nodes, shape or LinkShape(), budget)
         self.node_cpus = node_cpus
         self.cgroups: list[CpuCgroup] = []
         self.cpu_note = ""
@@ -338,11 +346,12 @@ class Lab:
                 ["ip", "-n", ns, "addr", "add", f"{node.address}/24", "dev", node.interface]
             )
             run_command(["ip", "-n", ns, "link", "set", node.interface, "up"])
-            self._limit_segments(node.interface, ns)
-            self._limit_segments(node.host_interface, None)
+            shape = self.faults.shape_of(node.index, self.shape)
+            self._limit_segments(node.interface, ns, shape)
+            self._limit_segments(node.host_interface, None, shape)
             for argv in [
-                *self.shape.tc_commands(node.interface, ns, uplink=True),
-                *self.shape.tc_commands(node.host_interface, None, uplink=False),
+                *shape.tc_commands(node.interface, ns, uplink=True),
+                *shape.tc_commands(node.host_interface, None, uplink=False),
             ]:
                 proc = run_command(argv, check=False)
                 if proc.returncode != 0 and "netem" in argv and "unknown" in proc.stderr:
@@ -355,10 +364,11 @@ class Lab:
                     raise LabError(f"command failed: {shlex.join(argv)}\n{proc.stderr.strip()}")
                 self.shaping_commands.append(shlex.join(argv))
 
-    def _limit_segments(self, dev: str, netns: str | None) -> None:
-        """Apply ``LinkShape.segmentation_commands``; where this iproute2 or kernel cannot, say
-        so in ``describe`` (tbf then splits super-packets itself: right, only dearer)."""
-        for argv in self.shape.segmentation_commands(dev, netns):
+    def _limit_segments(self, dev: str, netns: str | None, shape: LinkShape | None = None) -> None:
+        """Apply ``LinkShape.segmentation_commands`` of ``shape`` (default the lab's); where this
+        iproute2 or kernel cannot, say so in ``describe`` (tbf then splits super-packets itself:
+        right, only dearer)."""
+        for argv in (shape or self.shape).segmentation_commands(dev, netns):
             proc = run_command(argv, check=False)
             if proc.returncode == 0:
                 self.segmentation.append(shlex.join(argv))
@@ -373,9 +383,10 @@ class Lab:
         cpus = default_node_cpus() if self.node_cpus == "auto" else float(self.node_cpus)
         try:
             for node in self.nodes:
-                self.cgroups.append(CpuCgroup.create(node.namespace, cpus))
+                node_cpus = self.faults.cpus_of(node.index, cpus)
+                self.cgroups.append(CpuCgroup.create(node.namespace, node_cpus))
         except LabError as err:
-            if self.node_cpus != "auto":
+            if self.node_cpus != "auto" or self.faults.slow_nodes:
                 raise
             for group in self.cgroups:
                 with contextlib.suppress(OSError):
@@ -387,7 +398,7 @@ class Lab:
         self.cpu_note = (
             f"{cpus:g} cores per node, the same whatever the node count "
             f"({os.cpu_count()} on this machine)"
-        )
+        ) + "".join(f"; {f.spelling}: a slow node planted" for f in self.faults.slow_nodes)
 
     def in_node_cgroup(self, node_index: int, argv: Sequence[str]) -> list[str]:
         """argv that joins node ``node_index``'s CPU cgroup, then runs ``argv`` (no budget:
@@ -723,12 +734,17 @@ class Lab:
             "burst_bytes": self.shape.burst_bytes() or None,
             "burst_ms": self.shape.burst_ms if self.shape.rate_mbit is not None else None,
             "node_cpu": self.describe_cpu(),
+            "faults": self.faults.describe(
+                [n.name for n in self.nodes], self.shape, self.describe_cpu()["cpus"]
+            ),
         }
 
     def describe_cpu(self) -> dict[str, Any]:
-        """run.json's ``network.node_cpu``: the cores each node may use (None: no budget), how,
-        and each node's ``cpu.stat`` (throttled periods show the budget binding)."""
-        cpus = self.cgroups[0].cpus if self.cgroups else None
+        """run.json's ``network.node_cpu``: the cores each node may use (None: no budget; a slow
+        node's own in its entry), how, and each node's ``cpu.stat`` (throttled periods show the
+        budget binding)."""
+        budget = default_node_cpus() if self.node_cpus == "auto" else self.node_cpus
+        cpus = budget if self.cgroups else None  # a slow node's own is in ``faults``
         return {
             "cpus": cpus,
             "machine_cpus": os.cpu_count(),

@@ -80,7 +80,8 @@ class CpuCgroup:
 
     def describe(self) -> dict[str, Any]:
         """The group as run.json records it."""
-        return {"cgroup": str(self.path), "cgroup_version": self.version, "cpu_stat": self.stat()}
+        return {"cgroup": str(self.path), "cgroup_version": self.version, "cpus": self.cpus,
+                "cpu_stat": self.stat()}  # fmt: skip
 
 
 def remove_cgroups(lab_id: str) -> list[str]:

@@ -121,8 +121,10 @@ class LabSession:
 
     @property
     def label(self) -> str:
-        """What the spec records as its network."""
-        return f"emulated {len(self.lab.nodes)} nodes x {self.lab.shape.label}"
+        """What the spec records as its network (with the planted faults: a run with one is
+        not a repeat of a run without)."""
+        label = f"emulated {len(self.lab.nodes)} nodes x {self.lab.shape.label}"
+        return f"{label}, {self.lab.faults.label}" if self.lab.faults else label
 
     def cluster(self) -> Cluster:
         """The lab's hostfile as a ``Cluster`` (``slots`` per node)."""
