@@ -26,9 +26,12 @@ from analysis.metrics import hardware, repeats, speedup
 from analysis.metrics import rows as metrics
 from analysis.metrics.rows import RunMetrics
 from analysis.metrics.speedup import RUNNING, compared_status
+from analysis.metrics.stragglers import StragglerResult
+from analysis.metrics.stragglers import analyze as analyze_stragglers
 from analysis.predict import prediction
 from analysis.report import gpu as report_gpu
 from analysis.report import predictions as report_predict
+from analysis.report import stragglers as report_stragglers
 from analysis.report.markdown import md_table
 from analysis.report.tensorboard import write_tensorboard
 from analysis.runs import load
@@ -280,14 +283,18 @@ def render(
     logdir_label: str,
     figures: list[str],
     model: report_predict.ReportSections | None = None,
+    stragglers: dict[str, StragglerResult] | None = None,
 ) -> str:
-    """The whole markdown report; ``model`` adds the calibrated model's sections."""
+    """The whole markdown report; ``model`` adds the calibrated model's sections,
+    ``stragglers`` (run path -> result) the straggler section."""
+    stragglers = stragglers or {}
     notes = Footnotes()
     groups = _groups(rows)
     md: list[str] = ["# Megatron-DeepSpeed parallelism report", ""]
     md += [f"Source: `{logdir_label}`, {len(rows)} run(s) in {len(groups)} setup group(s).", ""]
 
-    md += ["## Executive summary", "", *executive_summary(groups), ""]
+    md += ["## Executive summary", "", *executive_summary(groups)]
+    md += [*report_stragglers.summary_lines(rows, stragglers), ""]
 
     unread = [(r, [p.message for p in r.problems if p.code in UNREAD_CODES]) for r in rows]
     unread = [(r, found) for r, found in unread if found]
@@ -349,6 +356,7 @@ def render(
         md.append("")
 
     md += report_gpu.section(rows)
+    md += report_stragglers.section(rows, stragglers)
     md += ["## Time breakdown", ""]
     md += [
         "ms per iteration, steady state. DeepSpeed's per-step timers are sums over the step's "
@@ -726,7 +734,8 @@ def build(
     given: hardware.HardwareGiven | None = None,
 ) -> list[RunMetrics]:
     """Load, compute, write everything; returns the rows."""
-    _runs, rows, model = summarize(logdir, [out], baseline, given)
+    runs, rows, model = summarize(logdir, [out], baseline, given)
+    stragglers = {run.path: analyze_stragglers(run, logdir) for run in runs}
     moved = _set_aside(out)
     if moved:
         print(f"previous report kept as {moved}", file=sys.stderr)
@@ -738,8 +747,15 @@ def build(
     written = write_figures(frame, out / "figures", sets)
     figures = [p.relative_to(out).as_posix() for p in written]
     label = logdir.name or str(logdir)
-    (out / "report.md").write_text(render(rows, label, figures, model))
-    summary = {"runs": [metrics.row_dict(r) for r in rows], "repeats": sets}
+    (out / "report.md").write_text(render(rows, label, figures, model, stragglers))
+    summary = {
+        "runs": [
+            metrics.row_dict(r)
+            | ({"stragglers": stragglers[r.path].to_dict()} if r.path in stragglers else {})
+            for r in rows
+        ],
+        "repeats": sets,
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     frame.to_csv(out / "summary.csv", index=False)
     write_tensorboard(rows, out / TENSORBOARD_DIR)

@@ -1,0 +1,144 @@
+"""Straggler ranks: a 64-rank ``--timing-log-option all`` log with one planted slow rank is named
+with its node and excess; with none planted, none is; the rule's bound is what separates them."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from analysis.metrics import stragglers
+from analysis.report.build import build
+from analysis.runs import load
+
+TIMERS = (("forward-backward", 2900.0, 3300.0), ("batch-generator", 1.0, 9.0))
+TIMERS += (("optimizer", 400.0, 440.0),)
+
+
+def all_ranks_log(
+    path: Path,
+    ranks: int = 64,
+    per_node: int = 8,
+    iters: int = 30,
+    slow: int | None = None,
+    factor: float = 1.6,
+    seed: int = 0,
+) -> None:
+    """A bare log as upstream prints it with ``--timing-log-option all`` under ``srun --label``:
+    DeepSpeed's launcher lines (``num_local_procs``, ``global_rank_mapping``: hosts ``gpu-NN``),
+    then per iteration rank 0's DeepSpeed timer line, the last rank's iteration line and its
+    ``times across ranks`` block of every rank's time of three timers; rank ``slow``'s
+    ``optimizer`` time ``factor`` times the others'."""
+    rng = random.Random(seed)
+    nodes = ranks // per_node
+    mapping = {f"gpu-{n:02d}": list(range(n * per_node, (n + 1) * per_node)) for n in range(nodes)}
+    last = f"{ranks - 1:2d}: "
+    lines = [
+        f" 0: [2026-11-22 03:00:00,001] [INFO] [launch.py:168:main] nnodes={nodes}, "
+        f"num_local_procs={per_node}, node_rank=0",
+        " 0: [2026-11-22 03:00:00,001] [INFO] [launch.py:179:main] global_rank_mapping="
+        f"defaultdict(<class 'list'>, {mapping})",
+        f" 0: using world size: {ranks}, data-parallel-size: {ranks}, tensor-model-parallel size: "
+        "1, pipeline-model-parallel size: 1",
+        " 0: training ...",
+    ]
+    for it in range(1, iters + 1):
+        warm = 3.0 if it == 1 else 1.0
+        lines += [
+            f" 0: [Rank 0] time (ms) | fwd: {rng.uniform(900, 1300):.2f} | bwd: "
+            f"{rng.uniform(1800, 2600):.2f} | step: {rng.uniform(400, 440):.2f}",
+            f"{last} [2026-11-22 03:00:{it % 60:02d}] iteration {it:8d}/{iters:8d} | consumed "
+            f"samples: {it * 512:12d} | elapsed time per iteration (ms): "
+            f"{warm * rng.uniform(3400, 3500):.1f} | learning rate: 3.000000E-04 | global batch "
+            f"size:   512 | lm loss: {rng.uniform(1.8, 2.4):.6E} | loss scale: 1.0 | number of "
+            "skipped iterations:   0 | number of nan iterations:   0 |",
+            f"{last}times across ranks (ms):",
+        ]
+        for name, lo, hi in TIMERS:
+            lines.append(f"{last}  {name}:")
+            for r in range(ranks):
+                ms = rng.uniform(lo, hi) * (factor if r == slow and name == "optimizer" else 1.0)
+                lines.append(f"{last}     rank {r:2d}: {ms:.2f}")
+    lines.append(" 0: [after training is done] datetime: 2026-11-22 09:00:00")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _analyze(tmp_path: Path, **kw: object) -> stragglers.StragglerResult:
+    all_ranks_log(tmp_path / "ranks64.log", **kw)  # type: ignore[arg-type]
+    (run,) = load.discover(tmp_path)
+    return stragglers.analyze(run, tmp_path)
+
+
+def test_planted_slow_rank_is_named_with_its_node(tmp_path):
+    res = _analyze(tmp_path, slow=37)
+    assert res.na is None
+    by = {v.timer: v for v in res.verdicts}
+    assert set(by) == {"forward-backward", "batch-generator", "optimizer"}
+    assert {v.ranks for v in res.verdicts} == {64}
+    opt = by["optimizer"]
+    assert opt.stragglers == (37,) and opt.straggler_nodes == ("gpu-04",)
+    assert opt.slowest_rank == 37 and opt.windows == 29  # the warm-up window left out
+    assert opt.excess_pct == pytest.approx(60, abs=5)
+    assert [v.timer for v in res.stragglers] == ["optimizer"]
+    assert res.nodes_from == "DeepSpeed's launcher line global_rank_mapping"
+
+
+def test_no_planted_rank_names_none(tmp_path):
+    res = _analyze(tmp_path)
+    assert res.na is None and len(res.verdicts) == 3
+    assert res.stragglers == []
+    assert res.agree_pct is not None and res.agree_pct < 3  # uniform scatter, 29 windows
+
+
+def test_the_report_and_summary_name_the_rank(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    all_ranks_log(logs / "ranks64.log", slow=12)
+    build(logs, tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    summary = md.split("## Executive summary")[1].split("\n## ")[0]
+    assert "**stragglers** in ranks64" in summary and "rank 12 (gpu-01)" in summary
+    assert "## Stragglers" in md
+    (row,) = json.loads((tmp_path / "report" / "summary.json").read_text())["runs"]
+    (found,) = row["stragglers"]["stragglers"]
+    assert found["timer"] == "optimizer" and found["ranks"] == [12]
+    assert found["nodes"] == ["gpu-01"]
+
+
+def test_the_report_says_the_ranks_agree_without_one(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    all_ranks_log(logs / "ranks64.log")
+    build(logs, tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "**stragglers**" not in md
+    assert "ranks64: no straggler: the ranks agree within" in md
+    (row,) = json.loads((tmp_path / "report" / "summary.json").read_text())["runs"]
+    assert row["stragglers"]["stragglers"] == []
+
+
+def test_scatter_alone_is_no_straggler_but_a_rank_beyond_the_bound_is():
+    """The bound: median + 3.5 scaled MADs (at least 2% of the median each), and an excess of
+    2% of the iteration; a rank just inside is not named, just outside it is."""
+    means = {r: 100.0 + (r % 5) for r in range(20)}  # median 102, MAD 1: scatter 2.04
+    bound = 102 + 3.5 * max(1.4826, 0.02 * 102)
+    inside = stragglers.judge("t", "megatron", means | {20: bound - 0.01}, 9, 100.0, {})
+    assert inside.stragglers == () and inside.bound_ms == pytest.approx(bound)
+    outside = stragglers.judge("t", "megatron", means | {20: bound + 0.01}, 9, 100.0, {})
+    assert outside.stragglers == (20,)
+    # Beyond the bound but less than 2% of a 1000 ms iteration: not material.
+    small = stragglers.judge("t", "megatron", means | {20: 119.0}, 9, 1000.0, {})
+    assert small.stragglers == ()
+    assert stragglers.judge("t", "megatron", means | {20: 122.5}, 9, 1000.0, {}).stragglers
+
+
+def test_a_log_without_per_rank_timers_says_why(tmp_path):
+    fixture = Path(__file__).parent / "fixtures" / "lab-logs" / "dp2.log"
+    (tmp_path / "dp2.log").write_bytes(fixture.read_bytes())
+    (run,) = load.discover(tmp_path)
+    res = stragglers.analyze(run, tmp_path)
+    assert res.verdicts == () and res.na is not None
+    assert "no times across ranks block" in res.na and "minmax" in res.na
+    assert "DeepSpeed timer lines of 1 rank(s)" in res.na
