@@ -73,7 +73,7 @@ RUN_FLAGS = --hosts $(HOSTS) --logs $(LOGS) \
 RUN_TARGETS := $(foreach m,$(MODELS),$(foreach s,$(STRATEGIES),$(m)-$(s)))
 ALL_TARGETS := $(foreach m,$(MODELS),all-$(m))
 
-.PHONY: help setup setup-gpu gpu-check doctor test test-all lint fmt demo report predict bench netbench list clean-lab $(RUN_TARGETS) $(ALL_TARGETS)
+.PHONY: sweep help setup setup-gpu gpu-check doctor test test-all lint fmt demo report predict bench netbench list clean-lab $(RUN_TARGETS) $(ALL_TARGETS)
 
 help:
 	@echo "make setup            create .venv, install pinned deps, fetch upstream, build data"
@@ -162,6 +162,16 @@ $(RUN_TARGETS):
 
 $(ALL_TARGETS):
 	$(PYTHON) -m launchers matrix --model $(patsubst all-%,%,$@) --strategies $(CORE) $(RUN_FLAGS)
+
+# The fastest TP x PP x DP, ZeRO, micro-batch (recompute on GPU) of MODEL on HOSTS: anchors, then
+# the best predicted, until BUDGET (30m, 1h, 6runs, all) is spent. Narrow an axis: TP=1,2 PP=
+# ZERO= MBS=; DEVICE_MEM=24G: one device's memory for the memory filter (docs/sweep.md).
+MODEL       ?= tiny
+BUDGET      ?= 30m
+sweep:
+	$(PYTHON) -m launchers sweep --model $(MODEL) --budget $(BUDGET) $(RUN_FLAGS) \
+		$(if $(TP),--tp $(TP)) $(if $(PP),--pp $(PP)) $(if $(ZERO),--zero $(ZERO)) \
+		$(if $(MBS),--mbs $(MBS)) $(if $(DEVICE_MEM),--device-mem $(DEVICE_MEM))
 
 # Up to REPEAT (default 2) interleaved rounds, each started only when it fits in DEMO_MIN minutes.
 DEMO_MIN    ?= 10

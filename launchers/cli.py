@@ -1,4 +1,4 @@
-"""``python -m launchers list|generate|run|matrix|doctor|demo``.
+"""``python -m launchers list|generate|run|matrix|sweep|doctor|demo``.
 
 Every request is resolved and validated before anything starts; a SpecError, HostfileError or
 PresetError (or a missing upstream checkout or dataset) prints one message and exits with 2.
@@ -31,6 +31,7 @@ from launchers.config.hostfile import (
 from launchers.config.presets import (
     CORE_STRATEGIES,
     PresetError,
+    detect_device,
     expand_strategies,
     load_models,
     load_strategies,
@@ -66,6 +67,8 @@ from launchers.run.render import (
     render_run_dir,
 )
 from launchers.run.sbatch import SBATCH_NAME, check_inside_allocation, render_sbatch
+from launchers.sweep import command as sweep_command
+from launchers.sweep.space import SweepError
 
 EXIT_USAGE = 2
 """Exit status for a request that cannot run (nothing was started)."""
@@ -417,6 +420,29 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     return _run_many(args, expand_strategies(args.strategies))
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """TP x PP x DP, ZeRO, micro-batch (and recompute on GPU) searched: ``launchers.sweep``."""
+    _apply_lab_hostfile(args)
+    req = _request(args)
+    launcher = lab_launcher(args.launcher) if args.net else req.launcher
+    if args.net:
+        req = replace(req, cluster=_dry_run_cluster(args), launcher=launcher)
+
+    def resolve(strategy: Any, overrides: Any, cluster: Cluster) -> RunSpec:
+        spec = _resolve(replace(req, cluster=cluster, overrides=dict(overrides)), args.model,
+                        strategy)  # fmt: skip
+        if args.net:
+            return replace(spec, ssh_check=launcher == "no_ssh",
+                           network=f"emulated {args.lab_nodes} nodes x {args.net}")  # fmt: skip
+        return spec
+
+    gate = _doctor_gate(args, ["sweep"])
+    hooks = sweep_command.Hooks(resolve, preflight, _lab_session, gate, _executor_timeout(args),
+                                lambda specs: _mem_limit(args, specs))  # fmt: skip
+    device = req.device or detect_device()
+    return sweep_command.run(args, req.cluster, req.overrides, device, hooks)
+
+
 DEMO_ROUNDS = 2
 """Interleaved rounds ``make demo`` runs when its time budget allows: two give the report
 between-run intervals (pooled over the six strategies, 5 degrees of freedom)."""
@@ -593,6 +619,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     matrix.set_defaults(func=cmd_matrix)
 
+    sweep = sub.add_parser("sweep", help="search TP x PP x DP, ZeRO and micro-batch: model "
+                           "steered, measured")  # fmt: skip
+    _common(sweep, execute=True)
+    sweep_command.add_arguments(sweep)
+    sweep.set_defaults(func=cmd_sweep)
+
     doctor.add_parser(sub)
 
     demo = sub.add_parser("demo", help="tiny model, core strategies, this machine, then report")
@@ -624,6 +656,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         LabError,
         LimitError,
         DoctorError,
+        SweepError,
     ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

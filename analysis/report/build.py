@@ -32,8 +32,10 @@ from analysis.predict import prediction
 from analysis.report import gpu as report_gpu
 from analysis.report import predictions as report_predict
 from analysis.report import stragglers as report_stragglers
+from analysis.report import sweep as report_sweep
 from analysis.report.markdown import md_table
 from analysis.report.tensorboard import write_tensorboard
+from analysis.report.traces import write_traces
 from analysis.runs import load
 from analysis.runs.problems import UNREAD_CODES
 from analysis.runs.tensorboard import TENSORBOARD_DIR
@@ -747,7 +749,9 @@ def build(
     written = write_figures(frame, out / "figures", sets)
     figures = [p.relative_to(out).as_posix() for p in written]
     label = logdir.name or str(logdir)
-    (out / "report.md").write_text(render(rows, label, figures, model, stragglers))
+    sweep_md = report_sweep.section(logdir, rows)  # empty without <logdir>/sweep.json
+    md = render(rows, label, figures, model, stragglers)
+    (out / "report.md").write_text(md + ("\n" + "\n".join(sweep_md) if sweep_md else ""))
     summary = {
         "runs": [
             metrics.row_dict(r)
@@ -759,6 +763,7 @@ def build(
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     frame.to_csv(out / "summary.csv", index=False)
     write_tensorboard(rows, out / TENSORBOARD_DIR)
+    write_traces(runs, rows, logdir, out)  # profiled runs: report.md section, summary profiles
     return rows
 
 

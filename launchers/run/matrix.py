@@ -94,17 +94,25 @@ def completed_twin(spec: RunSpec, logs: Path, repeat: Repeat | None = None) -> P
     With ``repeat``, only a run of the same repeated matrix and round counts: the earlier
     rounds of the same spec are the other repeats, not twins.
     """
-    wanted = spec_hash(spec)
+    for run_dir, doc in completed_runs(spec, logs):
+        if repeat is None or Repeat.of(doc) == repeat:
+            return run_dir
+    return None
+
+
+def completed_runs(spec: RunSpec, logs: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Every completed run directory of this spec's name with the same spec hash, oldest first,
+    with its run.json document."""
+    wanted, out = spec_hash(spec), []
     for record in sorted((logs / spec.name).glob("*/run.json")):
         with contextlib.suppress(OSError, json.JSONDecodeError):
             doc = json.loads(record.read_text(encoding="utf-8"))
             if (
                 doc.get("spec_hash") == wanted
                 and (doc.get("outcome") or {}).get("status") == "completed"
-                and (repeat is None or Repeat.of(doc) == repeat)
             ):
-                return record.parent
-    return None
+                out.append((record.parent, doc))
+    return out
 
 
 @dataclass(frozen=True)
