@@ -42,6 +42,9 @@ TIMEOUT     ?=
 MEM_LIMIT   ?=
 # Non-empty: start multi-node runs and matrices without the doctor's check of every node.
 SKIP_DOCTOR ?=
+# Non-empty: record one steady-state logging window of every rank with upstream's PyTorch
+# profiler (--profile pt); Chrome traces in the run's tensorboard/ (docs/profiling.md).
+PROFILE     ?=
 # Megatron's --timing-log-option: minmax (default), max, or all (every rank's timers; the
 # report then names straggler ranks and their nodes).
 TIMERS      ?=
@@ -68,7 +71,7 @@ RUN_FLAGS = --hosts $(HOSTS) --logs $(LOGS) \
 	$(foreach kv,$(SET),--set $(kv)) $(if $(FORCE),--force) $(if $(REPEAT),--repeat $(REPEAT)) \
 	$(if $(STALL),--stall $(STALL)) $(if $(TIMEOUT),--timeout $(TIMEOUT)) \
 	$(if $(MEM_LIMIT),--mem-limit $(MEM_LIMIT)) $(if $(SKIP_DOCTOR),--skip-doctor) \
-	$(if $(TIMERS),--timers $(TIMERS))
+	$(if $(PROFILE),--profile) $(if $(TIMERS),--timers $(TIMERS))
 
 RUN_TARGETS := $(foreach m,$(MODELS),$(foreach s,$(STRATEGIES),$(m)-$(s)))
 ALL_TARGETS := $(foreach m,$(MODELS),all-$(m))

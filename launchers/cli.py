@@ -47,6 +47,7 @@ from launchers.config.spec import (
     RunSpec,
     SpecError,
     spec_hash,
+    steady_profile_steps,
 )
 from launchers.config.upstream import check_upstream
 from launchers.doctor import check as doctor
@@ -195,6 +196,8 @@ class Request:
     """``--launcher`` or None (from the hostfile)."""
     logs: Path
     """``--logs`` root."""
+    profile: bool = False
+    """``--profile``: record steady-state iterations with upstream's PyTorch profiler."""
     timers: str = "minmax"
     """``--timers``: Megatron's ``--timing-log-option`` (``all``: every rank's timers)."""
 
@@ -206,6 +209,7 @@ def _request(args: argparse.Namespace) -> Request:
         device=args.device,
         launcher=args.launcher,
         logs=Path(args.logs),
+        profile=args.profile,
         timers=args.timers,
     )
 
@@ -221,6 +225,8 @@ def _resolve(req: Request, model: str, strategy: str) -> RunSpec:
     )
     if req.timers != spec.timing_log_option:
         spec = replace(spec, timing_log_option=req.timers)
+    if req.profile:
+        return replace(spec, profile_steps=steady_profile_steps(spec.training))
     return spec
 
 
@@ -535,6 +541,12 @@ def _options(p: argparse.ArgumentParser, execute: bool) -> None:
     )
     p.add_argument(
         "--dry-run", action="store_true", help="print launch.sh and ds_config.json; write nothing"
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="record one steady-state logging window of every rank with upstream's PyTorch "
+        "profiler (--profile pt); the traces land in the run's tensorboard/",
     )
     p.add_argument(
         "--timers",

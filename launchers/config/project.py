@@ -169,6 +169,12 @@ def megatron_args(spec: RunSpec, run_dir: str) -> list[str]:
         argv += to_flag(key, value)
         if key == "deepspeed":
             argv += to_flag("deepspeed_config", ds_config_path(run_dir), sep="_")
+    if spec.profile_steps:
+        # Upstream's megatron/profiler.py: torch.profiler on every rank (CPU activities, CUDA's
+        # too on cuda) over these iterations, one gzipped Chrome trace per rank written by
+        # tensorboard_trace_handler into --tensorboard-dir. Its option is spelt with "_".
+        first, last = spec.profile_steps
+        argv += to_flag("profile", "pt") + to_flag("profile_steps", f"{first},{last}", sep="_")
     return argv
 
 

@@ -335,6 +335,10 @@ class RunSpec:
     when it could not be read. Megatron pads them to :attr:`padded_vocab_size` (dummy rows), so
     the model has the shape its preset names whatever the data's tokenizer, as long as it is
     not larger."""
+    profile_steps: tuple[int, int] | None = None
+    """Iterations (1-based, first and last included) that upstream's PyTorch profiler records on
+    every rank (``--profile pt --profile_steps A,B``; the traces land in the run's
+    ``tensorboard/``); None: no profiler. :func:`steady_profile_steps` chooses them."""
     timing_log_option: str = "minmax"
     """Megatron's ``--timing-log-option``: ``minmax`` (each timer's min and max over ranks),
     ``max``, or ``all`` (every rank's time, which the report reads to name straggler ranks)."""
@@ -494,8 +498,37 @@ def validate(spec: RunSpec) -> None:
         f"launcher 'local' starts ranks on this machine only, but hostfile {c.hostfile} lists "
         f"{len(c.hosts)} hosts; use pdsh, openmpi, slurm or no_ssh",
     )
+    if spec.profile_steps is not None:
+        first, last = spec.profile_steps
+        iters = spec.training.train_iters
+        check(
+            1 <= first <= last <= iters,
+            f"profile_steps({first},{last}): 1 <= first <= last <= train_iters({iters}) does not "
+            "hold; profile iterations the run makes",
+        )
     if problems:
         raise SpecError(f"invalid run {spec.name}:\n  " + "\n  ".join(problems))
+
+
+def steady_profile_steps(training: Training) -> tuple[int, int]:
+    """The iterations a profiled run records: its last whole logging window. It lies past every
+    window the steady-state rule may call warm-up (at most a third of the windows, at least the
+    first: ``analysis.theory.formulas.WARMUP_CAP``); the text log's line closing it times
+    exactly these iterations; and the profiler's trace export (seconds, after the last recorded
+    step) and whatever the profiler leaves behind come after the last logged iteration,
+    outside every window the report times.
+
+    Raises :class:`SpecError` when the run logs fewer than two windows (the first is warm-up).
+    """
+    every, iters = training.log_interval, training.train_iters
+    windows = iters // every
+    if windows < 2:  # the last window is past the cap of windows // WARMUP_CAP from 2 on
+        raise SpecError(
+            f"profile: train_iters({iters}) // log_interval({every}) = {windows} logging "
+            "window(s): the first is warm-up, so none is left to profile; set train_iters >= "
+            f"{2 * every} (--set train_iters=...)"
+        )
+    return (windows - 1) * every + 1, windows * every
 
 
 # ---------------------------------------------------------------------------------------------
@@ -543,7 +576,7 @@ def spec_to_json(spec: RunSpec) -> dict[str, Any]:
         "ssh_check": spec.ssh_check,
         "network": spec.network,
         "data_vocab_size": spec.data_vocab_size,
-    }
+    } | ({"profile_steps": list(spec.profile_steps)} if spec.profile_steps else {})
     if spec.timing_log_option != "minmax":  # (absent at the default: hashes stay as they were)
         doc["timing_log_option"] = spec.timing_log_option
     return doc
@@ -607,6 +640,8 @@ class SpecDocument:
     """The network the run used (an emulated lab's label), or empty."""
     data_vocab_size: int | None = None
     """The tokenizer's vocabulary, None when it could not be read."""
+    profile_steps: tuple[int, int] | None = None
+    """The profiled iterations (absent: no profiler)."""
     timing_log_option: str = "minmax"
     """Megatron's ``--timing-log-option`` (absent: ``minmax``)."""
     name: str | None = None
@@ -666,6 +701,7 @@ def spec_from_json(
         ssh_check=doc.ssh_check,
         network=doc.network,
         data_vocab_size=doc.data_vocab_size,
+        profile_steps=doc.profile_steps,
         timing_log_option=doc.timing_log_option,
     )
 
