@@ -51,8 +51,15 @@ TIMERS      ?=
 # TORCH=system: `make setup` builds the venv on SYSTEM_PYTHON's own PyTorch (see setup below).
 TORCH       ?=
 SYSTEM_PYTHON ?= python3
-# A folder of wheels to install from with no network (pip --no-index --find-links).
+# A wheelhouse to install from with no network: its manifest is checked first (sha256, the target
+# Python, every pin), then pip gets that folder alone (--no-index --find-links, the manifest's
+# versions as constraints, none of pip's configured indexes) and upstream comes from its bundle.
 WHEELS      ?=
+# make wheelhouse: the target Python and platform, and the folder (default outside the checkout:
+# <cache>/wheelhouse/py$(PY)-$(PLATFORM)).
+PY          ?= $(shell $(SYSTEM_PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+PLATFORM    ?= manylinux_2_28_$(shell uname -m)
+WHEELHOUSE  ?=
 # Tests: extra pytest arguments (e.g. PYTEST_ARGS="-x -k parse"); a -m here replaces the marker
 # selection of `make test`.
 PYTEST_ARGS ?=
@@ -82,6 +89,8 @@ help:
 	@echo "make setup            create .venv, install pinned deps, fetch upstream, build data"
 	@echo "make setup DEVICE=cuda   also build NVIDIA apex (or say which CUDA toolkit is missing)"
 	@echo "make setup TORCH=system  the venv on SYSTEM_PYTHON's PyTorch (--system-site-packages)"
+	@echo "make wheelhouse [PY=3.11] [PLATFORM=..] [WHEELHOUSE=dir]  every pinned wheel and upstream"
+	@echo "                      in one folder; then make setup WHEELS=dir installs with no network"
 	@echo "make doctor HOSTS=..  check every node of a hostfile before a run"
 	@echo "make gpu-check        on a GPU machine: its PyTorch, apex for its sm, small/large x"
 	@echo "                      baseline/ZeRO-1/2/3 in bf16 for real, the report with MFU (9 min);"
@@ -96,27 +105,44 @@ help:
 
 $(VENV)/.requirements.stamp: requirements.txt
 	@test -x $(PYTHON) || python3 -m venv $(VENV)
-	@echo "setup: installing pinned requirements into $(VENV)"
-	DS_BUILD_OPS=0 $(PYTHON) -m pip install --quiet --upgrade pip
-	DS_BUILD_OPS=0 $(PYTHON) -m pip install --quiet -r requirements.txt
+	@echo "setup: installing pinned requirements into $(VENV)$(if $(WHEELS), from $(WHEELS))"
+	$(if $(WHEELS),$(PYTHON) -m launchers.config.wheelhouse check $(WHEELS) --constraints $(WHEELS_CONSTRAINTS))
+	DS_BUILD_OPS=0 $(WHEELS_PIP) $(PYTHON) -m pip install --quiet $(WHEELS_FROM) --upgrade pip
+	DS_BUILD_OPS=0 $(WHEELS_PIP) $(PYTHON) -m pip install --quiet $(WHEELS_FROM) -r requirements.txt
 	@cp requirements.txt $@
+
+# WHEELS=dir: pip sees that folder alone, at the manifest's versions (launchers/config/wheelhouse.py).
+WHEELS_CONSTRAINTS = $(VENV)/wheelhouse-constraints.txt
+WHEELS_PIP  = $(if $(WHEELS),env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null)
+WHEELS_FROM = $(if $(WHEELS),--no-index --find-links $(WHEELS) -c $(WHEELS_CONSTRAINTS))
 
 # TORCH=system: the venv on top of SYSTEM_PYTHON, the interpreter that already has the site's
 # PyTorch (--system-site-packages); the pins but torch/torchvision, installed where missing or at
 # another version; then what was found, against the tested range (launchers/config/torch_check.py).
 $(VENV)/.requirements-system.stamp: requirements.txt
 	@test -x $(PYTHON) || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
+	$(SYSTEM_PYTHON) -m launchers.config.torch_check chain $(VENV)
 	@grep -qi "include-system-site-packages *= *true" $(VENV)/pyvenv.cfg || { echo "setup TORCH=system: $(VENV) exists without --system-site-packages: remove it or name another VENV=..."; exit 1; }
 	@echo "setup: installing the pins but torch/torchvision into $(VENV) (on $(SYSTEM_PYTHON)'s PyTorch)"
 	$(SYSTEM_PYTHON) -m launchers.config.torch_check requirements requirements.txt $(VENV)/requirements-system.txt
-	DS_BUILD_OPS=0 $(PYTHON) -m pip install --quiet $(if $(WHEELS),--no-index --find-links $(WHEELS)) -r $(VENV)/requirements-system.txt
+	$(if $(WHEELS),$(PYTHON) -m launchers.config.wheelhouse check $(WHEELS) --skip torch,torchvision --constraints $(WHEELS_CONSTRAINTS))
+	DS_BUILD_OPS=0 $(WHEELS_PIP) $(PYTHON) -m pip install --quiet $(WHEELS_FROM) -r $(VENV)/requirements-system.txt
 	@cp requirements.txt $@
 
 setup: $(if $(filter system,$(TORCH)),$(VENV)/.requirements-system.stamp,$(VENV)/.requirements.stamp)
 	@echo "setup: $(VENV) is up to date with requirements.txt"
 	$(if $(filter system,$(TORCH)),$(PYTHON) -m launchers.config.torch_check check)
-	$(PYTHON) -m launchers.config.upstream setup $(if $(ALLOW_NO_UPSTREAM),|| echo "setup: continuing without upstream (ALLOW_NO_UPSTREAM set): upstream tests will be skipped")
+	$(if $(WHEELS),MEGATRON_DEEPSPEED_REPO=$(abspath $(WHEELS))/megatron-deepspeed.bundle) $(PYTHON) -m launchers.config.upstream setup $(if $(ALLOW_NO_UPSTREAM),|| echo "setup: continuing without upstream (ALLOW_NO_UPSTREAM set): upstream tests will be skipped")
 	$(if $(filter cuda,$(DEVICE)),$(PYTHON) -m launchers.config.gpu setup)
+
+# Every pinned wheel (with its dependencies) for Python PY on PLATFORM, a wheel built from each
+# sdist-only pin (deepspeed, DS_BUILD_OPS=0), upstream at the pinned commit as a git bundle (from
+# MEGATRON_DEEPSPEED_REPO, as setup clones), and manifest.json (names, versions, sha256): several
+# GB (torch's NVIDIA wheels), into WHEELHOUSE, outside the checkout by default. Needs the network.
+.PHONY: wheelhouse
+wheelhouse:
+	$(if $(wildcard $(PYTHON)),$(PYTHON),$(SYSTEM_PYTHON)) -m launchers.config.wheelhouse build \
+		--python $(PY) --platform $(PLATFORM) $(if $(WHEELHOUSE),--dir $(WHEELHOUSE))
 
 # GPU prerequisites only: NVIDIA apex with its C++/CUDA extensions from APEX_REPO (a URL, local
 # path or mirror) at the pinned commit, when a CUDA toolkit of torch's CUDA version is present.

@@ -179,7 +179,11 @@ def test_setup_torch_system_plan(tmp_path):
         f"test -x {venv}/bin/python || /opt/site/bin/python3 -m venv --system-site-packages {venv}"
     )
     assert any("torch_check requirements requirements.txt" in line for line in lines)
-    assert f"--no-index --find-links /wh -r {venv}/requirements-system.txt" in proc.stdout
+    assert f"/opt/site/bin/python3 -m launchers.config.torch_check chain {venv}" in lines
+    assert (
+        f"--no-index --find-links /wh -c {venv}/wheelhouse-constraints.txt "
+        f"-r {venv}/requirements-system.txt" in proc.stdout
+    )
     assert f"{venv}/bin/python -m launchers.config.torch_check check" in lines
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import sys
+import sysconfig
 from importlib import metadata
 from pathlib import Path
 
@@ -40,6 +41,29 @@ def requirements_without_torch(source: Path, target: Path) -> Path:
             kept.append(line)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("\n".join(kept) + "\n")
+    return target
+
+
+CHAIN_PTH = "system-python-venv.pth"
+"""File that :func:`chain` writes into the new venv's site-packages."""
+
+
+def chain(venv: Path) -> Path | None:
+    """When this interpreter (``SYSTEM_PYTHON``) is itself a venv, a ``.pth`` file in ``venv``
+    naming this venv's site-packages; None when it is not a venv.
+
+    ``python -m venv --system-site-packages`` made from a venv's interpreter sees the site-packages
+    of the Python that venv was made from, not the venv's own: a site's PyTorch installed in a venv
+    would be silently missing (or another torch found underneath). The ``.pth`` line comes after
+    the new venv's own site-packages, so the pins installed there still come first.
+    """
+    if sys.prefix == sys.base_prefix:
+        return None
+    ours = [sysconfig.get_path(key) for key in ("purelib", "platlib")]
+    paths = {"base": str(venv), "platbase": str(venv)}
+    target = Path(sysconfig.get_path("purelib", vars=paths)) / CHAIN_PTH
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("".join(f"{d}\n" for d in dict.fromkeys(ours)))
     return target
 
 
@@ -102,13 +126,20 @@ def warnings(found: dict[str, str | None]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """``check``: print what was found and the warnings (exit 1 without torch);
-    ``requirements SOURCE TARGET``: write the pins without torch/torchvision."""
+    ``requirements SOURCE TARGET``: write the pins without torch/torchvision;
+    ``chain VENV``: make VENV see this interpreter's venv (:func:`chain`)."""
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["chain"] and len(args) == 2:
+        if (pth := chain(Path(args[1]))) is not None:
+            print(f"setup TORCH=system: {sys.executable} is a venv: {pth} adds its site-packages "
+                  f"({sysconfig.get_path('purelib')}) under {args[1]}'s own")  # fmt: skip
+        return 0
     if args[:1] == ["requirements"] and len(args) == 3:
         requirements_without_torch(Path(args[1]), Path(args[2]))
         return 0
     if args != ["check"]:
-        print("usage: python -m launchers.config.torch_check check | requirements SRC DST")
+        usage = "check | requirements SRC DST | chain VENV"
+        print(f"usage: python -m launchers.config.torch_check {usage}")
         return 2
     found = facts()
     if found["torch"] is None:

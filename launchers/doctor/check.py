@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from launchers.config import gpu, probe
+from launchers.config import gpu, probe, wheelhouse
 from launchers.config.hostfile import HOSTFILE_DIR, HostfileError, lab_directive, load_hostfile
 from launchers.config.presets import (
     PATH_KEYS,
@@ -171,7 +171,8 @@ def diagnose(
             f"the probe failed on this (the launching) node with {python}: "
             f"{(here.facts or {}).get('error') or here.error}: run `make setup`"
         )
-    exp = Expectation(here.facts, request, PINNED_COMMIT, need_wgrad, route, cluster.hostfile)
+    exp = Expectation(here.facts, request, PINNED_COMMIT, need_wgrad, route, cluster.hostfile,
+                      wheelhouse.found(), wheelhouse.pins(wheelhouse.REQUIREMENTS))  # fmt: skip
     rows = tuple(
         judge(h.name, (labels or {}).get(h.name, h.name), h.slots, replies[h.name], exp)
         for h in cluster.hosts

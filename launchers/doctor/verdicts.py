@@ -5,10 +5,10 @@ accelerator, CUDA, interface names, disk), judged against what the run expects.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from launchers.config import gpu, probe
+from launchers.config import gpu, probe, wheelhouse
 from launchers.doctor.transport import (
     COLUMNS,
     MIN_FREE_BYTES,
@@ -74,6 +74,20 @@ class Expectation:
     """How the nodes were reached (for the fixes)."""
     hostfile: str
     """The hostfile (for the fixes)."""
+    wheelhouse: wheelhouse.Found | None = None
+    """A built wheelhouse on this node (what ``make setup WHEELS=`` would give a node)."""
+    pins: dict[str, str] = field(default_factory=dict)
+    """requirements.txt's pins (normalized name: version)."""
+
+    def lacks(self, what: str, node_python: str) -> str:
+        """The fix for a node without ``what`` (``name==version`` of a pin, or ``upstream``)."""
+        found = self.wheelhouse
+        name = what.split("==")[0]
+        offer = wheelhouse.offer(name, found.manifest, found.folder, node_python) if found else ""
+        return offer or (
+            "`make setup` there; without network there: `make wheelhouse` on a machine with "
+            "network, copy the folder to the node, then `make setup WHEELS=<folder>` there"
+        )
 
 
 def _same(check: str, value: Any, ref: Any, what: str, fix: str) -> Finding:
@@ -97,8 +111,16 @@ def _versions(facts: dict[str, Any], exp: Expectation) -> list[Finding]:
     )
     ref = exp.reference
     found = [_same("python", facts["python"]["version"], ref["python"]["version"], "python", fix)]
+    node_python = ".".join(str(facts["python"]["version"]).split(".")[:2])
     for name in probe.PACKAGES:
-        cell = _same(name, facts["packages"].get(name), ref["packages"].get(name), name, fix)
+        have, pin = facts["packages"].get(name), exp.pins.get(name)
+        cell = _same(name, have, ref["packages"].get(name), name, fix)
+        if cell.status == "fail" and pin is not None and ref["packages"].get(name) == pin:
+            has = f"it has {have}" if have else "not installed"
+            lacks = exp.lacks(f"{name}=={pin}", node_python)
+            cell = Finding(
+                name, "fail", cell.text, f"the node lacks {name}=={pin} ({has}): {lacks}"
+            )
         script = facts.get("launcher_script") or {}
         if name == "deepspeed" and cell.status == "ok" and script and not script.get("exists"):
             cell = Finding(
@@ -119,6 +141,11 @@ def _upstream(facts: dict[str, Any], exp: Expectation) -> Finding:
         f"run `make setup` on that node (it clones upstream at {exp.pinned_commit[:8]} into "
         f"{up['path']}), or share that directory"
     )
+    node_python = ".".join(str(facts["python"]["version"]).split(".")[:2])
+    if want == exp.pinned_commit and (not up.get("present") or up.get("commit") != want):
+        offer = exp.lacks("upstream", node_python)
+        if exp.wheelhouse and offer.startswith("`make setup WHEELS="):
+            fix = f"the node lacks upstream at {want[:8]}: {offer}"
     if not up.get("present"):
         return Finding("upstream", "fail", "missing", f"no pretrain_gpt.py in {up['path']}: {fix}")
     commit = up.get("commit")
