@@ -62,6 +62,12 @@ class Budget:
                 )
         return True, ""
 
+    @property
+    def bounded(self) -> bool:
+        """A time or run bound: the sweep may stop exploring early and repeat contenders.
+        Unbounded (``all``), it measures every runnable configuration once: the full grid."""
+        return self.runs is not None or self.seconds is not None
+
     def label(self) -> str:
         """As the user would write it."""
         if self.runs is not None:
@@ -275,7 +281,8 @@ def run_sweep(
                 nxt = min(todo, key=lambda n: (preds[n].ms, n))
                 best = _best(measured, sweep.entries)
                 if (
-                    best is not None
+                    sweep.budget.bounded
+                    and best is not None
                     and preds[nxt].lo is not None
                     and best[1] is not None
                     and preds[nxt].lo > best[1]
@@ -317,7 +324,7 @@ def _repeat_contenders(
     """While the budget allows: another run of each configuration the best cannot be told
     apart from (fewest runs first), up to ``MAX_REPEATS`` each, so their intervals include the
     run-to-run spread."""
-    if sweep.budget.runs is None and sweep.budget.seconds is None:
+    if not sweep.budget.bounded:
         return
     for k in range(2, MAX_REPEATS + 1):
         groups = measure_entries(sweep.logs, [asdict(e) for e in sweep.entries.values()], measured)
