@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 
+from analysis.metrics.traces import breakdown
+from analysis.report.build import build
+from analysis.runs.traces import TraceError, read_trace, run_traces
 from launchers.cli import main as cli_main
 from launchers.config.hostfile import parse_hostfile_text
 from launchers.config.presets import resolve_spec
@@ -84,3 +87,139 @@ def test_cli_profile_reaches_launch_sh(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert status == 0
     assert "--profile pt" in out and "--profile_steps 26,30" in out
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def write_trace(path: Path, events: list[dict[str, Any]], **top: Any) -> Path:
+    """A Chrome trace as the profiler writes it (gzipped when the name says so)."""
+    doc = {"schemaVersion": 1, "traceEvents": events, **top}
+    text = json.dumps(doc)
+    if path.name.endswith(".gz"):
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
+
+
+def op(name: str, start: float, end: float, tid: int = 1, cat: str = "cpu_op") -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": start,
+            "dur": end - start}  # fmt: skip
+
+
+def test_the_real_traces_are_found_and_say_their_rank() -> None:
+    traces = run_traces(FIXTURES / "tiny-pipeline")
+    assert [(t.rank, t.world_size, t.backend) for t in traces] == [(0, 2, "gloo"), (1, 2, "gloo")]
+    assert all(Path(t.path).name.endswith(".pt.trace.json.gz") for t in traces)
+    assert all(any(s.name.startswith("ProfilerStep#") for s in t.spans) for t in traces)
+
+
+def test_a_broken_trace_names_its_file_and_field(tmp_path: Path) -> None:
+    cut = tmp_path / "cut.pt.trace.json.gz"
+    cut.write_bytes(gzip.compress(b'{"traceEvents": [')[:-8])
+    with pytest.raises(TraceError, match=r"cut\.pt\.trace\.json\.gz: not a readable Chrome trace"):
+        read_trace(cut)
+    with pytest.raises(TraceError, match="no 'traceEvents' list"):
+        read_trace(_no_events(tmp_path))
+    bad = write_trace(tmp_path / "b.pt.trace.json", [op("aten::mm", 0, 1) | {"dur": "1"}])
+    with pytest.raises(TraceError, match=r"traceEvents\[0\] \('aten::mm'\): field 'dur'"):
+        read_trace(bad)
+
+
+def _no_events(tmp_path: Path) -> Path:
+    path = tmp_path / "e.pt.trace.json"
+    path.write_text(json.dumps({"schemaVersion": 1}))
+    return path
+
+
+# ------------------------------------------------------------------------------ breakdown
+
+
+def test_cpu_breakdown_of_a_constructed_trace_is_exact(tmp_path: Path) -> None:
+    events = [
+        op("ProfilerStep#0", 0, 1000, cat="user_annotation"),
+        op("ProfilerStep#1", 1000, 2000, cat="user_annotation"),
+        op("aten::mm", 100, 400),  # compute, its copy is memory copy
+        op("aten::copy_", 200, 250),
+        op("c10d::allreduce_", 500, 700),  # communication, the copy in it too
+        op("aten::copy_", 550, 600),
+        op("aten::zeros", 520, 540),  # an operator inside the collective is communication
+        op("gloo:all_reduce", 650, 900, tid=2, cat="user_annotation"),  # gloo's own thread
+        op("aten::add", 800, 850),  # compute while gloo works: overlap
+        op("forward", 1000, 2000, cat="user_annotation"),  # a label, not work
+        op("aten::mm", 1100, 1900),
+        op("aten::mm", 2100, 2200),  # after the profiled steps
+    ]
+    trace = read_trace(write_trace(tmp_path / "r.pt.trace.json", events,
+                                   distributedInfo={"rank": 3, "world_size": 4}))  # fmt: skip
+    b = breakdown(trace)
+    assert (b.rank, b.timeline, b.steps) == (3, "cpu", 2)
+    # per iteration (2): compute 250 + 50 + 800 us, communication [500, 900] less the 50 us of
+    # compute in it, copy 50 us, idle the rest of 2000 us
+    assert b.iteration_ms == pytest.approx(1.0)
+    assert b.compute_ms == pytest.approx(0.55)
+    assert b.comm_ms == pytest.approx(0.175)
+    assert b.memcpy_ms == pytest.approx(0.025)
+    assert b.idle_ms == pytest.approx(0.25)
+    assert b.comm_total_ms == pytest.approx(0.2)
+    assert b.overlap_pct == pytest.approx(12.5)
+    assert b.waiting_ms == pytest.approx(0.45)
+
+
+def test_gpu_breakdown_reads_the_kernels_as_hta_does(tmp_path: Path) -> None:
+    events = [
+        op("ProfilerStep#0", 0, 1000, cat="user_annotation"),
+        op("aten::mm", 0, 900),  # the host's side: not the GPU timeline
+        op("ampere_sgemm_128x64_nn", 100, 300, tid=7, cat="kernel"),
+        op("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 200, 500, tid=20, cat="kernel"),
+        op("Memcpy DtoH (Device -> Pinned)", 600, 700, tid=7, cat="gpu_memcpy"),
+    ]
+    b = breakdown(read_trace(write_trace(tmp_path / "g.pt.trace.json.gz", events)))
+    assert (b.rank, b.timeline) == (None, "gpu")
+    assert (b.compute_ms, b.comm_ms, b.memcpy_ms, b.idle_ms) == pytest.approx((0.2, 0.2, 0.1, 0.5))
+    assert b.overlap_pct == pytest.approx(100 / 3)
+
+
+def test_a_trace_without_steps_says_so(tmp_path: Path) -> None:
+    trace = read_trace(write_trace(tmp_path / "n.pt.trace.json", [op("aten::mm", 0, 5)]))
+    with pytest.raises(ValueError, match="no ProfilerStep#N annotation"):
+        breakdown(trace)
+
+
+def test_the_real_traces_categories_add_up_to_the_iteration() -> None:
+    for trace in run_traces(FIXTURES / "tiny-pipeline"):
+        b = breakdown(trace)
+        steps = [s for s in trace.spans if s.name.startswith("ProfilerStep#")]
+        assert b.steps == len(steps) == 1  # the run: iterations 1-3 logged each, 3 profiled
+        assert b.iteration_ms == pytest.approx(sum(s.dur_us for s in steps) / 1000 / len(steps))
+        parts = (b.compute_ms, b.comm_ms, b.memcpy_ms, b.idle_ms)
+        assert all(p >= 0 for p in parts)
+        assert sum(parts) == pytest.approx(b.iteration_ms, rel=1e-9)
+        # a pipeline stage computes and waits for its neighbour in gloo's p2p
+        assert b.compute_ms > 0 and b.comm_ms > 0
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def test_report_shows_the_profiled_run_beside_its_text_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logdir = tmp_path / "logs"
+    shutil.copytree(FIXTURES / "tiny-pipeline", logdir / "tiny-pipeline")
+    build(logdir, tmp_path / "report")
+    printed = capsys.readouterr().out
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    (profile,) = summary["profiles"]
+    assert profile["profile_steps"] == [3, 3]
+    assert [(r["rank"], r["stage"]) for r in profile["ranks"]] == [(0, 0), (1, 1)]
+    # the log's line for iteration 3 (log interval 1) times the same iteration as the traces
+    assert profile["logged_iteration_ms"] == 68.9
+    assert profile["trace_iteration_ms"] == pytest.approx(68.9, rel=0.05)
+    assert profile["bubble_theory"] == pytest.approx(1 / 3)  # p 2, m 2: (p-1)/(m+p-1)
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Profiler traces" in md and "| stage | ranks | ms/iter | waiting ms" in md
+    assert "iteration line for the same iterations: 68.9 ms/iteration" in md
+    assert "profile tiny-pipeline (iteration 3)" in printed
+    assert "rank 1 (stage 1):" in printed
