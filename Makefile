@@ -26,6 +26,9 @@ LOSS_PCT    ?=
 # (SLOW_LINK=node3:10mbit); comma lists for several nodes. Recorded in run.json network.faults.
 SLOW_NODE   ?=
 SLOW_LINK   ?=
+# Non-empty: the doctor also measures every node pair's link and names the slow ones (make
+# doctor LINKS=1; with a run or matrix, its doctor check refuses to start on a slow link).
+LINKS       ?=
 # Interleaved rounds of a run or matrix (round 1 runs every strategy, then round 2, ...); each
 # repeat is its own run directory and the report's intervals include the run-to-run spread.
 REPEAT      ?=
@@ -75,7 +78,7 @@ RUN_FLAGS = --hosts $(HOSTS) --logs $(LOGS) \
 	$(if $(NODE_CPUS),--node-cpus $(NODE_CPUS)) \
 	$(if $(DELAY_MS),--delay-ms $(DELAY_MS)) $(if $(LOSS_PCT),--loss-pct $(LOSS_PCT)) \
 	$(if $(SLOW_NODE),--slow-node $(SLOW_NODE)) $(if $(SLOW_LINK),--slow-link $(SLOW_LINK)) \
-	$(foreach kv,$(SET),--set $(kv)) $(if $(FORCE),--force) $(if $(REPEAT),--repeat $(REPEAT)) \
+	$(if $(LINKS),--doctor-links) $(foreach kv,$(SET),--set $(kv)) $(if $(FORCE),--force) $(if $(REPEAT),--repeat $(REPEAT)) \
 	$(if $(STALL),--stall $(STALL)) $(if $(TIMEOUT),--timeout $(TIMEOUT)) \
 	$(if $(MEM_LIMIT),--mem-limit $(MEM_LIMIT)) $(if $(SKIP_DOCTOR),--skip-doctor) \
 	$(if $(PROFILE),--profile) $(if $(TIMERS),--timers $(TIMERS))
@@ -125,7 +128,7 @@ $(VENV)/.requirements-system.stamp: requirements.txt
 	@grep -qi "include-system-site-packages *= *true" $(VENV)/pyvenv.cfg || { echo "setup TORCH=system: $(VENV) exists without --system-site-packages: remove it or name another VENV=..."; exit 1; }
 	@echo "setup: installing the pins but torch/torchvision into $(VENV) (on $(SYSTEM_PYTHON)'s PyTorch)"
 	$(SYSTEM_PYTHON) -m launchers.config.torch_check requirements requirements.txt $(VENV)/requirements-system.txt
-	$(if $(WHEELS),$(PYTHON) -m launchers.config.wheelhouse check $(WHEELS) --skip torch,torchvision --constraints $(WHEELS_CONSTRAINTS))
+	$(if $(WHEELS),$(PYTHON) -m launchers.config.wheelhouse check $(WHEELS) --skip torch --skip torchvision --constraints $(WHEELS_CONSTRAINTS))
 	DS_BUILD_OPS=0 $(WHEELS_PIP) $(PYTHON) -m pip install --quiet $(WHEELS_FROM) -r $(VENV)/requirements-system.txt
 	@cp requirements.txt $@
 
@@ -160,11 +163,14 @@ gpu-check:
 		$(if $(DRY_RUN),--dry-run) $(if $(filter cuda,$(DEVICE)),--device cuda) \
 		$(if $(WHEELS),--wheels $(WHEELS))
 
-# Every node of HOSTS, through the path the run will use (pdsh/ssh, or the lab's namespaces).
+# Every node of HOSTS, through the path the run will use (pdsh/ssh, or the lab's namespaces);
+# LINKS=1: also every pair's link (launchers/doctor/links.py).
 doctor:
 	$(PYTHON) -m launchers doctor --hosts $(HOSTS) --logs $(LOGS) \
 		$(if $(DEVICE),--device $(DEVICE)) $(if $(LAUNCHER),--launcher $(LAUNCHER)) \
-		$(if $(NET),--net $(NET) --lab-nodes $(LAB_NODES)) $(foreach kv,$(SET),--set $(kv))
+		$(if $(NET),--net $(NET) --lab-nodes $(LAB_NODES)) $(foreach kv,$(SET),--set $(kv)) \
+		$(if $(NODE_CPUS),--node-cpus $(NODE_CPUS)) $(if $(SLOW_NODE),--slow-node $(SLOW_NODE)) \
+		$(if $(SLOW_LINK),--slow-link $(SLOW_LINK)) $(if $(LINKS),--links)
 
 # The fast suite leaves out the tests marked `full` (tests/conftest.py says which); test-all runs
 # every test. pytest exits 5 when no test was collected: not a failure of the suite.

@@ -308,6 +308,13 @@ def test_make_setup_wheels_checks_then_installs_with_no_index_and_clones_the_bun
     assert any(
         f"MEGATRON_DEEPSPEED_REPO={ROOT}/wh/megatron-deepspeed.bundle" in line for line in lines
     )
+    system = ["make", "-n", "setup", "WHEELS=wh", f"VENV={venv}", "TORCH=system"]
+    res = subprocess.run(system, cwd=ROOT, capture_output=True, text=True, check=True)
+    checks = [line for line in res.stdout.splitlines() if "wheelhouse check" in line]
+    assert checks == [
+        f"{venv}/bin/python -m launchers.config.wheelhouse check wh --skip torch --skip "
+        f"torchvision --constraints {venv}/wheelhouse-constraints.txt"
+    ]
 
 
 # --- the doctor ----------------------------------------------------------------------------

@@ -561,7 +561,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("dir", type=Path)
     c.add_argument("--requirements", type=Path, default=Path("requirements.txt"))
     c.add_argument("--constraints", type=Path, help="write the manifest's versions here")
-    c.add_argument("--skip", default="", help="comma-separated names not to require or constrain")
+    c.add_argument(
+        "--skip", action="append", default=[], help="a name not to require or constrain (again)"
+    )
     d = sub.add_parser("default-dir", help="print the default folder for a target")
     d.add_argument("--python", default=here)
     d.add_argument("--platform", default=f"manylinux_2_28_{platform.machine()}")
@@ -581,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"`make setup WHEELS={folder}` installs from it with no network"
             )
         else:
-            skip = tuple(normalize(s) for s in args.skip.split(",") if s)
+            skip = tuple(normalize(s) for s in args.skip)
             manifest = verify(args.dir, args.requirements, skip=skip)
             if args.constraints:
                 args.constraints.parent.mkdir(parents=True, exist_ok=True)
