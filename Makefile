@@ -109,7 +109,7 @@ help:
 $(VENV)/.requirements.stamp: requirements.txt
 	@test -x $(PYTHON) || python3 -m venv $(VENV)
 	@echo "setup: installing pinned requirements into $(VENV)$(if $(WHEELS), from $(WHEELS))"
-	$(if $(WHEELS),$(PYTHON) -m launchers.config.wheelhouse check $(WHEELS) --constraints $(WHEELS_CONSTRAINTS))
+	$(if $(WHEELS),$(PYTHON) -m launchers.config.wheelhouse check $(WHEELS) $(APEX_CHECK) --constraints $(WHEELS_CONSTRAINTS))
 	DS_BUILD_OPS=0 $(WHEELS_PIP) $(PYTHON) -m pip install --quiet $(WHEELS_FROM) --upgrade pip
 	DS_BUILD_OPS=0 $(WHEELS_PIP) $(PYTHON) -m pip install --quiet $(WHEELS_FROM) -r requirements.txt
 	@cp requirements.txt $@
@@ -118,6 +118,8 @@ $(VENV)/.requirements.stamp: requirements.txt
 WHEELS_CONSTRAINTS = $(VENV)/wheelhouse-constraints.txt
 WHEELS_PIP  = $(if $(WHEELS),env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null)
 WHEELS_FROM = $(if $(WHEELS),--no-index --find-links $(WHEELS) -c $(WHEELS_CONSTRAINTS))
+# DEVICE=cuda: the wheelhouse holds NVIDIA apex too (apex.bundle), and setup builds it from there.
+APEX_CHECK  = $(if $(filter cuda,$(DEVICE)),--apex)
 
 # TORCH=system: the venv on top of SYSTEM_PYTHON, the interpreter that already has the site's
 # PyTorch (--system-site-packages); the pins but torch/torchvision, installed where missing or at
@@ -128,7 +130,7 @@ $(VENV)/.requirements-system.stamp: requirements.txt
 	@grep -qi "include-system-site-packages *= *true" $(VENV)/pyvenv.cfg || { echo "setup TORCH=system: $(VENV) exists without --system-site-packages: remove it or name another VENV=..."; exit 1; }
 	@echo "setup: installing the pins but torch/torchvision into $(VENV) (on $(SYSTEM_PYTHON)'s PyTorch)"
 	$(SYSTEM_PYTHON) -m launchers.config.torch_check requirements requirements.txt $(VENV)/requirements-system.txt
-	$(if $(WHEELS),$(PYTHON) -m launchers.config.wheelhouse check $(WHEELS) --skip torch --skip torchvision --constraints $(WHEELS_CONSTRAINTS))
+	$(if $(WHEELS),$(PYTHON) -m launchers.config.wheelhouse check $(WHEELS) $(APEX_CHECK) --skip torch --skip torchvision --constraints $(WHEELS_CONSTRAINTS))
 	DS_BUILD_OPS=0 $(WHEELS_PIP) $(PYTHON) -m pip install --quiet $(WHEELS_FROM) -r $(VENV)/requirements-system.txt
 	@cp requirements.txt $@
 
@@ -136,16 +138,17 @@ setup: $(if $(filter system,$(TORCH)),$(VENV)/.requirements-system.stamp,$(VENV)
 	@echo "setup: $(VENV) is up to date with requirements.txt"
 	$(if $(filter system,$(TORCH)),$(PYTHON) -m launchers.config.torch_check check)
 	$(if $(WHEELS),MEGATRON_DEEPSPEED_REPO=$(abspath $(WHEELS))/megatron-deepspeed.bundle) $(PYTHON) -m launchers.config.upstream setup $(if $(ALLOW_NO_UPSTREAM),|| echo "setup: continuing without upstream (ALLOW_NO_UPSTREAM set): upstream tests will be skipped")
-	$(if $(filter cuda,$(DEVICE)),$(PYTHON) -m launchers.config.gpu setup)
+	$(if $(filter cuda,$(DEVICE)),$(if $(WHEELS),APEX_REPO=$(abspath $(WHEELS))/apex.bundle) $(PYTHON) -m launchers.config.gpu setup)
 
 # Every pinned wheel (with its dependencies) for Python PY on PLATFORM, a wheel built from each
 # sdist-only pin (deepspeed, DS_BUILD_OPS=0), upstream at the pinned commit as a git bundle (from
 # MEGATRON_DEEPSPEED_REPO, as setup clones), and manifest.json (names, versions, sha256): several
 # GB (torch's NVIDIA wheels), into WHEELHOUSE, outside the checkout by default. Needs the network.
+# DEVICE=cuda: NVIDIA apex at its pinned commit too (from APEX_REPO), for make setup DEVICE=cuda.
 .PHONY: wheelhouse
 wheelhouse:
 	$(if $(wildcard $(PYTHON)),$(PYTHON),$(SYSTEM_PYTHON)) -m launchers.config.wheelhouse build \
-		--python $(PY) --platform $(PLATFORM) $(if $(WHEELHOUSE),--dir $(WHEELHOUSE))
+		--python $(PY) --platform $(PLATFORM) $(if $(WHEELHOUSE),--dir $(WHEELHOUSE)) $(APEX_CHECK)
 
 # GPU prerequisites only: NVIDIA apex with its C++/CUDA extensions from APEX_REPO (a URL, local
 # path or mirror) at the pinned commit, when a CUDA toolkit of torch's CUDA version is present.

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from launchers.config import probe, torch_check, upstream, wheelhouse
+from launchers.config import gpu, probe, torch_check, upstream, wheelhouse
 from launchers.config.presets import default_paths
 from launchers.doctor import transport, verdicts
 
@@ -147,6 +147,7 @@ def house(tmp_path, monkeypatch, offline_pip):
     git("add", ".", cwd=repo)
     git("commit", "-qm", "later", cwd=repo)
     monkeypatch.setattr(wheelhouse, "PINNED_COMMIT", commit)
+    monkeypatch.setattr(wheelhouse, "APEX_COMMIT", commit)  # the same small repository as apex
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("# pins\nmdswdemo==1.0\nmdswsrc==0.1  # sdist only\n")
     folder = tmp_path / "house"
@@ -157,6 +158,7 @@ def house(tmp_path, monkeypatch, offline_pip):
         TARGET,
         repo=str(repo),
         index_args=("--no-index", "--find-links", str(index)),
+        apex=str(repo),
         log=said.append,
     )
     return folder, requirements, manifest, commit, said
@@ -189,6 +191,10 @@ def test_build_downloads_pins_and_dependencies_builds_sdists_and_bundles_upstrea
     assert manifest["target"] == {"python": PYTHON, "platform": "manylinux_2_28_x86_64"}
     assert manifest["requirements"]["pins"] == {"mdswdemo": "1.0", "mdswsrc": "0.1"}
     assert manifest["upstream"]["commit"] == commit
+    assert manifest["apex"] | {"sha256": "", "bytes": 0} == {
+        "commit": commit, "source": str(folder.parent / "upstream"), "file": "apex.bundle",
+        "sha256": "", "bytes": 0,
+    }  # fmt: skip
     assert json.loads((folder / "manifest.json").read_text()) == manifest
     assert any("building a wheel of mdswsrc-0.1.tar.gz" in line for line in said)
 
@@ -256,6 +262,22 @@ def test_a_damaged_copy_a_missing_pin_or_manifest_is_refused_with_the_fix(house,
         wheelhouse.verify(folder, requirements)
 
 
+def test_check_for_cuda_requires_the_apex_bundle(house):
+    folder, requirements, manifest, *_ = house
+    assert wheelhouse.verify(folder, requirements, apex=True)["apex"] == manifest["apex"]
+    without = json.loads((folder / "manifest.json").read_text())
+    del without["apex"]
+    (folder / "manifest.json").write_text(json.dumps(without))
+    with pytest.raises(wheelhouse.WheelhouseError, match="has no apex bundle, which `make setup "):
+        wheelhouse.verify(folder, requirements, apex=True)
+    assert "apex" not in wheelhouse.verify(folder, requirements)
+
+
+def test_apex_pin_is_the_one_setup_builds():
+    assert wheelhouse.APEX_COMMIT == gpu.APEX_COMMIT
+    assert wheelhouse.APEX_DEFAULT_REPO == gpu.APEX_DEFAULT_REPO
+
+
 def test_check_refuses_another_python_or_platform_before_pip_runs():
     manifest = {"target": {"python": "3.11", "platform": "manylinux_2_28_x86_64"}}
     assert wheelhouse.fit_problem(manifest, "3.11", "x86_64", (2, 36)) == ""
@@ -310,11 +332,17 @@ def test_make_setup_wheels_checks_then_installs_with_no_index_and_clones_the_bun
     )
     system = ["make", "-n", "setup", "WHEELS=wh", f"VENV={venv}", "TORCH=system"]
     res = subprocess.run(system, cwd=ROOT, capture_output=True, text=True, check=True)
-    checks = [line for line in res.stdout.splitlines() if "wheelhouse check" in line]
+    checks = [" ".join(line.split()) for line in res.stdout.splitlines() if "check wh" in line]
     assert checks == [
         f"{venv}/bin/python -m launchers.config.wheelhouse check wh --skip torch --skip "
         f"torchvision --constraints {venv}/wheelhouse-constraints.txt"
     ]
+    cuda = ["make", "-n", "setup", "WHEELS=wh", f"VENV={venv}", "DEVICE=cuda"]
+    res = subprocess.run(cuda, cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "launchers.config.wheelhouse check wh --apex" in " ".join(res.stdout.split())
+    assert f"APEX_REPO={ROOT}/wh/apex.bundle {venv}/bin/python -m launchers.config.gpu setup" in (
+        res.stdout
+    )
 
 
 # --- the doctor ----------------------------------------------------------------------------

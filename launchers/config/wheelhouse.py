@@ -9,9 +9,11 @@
 3. every dependency, wheels only, for that target (``pip download -r requirements.txt
    --only-binary=:all:``, the built wheels found in the folder), and pip itself;
 4. upstream at the pinned commit as a git bundle (:data:`BUNDLE_NAME`), cloned from the source
-   ``make setup`` clones from (``MEGATRON_DEEPSPEED_REPO``, else the GitHub URL);
+   ``make setup`` clones from (``MEGATRON_DEEPSPEED_REPO``, else the GitHub URL); with
+   ``--apex`` (``make wheelhouse DEVICE=cuda``) NVIDIA apex at its pinned commit too
+   (:data:`APEX_BUNDLE_NAME`, from ``APEX_REPO``), which ``make setup DEVICE=cuda`` builds;
 5. :data:`MANIFEST_NAME`: the target, every file with its distribution name, version, kind and
-   sha256, and the upstream commit. It is written last: a folder without it is incomplete.
+   sha256, and the bundles' commits. It is written last: a folder without it is incomplete.
 
 Setup downloads nothing else: the tokenizer and the dataset are generated on the node
 (``launchers.config.upstream``).
@@ -19,7 +21,8 @@ Setup downloads nothing else: the tokenizer and the dataset are generated on the
 ``make setup WHEELS=dir`` first runs ``check`` (:func:`verify`): the manifest is there, every file
 has its sha256, every pin has a wheel, and this interpreter is the target's Python on a platform
 the wheels fit; it writes a constraints file of the manifest's versions, then pip installs with
-``--no-index --find-links dir`` and that file, and upstream is cloned from the bundle.
+``--no-index --find-links dir`` and that file, and upstream (and apex, with ``DEVICE=cuda``) is
+cloned from its bundle.
 
 Standard library only: ``make setup WHEELS=dir`` runs it with a venv that has nothing installed.
 """
@@ -54,6 +57,17 @@ SDIST_DIR = "sdist"
 
 FORMAT = 1
 """Manifest format version."""
+
+APEX_BUNDLE_NAME = "apex.bundle"
+"""NVIDIA apex at :data:`APEX_COMMIT`, for ``make setup DEVICE=cuda`` (``make wheelhouse
+DEVICE=cuda``)."""
+
+APEX_COMMIT = "6424da3b4faa6c8f062da4a48c424fff3f02d42d"
+"""``launchers.config.gpu.APEX_COMMIT`` (the tests compare them; spelled out here because this
+module imports nothing that needs a package installed)."""
+
+APEX_DEFAULT_REPO = "https://github.com/NVIDIA/apex.git"
+"""Where apex comes from unless ``APEX_REPO`` says otherwise (as ``launchers.config.gpu``)."""
 
 EXTRA = ("pip",)
 """Installed by setup besides the requirements (``pip install --upgrade pip``)."""
@@ -257,34 +271,22 @@ def build_wheel(python: str, sdist: Path, out: Path, target: Target, log=print) 
     return built[0]
 
 
-def bundle_upstream(repo: str, out: Path, commit: str, log=print) -> Path:
-    """``out/BUNDLE_NAME``: the history of ``commit`` from ``repo`` (a URL or a local path), its
+def bundle(repo: str, path: Path, commit: str, what: str, log=print) -> Path:
+    """``path``: a git bundle of ``commit``'s history from ``repo`` (a URL or a local path), its
     one branch and HEAD pointing at it, so that ``git clone`` of the file checks it out."""
-    bundle = out / BUNDLE_NAME
     with tempfile.TemporaryDirectory(prefix="mds-bundle-") as tmp:
         bare = Path(tmp) / "repo.git"
-        log(f"wheelhouse: cloning {repo} for the upstream bundle")
-        _git(["clone", "--quiet", "--bare", repo, str(bare)], repo)
+        log(f"wheelhouse: cloning {repo} for the {what} bundle")
+        _git(["clone", "--quiet", "--bare", repo, str(bare)], repo, what)
         if not _has_commit(bare, commit):
-            _git(["-C", str(bare), "fetch", "--quiet", repo, commit], repo)
-        _git(["-C", str(bare), "update-ref", "refs/heads/pinned", commit], repo)
-        _git(["-C", str(bare), "symbolic-ref", "HEAD", "refs/heads/pinned"], repo)
-        bundle.unlink(missing_ok=True)
-        _git(
-            [
-                "-C",
-                str(bare),
-                "bundle",
-                "create",
-                "--quiet",
-                str(bundle),
-                "HEAD",
-                "refs/heads/pinned",
-            ],
-            repo,
-        )
-    log(f"wheelhouse: {bundle.name}: upstream at {commit[:12]} from {repo}")
-    return bundle
+            _git(["-C", str(bare), "fetch", "--quiet", repo, commit], repo, what)
+        _git(["-C", str(bare), "update-ref", "refs/heads/pinned", commit], repo, what)
+        _git(["-C", str(bare), "symbolic-ref", "HEAD", "refs/heads/pinned"], repo, what)
+        path.unlink(missing_ok=True)
+        create = ["bundle", "create", "--quiet", str(path), "HEAD", "refs/heads/pinned"]
+        _git(["-C", str(bare), *create], repo, what)
+    log(f"wheelhouse: {path.name}: {what} at {commit[:12]} from {repo}")
+    return path
 
 
 def _has_commit(repo: Path, commit: str) -> bool:
@@ -292,13 +294,20 @@ def _has_commit(repo: Path, commit: str) -> bool:
     return subprocess.run(cmd, capture_output=True, check=False).returncode == 0
 
 
-def _git(args: list[str], repo: str) -> None:
+_SOURCES = {
+    "upstream": ("MEGATRON_DEEPSPEED_REPO", "microsoft/Megatron-DeepSpeed"),
+    "apex": ("APEX_REPO", "NVIDIA/apex"),
+}
+"""The variable naming each bundle's source, and the repository it must hold."""
+
+
+def _git(args: list[str], repo: str, what: str) -> None:
     res = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
     if res.returncode != 0:
+        variable, name = _SOURCES[what]
         raise UpstreamError(
-            f"git {' '.join(args[:3])} failed: {res.stderr.strip()}. Set MEGATRON_DEEPSPEED_REPO "
-            f"to a reachable URL or local clone of microsoft/Megatron-DeepSpeed (now {repo}) and "
-            "rerun `make wheelhouse`"
+            f"git {' '.join(args[:3])} failed: {res.stderr.strip()}. Set {variable} to a "
+            f"reachable URL or local clone of {name} (now {repo}) and rerun `make wheelhouse`"
         )
 
 
@@ -310,11 +319,13 @@ def build(
     repo: str | None = None,
     python: str = sys.executable,
     index_args: tuple[str, ...] = (),
+    apex: str | None = None,
     log=print,
 ) -> dict:
     """Fill ``folder`` (see the module docstring) and write its manifest; return the manifest.
 
-    ``index_args`` go to every pip call (e.g. ``--no-index --find-links DIR`` for a local index).
+    ``index_args`` go to every pip call (e.g. ``--no-index --find-links DIR`` for a local index);
+    ``apex``: also a bundle of NVIDIA apex at :data:`APEX_COMMIT` from that source.
     """
     wanted = pins(requirements)
     folder.mkdir(parents=True, exist_ok=True)
@@ -392,7 +403,7 @@ def build(
             "sha256": sha256(path),
         }
     source = repo or upstream_repo()
-    bundle = bundle_upstream(source, folder, PINNED_COMMIT, log=log)
+    upstream_bundle = bundle(source, folder / BUNDLE_NAME, PINNED_COMMIT, "upstream", log)
     manifest = {
         "format": FORMAT,
         "target": {"python": target.python, "platform": target.platform},
@@ -402,20 +413,24 @@ def build(
             "pins": wanted,
         },
         "files": sorted(by_name.values(), key=lambda e: e["file"]),
-        "upstream": {
-            "commit": PINNED_COMMIT,
-            "source": source,
-            "file": bundle.name,
-            "bytes": bundle.stat().st_size,
-            "sha256": sha256(bundle),
-        },
+        "upstream": _bundle_entry(upstream_bundle, PINNED_COMMIT, source),
         "generated_data": "the tokenizer and the dataset are generated by setup on the node",
         "seconds": round(time.monotonic() - started, 1),
     }
+    if apex:
+        apex_bundle = bundle(apex, folder / APEX_BUNDLE_NAME, APEX_COMMIT, "apex", log)
+        manifest["apex"] = _bundle_entry(apex_bundle, APEX_COMMIT, apex)
+    else:
+        (folder / APEX_BUNDLE_NAME).unlink(missing_ok=True)
     tmp = folder / f"{MANIFEST_NAME}.tmp"
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(tmp, folder / MANIFEST_NAME)
     return manifest
+
+
+def _bundle_entry(path: Path, commit: str, source: str) -> dict:
+    return {"commit": commit, "source": source, "file": path.name,
+            "bytes": path.stat().st_size, "sha256": sha256(path)}  # fmt: skip
 
 
 # --- checking, for setup and the doctor ----------------------------------------------------
@@ -474,10 +489,13 @@ def fit_problem(manifest: dict, python: str, machine: str, libc: tuple[int, int]
     return ""
 
 
-def verify(folder: Path, requirements: Path, *, skip: tuple[str, ...] = ()) -> dict:
+def verify(
+    folder: Path, requirements: Path, *, skip: tuple[str, ...] = (), apex: bool = False
+) -> dict:
     """The manifest of ``folder`` after checking it against this interpreter and ``requirements``:
     it fits (:func:`fit_problem`), every pin but ``skip`` has a wheel at its version, every file
-    is there with its sha256, the bundle holds the pinned commit. A WheelhouseError otherwise."""
+    is there with its sha256, the bundles hold the pinned commits (``apex``: an apex bundle is
+    there too). A WheelhouseError otherwise."""
     manifest = load(folder)
     python = this_python()
     if problem := fit_problem(manifest, python, platform.machine(), glibc()):
@@ -493,13 +511,20 @@ def verify(folder: Path, requirements: Path, *, skip: tuple[str, ...] = ()) -> d
             f"{folder} lacks {', '.join(lacking)} of {requirements}: it was built for other pins; "
             f"rerun `make wheelhouse WHEELHOUSE={folder}`"
         )
-    upstream = manifest["upstream"]
-    if upstream["commit"] != PINNED_COMMIT:
+    if apex and "apex" not in manifest:
         raise WheelhouseError(
-            f"{folder}/{upstream['file']} holds upstream {upstream['commit'][:12]}, this checkout "
-            f"pins {PINNED_COMMIT[:12]}: rerun `make wheelhouse WHEELHOUSE={folder}`"
+            f"{folder} has no apex bundle, which `make setup DEVICE=cuda` builds from: rerun "
+            f"`make wheelhouse DEVICE=cuda WHEELHOUSE={folder}`"
         )
-    for entry in [*manifest["files"], upstream]:
+    bundles = {"upstream": PINNED_COMMIT, "apex": APEX_COMMIT}
+    for what in (w for w in bundles if w in manifest):
+        if manifest[what]["commit"] != bundles[what]:
+            raise WheelhouseError(
+                f"{folder}/{manifest[what]['file']} holds {what} {manifest[what]['commit'][:12]}, "
+                f"this checkout pins {bundles[what][:12]}: rerun `make wheelhouse "
+                f"WHEELHOUSE={folder}`"
+            )
+    for entry in [*manifest["files"], *(manifest[w] for w in bundles if w in manifest)]:
         path = folder / entry["file"]
         if not path.is_file():
             raise WheelhouseError(f"{path} is missing (listed in {MANIFEST_NAME}): copy it again")
@@ -557,10 +582,12 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--requirements", type=Path, default=Path("requirements.txt"))
     b.add_argument("--python", default=here, help="target Python major.minor")
     b.add_argument("--platform", default=f"manylinux_2_28_{platform.machine()}")
+    b.add_argument("--apex", action="store_true", help="also NVIDIA apex (APEX_REPO), for CUDA")
     c = sub.add_parser("check", help="verify a wheelhouse for this interpreter; write constraints")
     c.add_argument("dir", type=Path)
     c.add_argument("--requirements", type=Path, default=Path("requirements.txt"))
     c.add_argument("--constraints", type=Path, help="write the manifest's versions here")
+    c.add_argument("--apex", action="store_true", help="require the apex bundle (DEVICE=cuda)")
     c.add_argument(
         "--skip", action="append", default=[], help="a name not to require or constrain (again)"
     )
@@ -574,8 +601,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "build":
             target = Target(args.python, args.platform)
             folder = (args.dir or default_dir(target.python, target.platform)).absolute()
-            manifest = build(folder, args.requirements, target)
-            files = [*manifest["files"], manifest["upstream"]]
+            apex = (os.environ.get("APEX_REPO") or APEX_DEFAULT_REPO) if args.apex else None
+            manifest = build(folder, args.requirements, target, apex=apex)
+            files = [*manifest["files"], manifest["upstream"], *([manifest["apex"]] * bool(apex))]
             size = sum(e["bytes"] for e in files)
             print(
                 f"wheelhouse: {folder}: {len(files)} files, {size / 1e9:.2f} GB, "
@@ -584,14 +612,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             skip = tuple(normalize(s) for s in args.skip)
-            manifest = verify(args.dir, args.requirements, skip=skip)
+            manifest = verify(args.dir, args.requirements, skip=skip, apex=args.apex)
             if args.constraints:
                 args.constraints.parent.mkdir(parents=True, exist_ok=True)
                 args.constraints.write_text(constraints(manifest, skip=skip))
             print(
                 f"wheelhouse: {args.dir} ok for Python {manifest['target']['python']} "
                 f"{manifest['target']['platform']}: {len(manifest['files'])} files and the "
-                f"upstream bundle, sha256 checked"
+                f"{' and '.join(w for w in ('upstream', 'apex') if w in manifest)} bundle, sha256 "
+                "checked"
             )
     except (WheelhouseError, UpstreamError) as exc:
         print(f"wheelhouse: {exc}", file=sys.stderr)
