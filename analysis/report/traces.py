@@ -12,6 +12,7 @@ from typing import Any
 
 from analysis.metrics import repeats
 from analysis.metrics.rows import RunMetrics
+from analysis.metrics.timers import deepspeed_step_timers
 from analysis.metrics.traces import RankBreakdown, breakdown
 from analysis.report.markdown import md_table
 from analysis.runs.load import LoadedRun
@@ -43,6 +44,10 @@ class Profile:
     logged_ms: float | None
     """The text log's ms per iteration of exactly the profiled iterations (their logging
     window), None when they are not one whole window of the log."""
+    window_timers: dict[str, float] = field(default_factory=dict)
+    """DeepSpeed's per-step timers of exactly the profiled iterations (the first data-parallel
+    rank's, printed every step by the plain engine), mean ms per iteration by timer name;
+    empty when the log has none (the PipelineEngine prints none)."""
     problems: list[str] = field(default_factory=list)
     """Traces that could not be read or broken down, each with its reason."""
 
@@ -94,6 +99,15 @@ def _logged_ms(run: LoadedRun, steps: tuple[int, int] | None) -> float | None:
     return None
 
 
+def window_timers(run: LoadedRun, steps: tuple[int, int] | None) -> dict[str, float]:
+    """Mean per-step DeepSpeed timers (ms) of the profiled iterations."""
+    if run.parsed is None or steps is None:
+        return {}
+    first, last = steps
+    samples = deepspeed_step_timers(run.parsed, first - 1, [(last + 1, 2**62)])
+    return {k: sum(v) / len(v) for k, v in samples.items() if len(v) == last - first + 1}
+
+
 def profiles(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics], logdir: Path) -> list[Profile]:
     """The profiled runs among ``runs`` (run directories with trace files), with their rows."""
     by_path = {r.path: r for r in rows}
@@ -117,7 +131,8 @@ def profiles(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics], logdir: Path
             except ValueError as exc:
                 problems.append(str(exc))
         steps = _steps(run)
-        out.append(Profile(row, steps, ranks, _logged_ms(run, steps), problems))
+        logged, timers = _logged_ms(run, steps), window_timers(run, steps)
+        out.append(Profile(row, steps, ranks, logged, timers, problems))
     return out
 
 
@@ -144,8 +159,10 @@ def _log_line(p: Profile) -> str:
               if getattr(r, key) is not None]  # fmt: skip
     why = r.na_reasons.get("fwd_ms", "no timers in the log")
     told = ", ".join(timers) if timers else f"n/a ({why})"
+    window = ", ".join(f"{k} {_ms(v)}" for k, v in p.window_timers.items())
+    window = f"; DeepSpeed's per-step timers of the same iterations: {window}" if window else ""
     return (
-        f"Text log: {same}. Its steady-state mean over the run: {_ms(r.iter_ms_mean)} "
+        f"Text log: {same}{window}. Its steady-state mean over the run: {_ms(r.iter_ms_mean)} "
         f"ms/iteration; its timers' breakdown (steady mean, ms/iteration): {told}."
     )
 
@@ -244,6 +261,7 @@ def to_json(found: Sequence[Profile]) -> list[dict[str, Any]]:
             "profile_steps": list(p.steps) if p.steps else None,
             "trace_iteration_ms": p.iteration_ms,
             "logged_iteration_ms": p.logged_ms,
+            "window_timers_ms": p.window_timers,
             "ranks": [
                 asdict(b) | {"stage": p.stage(b.rank), "waiting_ms": b.waiting_ms} for b in p.ranks
             ],
