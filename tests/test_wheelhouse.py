@@ -197,6 +197,13 @@ def test_build_downloads_pins_and_dependencies_builds_sdists_and_bundles_upstrea
     }  # fmt: skip
     assert json.loads((folder / "manifest.json").read_text()) == manifest
     assert any("building a wheel of mdswsrc-0.1.tar.gz" in line for line in said)
+    size = sum(e["bytes"] for e in [*files.values(), manifest["upstream"], manifest["apex"]])
+    assert wheelhouse.summary(folder, manifest).startswith(
+        f"wheelhouse: {folder}: {len(files) + 2} files, {size / 1e9:.2f} GB, Python {PYTHON} "
+        "manylinux_2_28_x86_64, "
+    )
+    del manifest["apex"]
+    assert f": {len(files) + 1} files, " in wheelhouse.summary(folder, manifest)
 
 
 def test_setup_installs_from_it_alone_and_clones_upstream_from_the_bundle(house, tmp_path):

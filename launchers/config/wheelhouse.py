@@ -572,6 +572,18 @@ def offer(name: str, manifest: dict | None, folder: Path | None, python: str) ->
     )
 
 
+def summary(folder: Path, manifest: dict) -> str:
+    """What ``make wheelhouse`` says when done: files, size, target, time, what to run next."""
+    files = [*manifest["files"], *(manifest[w] for w in ("upstream", "apex") if w in manifest)]
+    size = sum(e["bytes"] for e in files)
+    target = manifest["target"]
+    return (
+        f"wheelhouse: {folder}: {len(files)} files, {size / 1e9:.2f} GB, Python "
+        f"{target['python']} {target['platform']}, {manifest['seconds']:.0f} s; `make setup "
+        f"WHEELS={folder}` installs from it with no network"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """``build`` (make wheelhouse), ``check`` (make setup WHEELS=), ``default-dir``."""
     ap = argparse.ArgumentParser(prog="python -m launchers.config.wheelhouse", description=__doc__)
@@ -602,14 +614,7 @@ def main(argv: list[str] | None = None) -> int:
             target = Target(args.python, args.platform)
             folder = (args.dir or default_dir(target.python, target.platform)).absolute()
             apex = (os.environ.get("APEX_REPO") or APEX_DEFAULT_REPO) if args.apex else None
-            manifest = build(folder, args.requirements, target, apex=apex)
-            files = [*manifest["files"], manifest["upstream"], *([manifest["apex"]] * bool(apex))]
-            size = sum(e["bytes"] for e in files)
-            print(
-                f"wheelhouse: {folder}: {len(files)} files, {size / 1e9:.2f} GB, "
-                f"Python {target.python} {target.platform}, {manifest['seconds']:.0f} s; "
-                f"`make setup WHEELS={folder}` installs from it with no network"
-            )
+            print(summary(folder, build(folder, args.requirements, target, apex=apex)))
         else:
             skip = tuple(normalize(s) for s in args.skip)
             manifest = verify(args.dir, args.requirements, skip=skip, apex=args.apex)
