@@ -229,3 +229,60 @@ def test_interrupted_sweep_reuses_finished_runs(tmp_path: Path) -> None:
         say=lambda _: None,
     )
     assert forced.calls == 2  # FORCE: nothing reused
+
+
+# ---------------------------------------------------------------------------- report section
+
+
+def _row(path: str, windows: list[float] | None, status: str = "completed", **kw: Any) -> Any:
+    from dataclasses import fields
+
+    from analysis.metrics.rows import RunMetrics
+    from analysis.metrics.stats import describe
+
+    base: dict[str, Any] = {f.name: None for f in fields(RunMetrics)}
+    base |= {"na_reasons": {}, "problems": [], "name": path.split("/")[0], "path": path}
+    base |= {"status": status, "setup_key": "tiny / 4 nodes, 4 ranks / 100 Mbit/s"}
+    if windows:
+        st = describe(windows)
+        base |= {"iter_ms_mean": st.mean, "iter_ms_ci95_lo": st.ci_lo,
+                 "iter_ms_ci95_hi": st.ci_hi, "iter_ms_n": st.n}  # fmt: skip
+    return RunMetrics(**(base | kw))
+
+
+def test_report_section_reads_the_times_from_the_runs(tmp_path: Path) -> None:
+    from analysis.report.sweep import section
+
+    def entry(name: str, status: str = "runnable", **kw: Any) -> dict[str, Any]:
+        return {"name": name, "status": status, "reason": "", "runs": [], "anchor": False} | kw
+
+    pred = {"ms": 300.0, "lo": 250.0, "hi": 350.0, "method": "components", "reason": ""}
+    doc = {
+        "model": "tiny",
+        "cluster": "4 node(s)",
+        "budget": "6 runs",
+        "runs_counted": 3,
+        "spent_s": 200.0,
+        "notes": ["stopped before x: run budget spent (6 of 6 runs)"],
+        "entries": [
+            entry("a", anchor=True, runs=["a/1"], order=1),
+            entry("b", runs=["b/1"], order=2, predicted_before=pred),
+            entry("c", runs=["c/1"], order=3, predicted_before=pred),
+            entry("d", "excluded", reason="does not fit: 30.0 GiB per rank vs 21.6 GiB usable"),
+            entry("e", "invalid", reason="pp(2) > 1 with zero_stage(2)"),
+        ],
+    }
+    (tmp_path / "sweep.json").write_text(json.dumps(doc))
+    rows = [
+        _row("a/1", [500.0, 510.0, 505.0, 495.0]),
+        _row("b/1", [300.0, 302.0, 298.0, 301.0]),
+        _row("c/1", None, "failed", failure_kind="oom", failure_reason="CUDA out of memory"),
+    ]
+    text = "\n".join(section(tmp_path, rows))
+    assert "| b | measured | 300 [250, 350] | 300 [" in text
+    assert "| c | failed | 300 [250, 350] | n/a | oom: CUDA out of memory |" in text
+    assert "| d | excluded |" in text and "30.0 GiB per rank" in text
+    assert "winner: b, 300.2 ms/iteration" in text and "runner-up a (502.5" in text
+    assert "invalid (1): e: pp(2) > 1 with zero_stage(2)" in text
+    assert "rank correlation n/a: 1 configuration(s)" in text
+    assert section(tmp_path / "none", rows) == []
