@@ -395,7 +395,8 @@ def _doctor_gate(args: argparse.Namespace, strategies: Sequence[str]) -> Callabl
     def gate(specs: Sequence[RunSpec], logs: Path, session: LabSession | None) -> None:
         matrix = args.command in ("matrix", "demo") or len(strategies) > 1
         if not args.skip_doctor and (session is not None or doctor.needs_doctor(specs, matrix)):
-            doctor.check_before_run(specs, logs, session)
+            doctor.check_before_run(specs, logs, session,
+                                    check_links=getattr(args, "doctor_links", False))  # fmt: skip
 
     return gate
 
@@ -595,6 +596,11 @@ def _options(p: argparse.ArgumentParser, execute: bool) -> None:
         p.add_argument("--loss-pct", type=float, help="packet loss of the emulated links")
         p.add_argument(
             "--no-netbench", action="store_true", help="lab: skip the collective benchmark"
+        )
+        p.add_argument(
+            "--doctor-links",
+            action="store_true",
+            help="the doctor also measures every pair of nodes' link; a slow one stops the start",
         )
         p.add_argument(
             "--skip-doctor",

@@ -50,6 +50,7 @@ from launchers.config.presets import (
 )
 from launchers.config.spec import DEVICES, LAUNCHER_MODES, Cluster, RunPaths, RunSpec, SpecError
 from launchers.config.upstream import PINNED_COMMIT, cache_root
+from launchers.doctor import links
 from launchers.doctor.transport import (
     CACHE_TTL_S,
     COLUMNS,
@@ -59,10 +60,12 @@ from launchers.doctor.transport import (
     ProbeRequest,
     Route,
     collect,
+    plain_text,
     request_for,
 )
 from launchers.doctor.verdicts import Expectation, Finding, NodeReport, judge, shown_commit
 from launchers.lab.bringup import lab_session
+from launchers.lab.faults import lab_faults
 from launchers.lab.net import LabError
 
 EXIT_USAGE = 2
@@ -146,10 +149,7 @@ class Report:
 
     def render(self, width: int = 200) -> str:
         """:meth:`show` as plain text."""
-        with open(os.devnull, "w") as sink:
-            console = Console(width=width, record=True, file=sink)
-            self.show(console)
-        return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
+        return plain_text(self.show, width)
 
 
 def diagnose(
@@ -318,14 +318,29 @@ def needs_doctor(specs: Sequence[RunSpec], matrix: bool) -> bool:
     return matrix or any(len(s.cluster.hosts) > 1 or s.launcher != "local" for s in specs)
 
 
+def measure_links(
+    cluster: Cluster, python: str, launcher: str, session: Any = None, port: int | None = None
+) -> links.LinkReport | None:
+    """The link test of ``cluster`` (``launchers.doctor.links``) through the run's path; None
+    for one host."""
+    if len(cluster.hosts) < 2:
+        return None
+    hosts = [h.name for h in cluster.hosts]
+    names = {n.address: n.name for n in session.lab.nodes} if session is not None else {}
+    return links.measure(hosts, [names.get(h, h) for h in hosts], route_for(launcher, session),
+                         python, port=port or links.DEFAULT_PORT)  # fmt: skip
+
+
 def check_before_run(
     specs: Sequence[RunSpec],
     logs: Path,
     session: Any = None,
     *,
     out: Callable[[str], None] = print,
+    check_links: bool = False,
 ) -> Report:
-    """Refuse (``DoctorError``, after printing the table) unless every node is ready.
+    """Refuse (``DoctorError``, after printing the table) unless every node is ready, and with
+    ``check_links`` unless no link is slow.
 
     Called before any run directory is made. The specs of one request share cluster, device,
     launcher and paths; the strictest (one that keeps gradient-accumulation fusion) is checked.
@@ -342,6 +357,19 @@ def check_before_run(
         )
         for line in warnings:
             out(f"doctor: warning: {line}")
+        link_report = (
+            measure_links(spec.cluster, spec.paths.python, spec.launcher, session)
+            if check_links
+            else None
+        )
+        if link_report is not None and not link_report.ok:
+            link_report.show()
+            raise DoctorError(
+                f"doctor: {link_report.findings()[0]}; nothing was started (fix the link, or "
+                "leave out --doctor-links / LINKS=1 to start anyway)"
+            )
+        if link_report is not None:
+            out(f"doctor: {link_report.heading()}; {link_report.rule()}: no slow link")
         return report
     report.show()
     bad = [n for n in report.nodes if not n.ok]
@@ -380,23 +408,38 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     need = device == "cuda" and not adjustments
 
     def once(cluster: Cluster, session: Any, launcher: str) -> Report:
-        return doctor_for(cluster, paths, device, launcher, Path(args.logs), session,
-                          need_wgrad=need, use_cache=False)  # fmt: skip
+        report = doctor_for(cluster, paths, device, launcher, Path(args.logs), session,
+                            need_wgrad=need, use_cache=False)  # fmt: skip
+        for a in adjustments:
+            print(f"note: the runs will pass --no-gradient-accumulation-fusion: {a.reason}")
+        report.show()
+        reached = all(n.finding("reach").status != "fail" for n in report.nodes)
+        if args.links and not reached:
+            print("links: not measured: a node is not reached (see the table above)")
+            return 1
+        link_report = (
+            measure_links(cluster, paths.python, launcher, session, args.links_port)
+            if args.links
+            else None
+        )
+        if link_report is not None:
+            print()
+            link_report.show()
+        elif args.links:
+            print("links: n/a: one host, no link to measure")
+        return 0 if report.ok and (link_report is None or link_report.ok) else 1
 
     lab = lab_directive(args.hosts) or ((args.lab_nodes, args.net) if args.net else None)
+    net = args.net or (lab[1] if lab else None)
+    nodes = lab[0] if lab else args.lab_nodes
+    faults = lab_faults(args.slow_node, args.slow_link, net, nodes, args.node_cpus)
     if lab is not None:
         ssh = args.launcher != "no_ssh"
-        with lab_session(lab[0], args.net or lab[1], ssh=ssh) as session:
-            report = once(session.cluster(), session, "pdsh" if ssh else "no_ssh")
-    else:
-        cluster = load_hostfile(args.hosts)
-        report = once(
-            cluster, None, args.launcher or ("local" if len(cluster.hosts) == 1 else "pdsh")
-        )
-    for a in adjustments:
-        print(f"note: the runs will pass --no-gradient-accumulation-fusion: {a.reason}")
-    report.show()
-    return 0 if report.ok else 1
+        cpus = "auto" if args.node_cpus is None else (args.node_cpus or None)
+        with lab_session(nodes, net, ssh=ssh, node_cpus=cpus, faults=faults) as session:
+            return once(session.cluster(), session, "pdsh" if ssh else "no_ssh")
+    cluster = load_hostfile(args.hosts)
+    return once(cluster, None, args.launcher or ("local" if len(cluster.hosts) == 1 else "pdsh"))
 
 
 def add_parser(sub: Any) -> None:
@@ -423,6 +466,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--net", help="check an emulated lab with links of this rate (as run --net)")
     p.add_argument("--lab-nodes", type=int, default=2, help="nodes of the emulated lab")
+    p.add_argument("--node-cpus", type=float, help="cores per lab node (as run --node-cpus)")
+    p.add_argument("--slow-node", metavar="NODE:cpu=CORES", help="lab: e.g. node2:cpu=0.25")
+    p.add_argument("--slow-link", metavar="NODE:RATE", help="lab: e.g. node3:10mbit")
+    p.add_argument(
+        "--links",
+        action="store_true",
+        help="also measure every pair of nodes' link and name the slow ones (a few seconds)",
+    )
+    p.add_argument(
+        "--links-port",
+        type=int,
+        default=links.DEFAULT_PORT,
+        help=f"TCP port the link test listens on, on every node (default {links.DEFAULT_PORT})",
+    )
     p.set_defaults(func=cmd_doctor)
 
 

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from rich.console import Console
+
 from launchers.config import probe
 from launchers.config.spec import RunPaths
 
@@ -57,6 +59,14 @@ COLUMNS = (
 
 STYLES: dict[str, str] = {"ok": "green", "warn": "yellow", "fail": "bold red", "n/a": "dim"}
 """Rich style per status."""
+
+
+def plain_text(show: Callable[[Any], None], width: int = 200) -> str:
+    """What ``show(console)`` prints to a Rich console, as plain text (the doctor's tables)."""
+    with open(os.devnull, "w") as sink:
+        console = Console(width=width, record=True, file=sink)
+        show(console)
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
 
 
 class DoctorError(RuntimeError):
@@ -275,6 +285,19 @@ def probe_lab_netns(lab: Any, command: Sequence[str]) -> dict[str, Reply]:
 def probe_local(command: Sequence[str]) -> Reply:
     """This machine."""
     return _reply(_run(command), lost=lambda said: False)
+
+
+def run_on(route: Route, host: str, command: Sequence[str]) -> Reply:
+    """``command`` on one host of ``route`` (each host its own command: the link test's pairs),
+    the way :func:`collect` reaches every host with the same one."""
+    if route.transport in ("pdsh", "lab-ssh"):
+        return probe_pdsh([host], command, route.env)[host]
+    if route.transport == "ssh":
+        return probe_ssh([host], command)[host]
+    if route.transport == "lab-netns":
+        index = [node.address for node in route.lab.nodes].index(host)
+        return _reply(_run(route.lab.wrap(index, command)), lost=lambda said: "netns" in said)
+    return probe_local(command)
 
 
 def collect(
