@@ -61,15 +61,23 @@ def test_detects_a_gpu(tmp_path, monkeypatch):
     assert gpu_check.detect() == ([line], "")
 
 
-def test_dry_run_plan_on_a_cpu_machine():
+def dry_run(*extra: str) -> str:
+    """``make gpu-check DRY_RUN=1 DEVICE=cuda`` here: the plan it prints."""
     proc = subprocess.run(
         ["make", "--no-print-directory", "gpu-check", "DRY_RUN=1", "DEVICE=cuda",
-         f"GPU_PYTHON={sys.executable}"],
+         f"GPU_PYTHON={sys.executable}", *extra],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
-    assert "-m venv --system-site-packages" in out and "requirements.txt without torch" in out
+    assert not (ROOT / ".venv-gpu").exists()
+    return proc.stdout
+
+
+def test_dry_run_plan_on_a_cpu_machine():
+    out = dry_run()
+    assert "make --no-print-directory setup TORCH=system VENV=" in out
+    assert "-m venv --system-site-packages" in out and "torch_check requirements" in out
+    assert "wheelhouse" not in out and "DEVICE= " in out
     assert "-m launchers.config.gpu build-needed" in out
     for model in ("small", "large"):
         assert (
@@ -80,13 +88,58 @@ def test_dry_run_plan_on_a_cpu_machine():
     assert "-m analysis.report " in out and out.index("matrix --model large") < out.index(
         "analysis.report"
     )
-    assert not (ROOT / ".venv-gpu").exists()
 
 
-def test_plan_from_a_wheelhouse(tmp_path):
-    steps = gpu_check.plan(tmp_path / "venv", tmp_path / "logs", "python3", tmp_path / "wh")
-    pip = next(s for s in steps if "pip" in s.argv)
-    assert pip.argv[4:7] == ["--quiet", "--no-index", "--find-links"]
+def test_dry_run_plan_from_a_wheelhouse(tmp_path):
+    """With WHEELS the set-up is make setup's own WHEELS= recipe, each step in its order: the
+    chain to a venv interpreter's packages, the manifest check (the apex bundle required, torch
+    left to the machine), pip on that folder alone with the manifest's versions and none of pip's
+    configuration, upstream and apex from the wheelhouse's bundles."""
+    wh = tmp_path / "wh"
+    lines = dry_run(f"WHEELS={wh}").splitlines()
+    venv = ROOT / ".venv-gpu"
+
+    def at(text: str) -> int:
+        return next(n for n, line in enumerate(lines) if text in line)
+
+    chain = at(f"-m launchers.config.torch_check chain {venv}")
+    check = at(
+        f"{venv}/bin/python -m launchers.config.wheelhouse check {wh} --apex --skip torch "
+        f"--skip torchvision --constraints {venv}/wheelhouse-constraints.txt"
+    )
+    pip = at(
+        "env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT "
+        f"PIP_CONFIG_FILE=/dev/null {venv}/bin/python -m pip install --quiet --no-index "
+        f"--find-links {wh} -c {venv}/wheelhouse-constraints.txt -r {venv}/requirements-system.txt"
+    )
+    upstream = at(f"MEGATRON_DEEPSPEED_REPO={wh}/megatron-deepspeed.bundle ")
+    apex = at(f"APEX_REPO={wh}/apex.bundle {venv}/bin/python -m launchers.config.gpu build-needed")
+    runs = at("matrix --model small")
+    assert chain < check < pip < upstream < apex < runs
+    assert "pip install" not in " ".join(lines[:check])
+
+
+def test_a_damaged_wheelhouse_stops_the_check_before_pip(tmp_path, monkeypatch, capfd):
+    """The real set-up on a fake GPU machine: the venv on this interpreter (itself a venv, so a
+    .pth names its packages), then the wheelhouse's check fails, and nothing is installed, cloned
+    or run after it."""
+    monkeypatch.setenv("PATH", fake_smi(tmp_path, 'echo "GPU 0: NVIDIA A10 (UUID: x)"')["PATH"])
+    venv, wh = tmp_path / "venv", tmp_path / "wh"
+    wh.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+        check=True,
+    )
+    args = ["--venv", str(venv), "--logs", str(tmp_path / "logs"), "--wheels", str(wh)]
+    assert gpu_check.main(args) == 1
+    out, err = capfd.readouterr()
+    assert f"wheelhouse: {wh}/manifest.json does not exist" in err
+    assert "'make setup TORCH=system" in err and "gpu-check: versions found" not in out
+    assert not (venv / "wheelhouse-constraints.txt").exists()
+    assert not (venv / ".requirements-system.stamp").exists()
+    assert not list(venv.glob("lib/python*/site-packages/deepspeed"))
+    (pth,) = venv.glob(f"lib/python*/site-packages/{torch_check.CHAIN_PTH}")
+    assert sys.prefix in pth.read_text()
 
 
 def test_the_check_builds_what_upstream_needs():
@@ -94,7 +147,7 @@ def test_the_check_builds_what_upstream_needs():
 
 
 def test_requirements_without_torch(tmp_path):
-    out = gpu_check.requirements_without_torch(ROOT / "requirements.txt", tmp_path / "r.txt")
+    out = torch_check.requirements_without_torch(ROOT / "requirements.txt", tmp_path / "r.txt")
     names = [line.split("==")[0] for line in out.read_text().splitlines() if "==" in line]
     assert "torch" not in names and "torchvision" not in names and "deepspeed" in names
 

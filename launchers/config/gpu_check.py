@@ -3,21 +3,26 @@
 On a machine without a CUDA GPU it stops at once (``nvidia-smi`` absent or listing no GPU: no
 torch import, well under 5 s) and says so. On a GPU machine, within ``--budget-s`` (9 minutes):
 
-1. a venv on top of the machine's PyTorch (``python -m venv --system-site-packages``, the
-   interpreter that runs this script: the cluster's ``module load pytorch`` or container one);
-2. the pinned requirements but torch and torchvision, installed where missing or at another
-   version (``pip install -r``; ``--wheels DIR``: from that folder, ``--no-index``);
-3. the versions found (torch, its CUDA, the device, its compute capability, DeepSpeed);
-4. upstream at its pinned commit and the tiny dataset (``launchers.config.upstream setup``);
-5. only the apex extensions upstream needs, for the device's sm
+1. ``make setup TORCH=system`` for the check's venv (:func:`setup_command`), the very recipe
+   a site's node is set up with: a venv on top of the machine's PyTorch (``python -m venv
+   --system-site-packages``, the interpreter that runs this script: the cluster's ``module load
+   pytorch`` or container one; a ``.pth`` to its site-packages when that interpreter is itself a
+   venv, ``torch_check chain``), the pins but torch and torchvision where missing or at another
+   version, the versions found against the tested range, upstream at its pinned commit and the
+   tiny dataset. ``--wheels DIR``: ``WHEELS=DIR`` there, so the wheelhouse's manifest is checked
+   first (sha256, the target Python, every pin, the apex bundle), pip sees that folder alone at
+   the manifest's versions and none of pip's configuration, and upstream is cloned from the
+   wheelhouse's bundle: nothing reaches the network;
+2. the versions found (torch, its CUDA, the device, its compute capability, DeepSpeed);
+3. only the apex extensions upstream needs, for the device's sm
    (``launchers.config.gpu build-needed``: ``TORCH_CUDA_ARCH_LIST`` from
-   ``torch.cuda.get_device_capability``);
-6. ``small`` and ``large`` with the baseline and ZeRO-1/2/3, bf16, world size 1 (ZeRO at DP 1
+   ``torch.cuda.get_device_capability``; with ``--wheels``, apex from the wheelhouse's bundle);
+4. ``small`` and ``large`` with the baseline and ZeRO-1/2/3, bf16, world size 1 (ZeRO at DP 1
    is degenerate but runs its code), few iterations, each run bounded by what is left;
-7. ``python -m analysis.report`` on them: iteration time, TFLOP/s, MFU, tensor memory.
+5. ``python -m analysis.report`` on them: iteration time, TFLOP/s, MFU, tensor memory.
 
-``--dry-run`` prints the plan (every command, in order) and starts nothing; with
-``--device cuda`` it does so on a machine without a GPU.
+``--dry-run`` prints the plan (every command, in order, the set-up's as ``make -n`` expands
+it) and starts nothing; with ``--device cuda`` it does so on a machine without a GPU.
 
 Standard library only: the interpreter that runs it is the machine's, before any project
 dependency is installed.
@@ -35,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launchers.config.torch_check import NOT_PINNED_HERE, requirements_without_torch
+from launchers.config.wheelhouse import APEX_BUNDLE_NAME
 
 BUDGET_S = 530.0
 """The whole check's budget, seconds: nine minutes with room for the start and the refusal."""
@@ -75,6 +80,8 @@ class Step:
     """Variables added to the environment."""
     skip_if: str = ""
     """When the step is left out at run time (said in the plan)."""
+    unset: tuple[str, ...] = ()
+    """Variables removed from the environment."""
 
 
 def detect() -> tuple[list[str], str]:
@@ -107,40 +114,49 @@ VERSIONS = (
 """What the versions step prints."""
 
 
+MAKE_STATE = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
+"""What the ``make gpu-check`` around this script passes down to a make it starts (its
+command-line variables, ``DEVICE=cuda`` among them): the set-up's make runs without them."""
+
+
+def setup_command(venv: Path, base_python: str, wheels: Path | None) -> list[str]:
+    """``make setup TORCH=system`` into ``venv`` on ``base_python``'s PyTorch: the set-up a node
+    gets, one recipe for both. ``wheels``: ``WHEELS=`` that folder, with its apex bundle required
+    (``APEX_CHECK=--apex``, as ``DEVICE=cuda`` would: the apex step clones from it); apex itself
+    is left to the apex step (``DEVICE=`` empty), which builds only what upstream needs."""
+    cmd = [
+        "make",
+        "--no-print-directory",
+        "setup",
+        "TORCH=system",
+        f"VENV={venv}",
+        f"PYTHON={venv / 'bin' / 'python'}",
+        f"SYSTEM_PYTHON={base_python}",
+        "DEVICE=",
+        "ALLOW_NO_UPSTREAM=",
+        f"WHEELS={wheels or ''}",
+    ]
+    return [*cmd, "APEX_CHECK=--apex"] if wheels else cmd
+
+
 def plan(venv: Path, logs: Path, base_python: str, wheels: Path | None) -> list[Step]:
     """Every command of the check, in order."""
     py = str(venv / "bin" / "python")
-    pip_from = ["--no-index", "--find-links", str(wheels)] if wheels else []
     hostfile = logs / "hostfile"
     steps = [
         Step(
-            f"venv on the machine's PyTorch ({base_python})",
-            [base_python, "-m", "venv", "--system-site-packages", str(venv)],
-            skip_if=f"{py} exists",
-        ),
-        Step(
-            "pinned requirements but torch/torchvision, where missing"
-            + (f" (from {wheels}, no network)" if wheels else ""),
-            [
-                py,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                *pip_from,
-                "-r",
-                str(logs / "requirements-gpu-check.txt"),
-            ],
-            env={"DS_BUILD_OPS": "0"},
+            "make setup TORCH=system: the venv on the machine's PyTorch, the pins but "
+            "torch/torchvision, upstream"
+            + (f"; from the wheelhouse {wheels}, checked first, no network" if wheels else ""),
+            setup_command(venv, base_python, wheels),
+            unset=MAKE_STATE,
         ),
         Step("versions found", [py, "-c", VERSIONS]),
         Step(
-            "upstream at its pinned commit and the tiny dataset",
-            [py, "-m", "launchers.config.upstream", "setup"],
-        ),
-        Step(
-            f"apex: only {', '.join(APEX_NEEDED)}, for this GPU's sm",
+            f"apex: only {', '.join(APEX_NEEDED)}, for this GPU's sm"
+            + (f" (from {wheels / APEX_BUNDLE_NAME})" if wheels else ""),
             [py, "-m", "launchers.config.gpu", "build-needed"],
+            env={"APEX_REPO": str(wheels / APEX_BUNDLE_NAME)} if wheels else {},
             skip_if="every one imports already",
         ),
     ]
@@ -204,6 +220,44 @@ def with_timeout(step: Step, left_s: float, runs_left: int) -> list[str]:
     return [*step.argv, "--timeout", str(max(30, int(per_run)))]
 
 
+def environment(step: Step) -> dict[str, str]:
+    """The environment a step runs in: this one, less :attr:`Step.unset`, plus :attr:`Step.env`."""
+    env = {k: v for k, v in os.environ.items() if k not in step.unset}
+    return {**env, **step.env}
+
+
+def expanded(step: Step) -> list[str]:
+    """The commands ``make -n`` says a make step runs (as the set-up stands now: a venv whose
+    pins are up to date runs fewer); the reason when make cannot say."""
+    if step.argv[:1] != ["make"]:
+        return []
+    cmd = [step.argv[0], "-n", *step.argv[1:]]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=environment(step), capture_output=True,
+                              text=True, timeout=30, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"(make -n could not list them: {exc})"]
+    if proc.returncode != 0:
+        return [f"(make -n could not list them, exit {proc.returncode}: {proc.stderr.strip()})"]
+    return proc.stdout.splitlines()
+
+
+def show_plan(steps: list[Step], logs: Path, budget_s: float, gpus: list[str]) -> None:
+    """Print every command of the check, in order, the set-up's as ``make -n`` expands it."""
+    print(f"gpu-check plan (budget {budget_s:g} s; {', '.join(gpus) or 'GPU assumed'}):")
+    print(f"  write {logs / 'hostfile'}: localhost slots=1")
+    runs = len(MODELS) * len(STRATEGIES)  # (the plan's per-run bound, at the start)
+    for n, step in enumerate(steps, 1):
+        env = " ".join(f"{k}={v}" for k, v in step.env.items())
+        unset = "".join(f"-u {k} " for k in step.unset)
+        skip = f"  (skipped when {step.skip_if})" if step.skip_if else ""
+        prefix = f"env {unset}" if unset else ""
+        print(f"  {n}. {step.what}{skip}\n     {prefix}{env + ' ' if env else ''}"
+              f"{shlex.join(with_timeout(step, budget_s, runs))}")  # fmt: skip
+        for line in expanded(step):
+            print(f"       | {line}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit 0 when every step ran, 2 without a GPU, 1 when a step failed."""
     ap = argparse.ArgumentParser(prog="python -m launchers.config.gpu_check", description=__doc__)
@@ -211,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cuda",), help="cuda: plan as on a GPU machine")
     ap.add_argument("--venv", type=Path, default=ROOT / ".venv-gpu")
     ap.add_argument("--logs", type=Path, default=ROOT / "logs" / "gpu-check")
-    ap.add_argument("--wheels", type=Path, help="install from this wheelhouse, no network")
+    ap.add_argument("--wheels", type=Path, help="set up from this wheelhouse, no network")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S)
     args = ap.parse_args(argv)
     start = time.monotonic()
@@ -221,28 +275,16 @@ def main(argv: list[str] | None = None) -> int:
               "(DRY_RUN=1 DEVICE=cuda prints the plan)", file=sys.stderr)  # fmt: skip
         return 2
     logs, venv = args.logs.absolute(), args.venv.absolute()
-    steps = plan(venv, logs, sys.executable, args.wheels)
+    wheels = args.wheels.absolute() if args.wheels else None
+    steps = plan(venv, logs, sys.executable, wheels)
     if args.dry_run:
-        print(f"gpu-check plan (budget {args.budget_s:g} s; {', '.join(gpus) or 'GPU assumed'}):")
-        print(f"  write {logs / 'hostfile'}: localhost slots=1")
-        print(f"  write {logs / 'requirements-gpu-check.txt'}: requirements.txt without "
-              f"{', '.join(NOT_PINNED_HERE)}")  # fmt: skip
-        runs = len(MODELS) * len(STRATEGIES)  # (the plan's per-run bound, at the start)
-        for n, step in enumerate(steps, 1):
-            env = " ".join(f"{k}={v}" for k, v in step.env.items())
-            skip = f"  (skipped when {step.skip_if})" if step.skip_if else ""
-            print(f"  {n}. {step.what}{skip}\n     {env + ' ' if env else ''}"
-                  f"{shlex.join(with_timeout(step, args.budget_s, runs))}")  # fmt: skip
+        show_plan(steps, logs, args.budget_s, gpus)
         return 0
     print(f"gpu-check: {'; '.join(gpus)}", flush=True)
     logs.mkdir(parents=True, exist_ok=True)
     (logs / "hostfile").write_text("localhost slots=1\n")
-    requirements_without_torch(ROOT / "requirements.txt", logs / "requirements-gpu-check.txt")
     runs = len(MODELS) * len(STRATEGIES)
     for step in steps:
-        if step.skip_if.endswith("exists") and (venv / "bin" / "python").exists():
-            print(f"gpu-check: {step.what}: skipped ({step.skip_if})", flush=True)
-            continue
         left = args.budget_s - (time.monotonic() - start)
         if left <= 0 or (left < REPORT_S and "analysis.report" not in step.argv):
             print(f"gpu-check: out of time before '{step.what}'", file=sys.stderr)
@@ -255,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: {step.what}: {shlex.join(cmd)}", flush=True)
         try:
             rc = subprocess.run(
-                cmd, cwd=ROOT, env={**os.environ, **step.env}, timeout=left, check=False
+                cmd, cwd=ROOT, env=environment(step), timeout=left, check=False
             ).returncode
         except subprocess.TimeoutExpired:
             rc = 124
