@@ -155,8 +155,8 @@ wheelhouse:
 setup-gpu: $(VENV)/.requirements.stamp
 	$(PYTHON) -m launchers.config.gpu setup
 
-# One call on a machine with a GPU (launchers/config/gpu_check.py): a venv on the machine's own
-# PyTorch (GPU_PYTHON, with --system-site-packages), the missing pins (from WHEELS when given),
+# One call on a machine with a GPU (launchers/config/gpu_check.py): `make setup TORCH=system` into
+# GPU_VENV on GPU_PYTHON's PyTorch (WHEELS=dir: make setup's checked, offline install from it),
 # apex's needed extensions for the device's sm, small and large x baseline/zero1/2/3 in bf16 at
 # world size 1, then the report. Without a GPU it stops at once and says so.
 GPU_PYTHON  ?= $(SYSTEM_PYTHON)

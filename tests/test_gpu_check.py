@@ -117,6 +117,8 @@ def test_dry_run_plan_from_a_wheelhouse(tmp_path):
     runs = at("matrix --model small")
     assert chain < check < pip < upstream < apex < runs
     assert "pip install" not in " ".join(lines[:check])
+    # (make gpu-check DEVICE=cuda does not reach the set-up's make: no whole apex build there)
+    assert not any("-m launchers.config.gpu setup" in line for line in lines)
 
 
 def test_a_damaged_wheelhouse_stops_the_check_before_pip(tmp_path, monkeypatch, capfd):
