@@ -111,7 +111,7 @@ def op(name: str, start: float, end: float, tid: int = 1, cat: str = "cpu_op") -
 
 
 def test_the_real_traces_are_found_and_say_their_rank() -> None:
-    traces = run_traces(FIXTURES / "tiny-pipeline")
+    traces = run_traces(FIXTURES / "tiny-pipeline")[0]
     assert [(t.rank, t.world_size, t.backend) for t in traces] == [(0, 2, "gloo"), (1, 2, "gloo")]
     assert all(Path(t.path).name.endswith(".pt.trace.json.gz") for t in traces)
     assert all(any(s.name.startswith("ProfilerStep#") for s in t.spans) for t in traces)
@@ -190,7 +190,7 @@ def test_a_trace_without_steps_says_so(tmp_path: Path) -> None:
 
 
 def test_the_real_traces_categories_add_up_to_the_iteration() -> None:
-    for trace in run_traces(FIXTURES / "tiny-pipeline"):
+    for trace in run_traces(FIXTURES / "tiny-pipeline")[0]:
         b = breakdown(trace)
         steps = [s for s in trace.spans if s.name.startswith("ProfilerStep#")]
         assert b.steps == len(steps) == 1  # the run: iterations 1-3 logged each, 3 profiled
@@ -227,11 +227,29 @@ def test_report_shows_the_profiled_run_beside_its_text_log(
     assert "rank 1 (stage 1):" in printed
 
 
+def test_a_trace_cut_short_is_named_and_the_other_ranks_stay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "logs" / "tiny-pipeline"
+    shutil.copytree(FIXTURES / "tiny-pipeline", run_dir)
+    first = sorted((run_dir / "tensorboard").glob("*.pt.trace.json.gz"))[0]
+    first.write_bytes(first.read_bytes()[: first.stat().st_size // 2])  # a run stopped mid-export
+    traces, unreadable = run_traces(run_dir)
+    assert len(traces) == 1 and len(unreadable) == 1 and first.name in unreadable[0]
+    build(tmp_path / "logs", tmp_path / "report")
+    capsys.readouterr()
+    (profile,) = json.loads((tmp_path / "report" / "summary.json").read_text())["profiles"]
+    assert [r["rank"] for r in profile["ranks"]] == [traces[0].rank]
+    assert first.name in profile["problems"][0]
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert f"trace not analysed: {first}" in md and "1 of 2 ranks traced" in md
+
+
 def test_the_real_traces_nest_but_for_gloos_p2p_annotations() -> None:
     """What Perfetto's JSON importer expects of the slices of one thread: that they nest. In the
     real traces only gloo's send/recv annotations do not (they end at the wait, after the
     c10d operator that opened them); docs/profiling.md says so."""
-    for trace in run_traces(FIXTURES / "tiny-pipeline"):
+    for trace in run_traces(FIXTURES / "tiny-pipeline")[0]:
         by_thread: dict[tuple[str, str], list[Any]] = {}
         for s in trace.spans:
             if s.cat in ("cpu_op", "user_annotation"):

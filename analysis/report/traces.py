@@ -16,7 +16,7 @@ from analysis.metrics.timers import deepspeed_step_timers
 from analysis.metrics.traces import RankBreakdown, breakdown
 from analysis.report.markdown import md_table
 from analysis.runs.load import LoadedRun
-from analysis.runs.traces import TraceError, run_traces
+from analysis.runs.traces import run_traces
 from analysis.theory.formulas import bubble_fraction
 
 TIMER_FIELDS = (
@@ -117,11 +117,7 @@ def profiles(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics], logdir: Path
         row = by_path.get(run.path)
         if run.kind != "run_dir" or row is None:
             continue
-        problems: list[str] = []
-        try:
-            traces = run_traces(root / run.path)
-        except TraceError as exc:
-            traces, problems = [], [str(exc)]
+        traces, problems = run_traces(root / run.path)
         if not traces and not problems:
             continue
         ranks = []

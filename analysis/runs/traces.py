@@ -136,7 +136,14 @@ def read_trace(path: Path) -> RankTrace:
     )
 
 
-def run_traces(run_dir: Path) -> list[RankTrace]:
-    """Every rank's trace in a run directory, by rank (traces without one last, by file)."""
-    traces = [read_trace(p) for p in trace_files(run_dir)]
-    return sorted(traces, key=lambda t: (t.rank is None, t.rank or 0, t.path))
+def run_traces(run_dir: Path) -> tuple[list[RankTrace], list[str]]:
+    """Every readable rank trace in a run directory, by rank (traces without one last, by
+    file), and the :class:`TraceError` message of each file that does not read (one cut short
+    leaves the other ranks' traces usable)."""
+    traces, unreadable = [], []
+    for path in trace_files(run_dir):
+        try:
+            traces.append(read_trace(path))
+        except TraceError as exc:
+            unreadable.append(str(exc))
+    return sorted(traces, key=lambda t: (t.rank is None, t.rank or 0, t.path)), unreadable
