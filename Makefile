@@ -63,6 +63,9 @@ WHEELS      ?=
 PY          ?= $(shell $(SYSTEM_PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 PLATFORM    ?= manylinux_2_28_$(shell uname -m)
 WHEELHOUSE  ?=
+# make wheelhouse TORCH=system leaves out torch, torchvision and what only they require; HAVE=file
+# (the node's `pip freeze`) leaves out what the node has, and what only that requires.
+HAVE        ?=
 # Tests: extra pytest arguments (e.g. PYTEST_ARGS="-x -k parse"); a -m here replaces the marker
 # selection of `make test`.
 PYTEST_ARGS ?=
@@ -122,15 +125,16 @@ WHEELS_FROM = $(if $(WHEELS),--no-index --find-links $(WHEELS) -c $(WHEELS_CONST
 APEX_CHECK  = $(if $(filter cuda,$(DEVICE)),--apex)
 
 # TORCH=system: the venv on top of SYSTEM_PYTHON, the interpreter that already has the site's
-# PyTorch (--system-site-packages); the pins but torch/torchvision, installed where missing or at
-# another version; then what was found, against the tested range (launchers/config/torch_check.py).
+# PyTorch (--system-site-packages); the pins but torch/torchvision that it lacks (one it has at
+# another version is used and warned of); then what was found, against the tested range
+# (launchers/config/torch_check.py).
 $(VENV)/.requirements-system.stamp: requirements.txt
 	@test -x $(PYTHON) || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
 	$(SYSTEM_PYTHON) -m launchers.config.torch_check chain $(VENV)
 	@grep -qi "include-system-site-packages *= *true" $(VENV)/pyvenv.cfg || { echo "setup TORCH=system: $(VENV) exists without --system-site-packages: remove it or name another VENV=..."; exit 1; }
 	@echo "setup: installing the pins but torch/torchvision into $(VENV) (on $(SYSTEM_PYTHON)'s PyTorch)"
 	$(SYSTEM_PYTHON) -m launchers.config.torch_check requirements requirements.txt $(VENV)/requirements-system.txt
-	$(if $(WHEELS),$(PYTHON) -m launchers.config.wheelhouse check $(WHEELS) $(APEX_CHECK) --skip torch --skip torchvision --constraints $(WHEELS_CONSTRAINTS))
+	$(if $(WHEELS),$(PYTHON) -m launchers.config.wheelhouse check $(WHEELS) $(APEX_CHECK) --system --constraints $(WHEELS_CONSTRAINTS))
 	DS_BUILD_OPS=0 $(WHEELS_PIP) $(PYTHON) -m pip install --quiet $(WHEELS_FROM) -r $(VENV)/requirements-system.txt
 	@cp requirements.txt $@
 
@@ -148,7 +152,8 @@ setup: $(if $(filter system,$(TORCH)),$(VENV)/.requirements-system.stamp,$(VENV)
 .PHONY: wheelhouse
 wheelhouse:
 	$(if $(wildcard $(PYTHON)),$(PYTHON),$(SYSTEM_PYTHON)) -m launchers.config.wheelhouse build \
-		--python $(PY) --platform $(PLATFORM) $(if $(WHEELHOUSE),--dir $(WHEELHOUSE)) $(APEX_CHECK)
+		--python $(PY) --platform $(PLATFORM) $(if $(WHEELHOUSE),--dir $(WHEELHOUSE)) $(APEX_CHECK) \
+		$(if $(filter system,$(TORCH)),--torch-system) $(if $(HAVE),--have $(HAVE))
 
 # GPU prerequisites only: NVIDIA apex with its C++/CUDA extensions from APEX_REPO (a URL, local
 # path or mirror) at the pinned commit, when a CUDA toolkit of torch's CUDA version is present.

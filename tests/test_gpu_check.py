@@ -104,8 +104,8 @@ def test_dry_run_plan_from_a_wheelhouse(tmp_path):
 
     chain = at(f"-m launchers.config.torch_check chain {venv}")
     check = at(
-        f"{venv}/bin/python -m launchers.config.wheelhouse check {wh} --apex --skip torch "
-        f"--skip torchvision --constraints {venv}/wheelhouse-constraints.txt"
+        f"{venv}/bin/python -m launchers.config.wheelhouse check {wh} --apex --system "
+        f"--constraints {venv}/wheelhouse-constraints.txt"
     )
     pip = at(
         "env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT "

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from launchers.config import gpu, probe, torch_check, upstream, wheelhouse
+from launchers.config import gpu, probe, provided, torch_check, upstream, wheelhouse
 from launchers.config.presets import default_paths
 from launchers.doctor import transport, verdicts
 
@@ -32,13 +32,18 @@ PYTHON = wheelhouse.this_python()
 TARGET = wheelhouse.Target(PYTHON, "manylinux_2_28_x86_64")
 
 
-def make_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
-    """A pure-Python wheel of module ``name`` that defines ``VERSION``."""
+def make_wheel(
+    folder: Path, name: str, version: str, requires: tuple[str, ...] = (), extras: str = ""
+) -> Path:
+    """A pure-Python wheel of module ``name`` that defines ``VERSION`` (``extras``: the extra it
+    provides)."""
     dist = f"{name}-{version}.dist-info"
     files = {
         f"{name}.py": f"VERSION = {version!r}\n",
         f"{dist}/METADATA": "Metadata-Version: 2.1\n"
-        f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"Name: {name}\nVersion: {version}\n"
+        + (f"Provides-Extra: {extras}\n" if extras else "")
+        + "".join(f"Requires-Dist: {r}\n" for r in requires),
         f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
         "Tag: py3-none-any\n",
     }
@@ -126,16 +131,9 @@ def offline_pip(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-@pytest.fixture
-def house(tmp_path, monkeypatch, offline_pip):
-    """A wheelhouse built from a local index and a local upstream repository."""
-    index = tmp_path / "index"
-    index.mkdir()
-    make_wheel(index, "mdswdep", "2.0")
-    make_wheel(index, "mdswdemo", "1.0", requires=("mdswdep",))
-    make_sdist(index)
-    for bundled in (Path(ensurepip.__file__).parent / "_bundled").glob("pip-*.whl"):
-        shutil.copy(bundled, index)  # pip itself, as ensurepip carries it
+def make_upstream(tmp_path: Path, monkeypatch) -> tuple[Path, str]:
+    """A small git repository standing in for upstream (and apex): the pinned commit, then one
+    more."""
     repo = tmp_path / "upstream"
     repo.mkdir()
     git("init", "-q", cwd=repo)
@@ -148,6 +146,25 @@ def house(tmp_path, monkeypatch, offline_pip):
     git("commit", "-qm", "later", cwd=repo)
     monkeypatch.setattr(wheelhouse, "PINNED_COMMIT", commit)
     monkeypatch.setattr(wheelhouse, "APEX_COMMIT", commit)  # the same small repository as apex
+    return repo, commit
+
+
+def copy_pip(index: Path) -> None:
+    """pip itself into ``index``, as ensurepip carries it."""
+    for bundled in (Path(ensurepip.__file__).parent / "_bundled").glob("pip-*.whl"):
+        shutil.copy(bundled, index)
+
+
+@pytest.fixture
+def house(tmp_path, monkeypatch, offline_pip):
+    """A wheelhouse built from a local index and a local upstream repository."""
+    index = tmp_path / "index"
+    index.mkdir()
+    make_wheel(index, "mdswdep", "2.0")
+    make_wheel(index, "mdswdemo", "1.0", requires=("mdswdep",))
+    make_sdist(index)
+    copy_pip(index)
+    repo, commit = make_upstream(tmp_path, monkeypatch)
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("# pins\nmdswdemo==1.0\nmdswsrc==0.1  # sdist only\n")
     folder = tmp_path / "house"
@@ -199,7 +216,7 @@ def test_build_downloads_pins_and_dependencies_builds_sdists_and_bundles_upstrea
     assert any("building a wheel of mdswsrc-0.1.tar.gz" in line for line in said)
     size = sum(e["bytes"] for e in [*files.values(), manifest["upstream"], manifest["apex"]])
     assert wheelhouse.summary(folder, manifest).startswith(
-        f"wheelhouse: {folder}: {len(files) + 2} files, {size / 1e9:.2f} GB, Python {PYTHON} "
+        f"wheelhouse: {folder}: {len(files) + 2} files, {size / 2**20:.1f} MiB, Python {PYTHON} "
         "manylinux_2_28_x86_64, "
     )
     del manifest["apex"]
@@ -341,9 +358,12 @@ def test_make_setup_wheels_checks_then_installs_with_no_index_and_clones_the_bun
     res = subprocess.run(system, cwd=ROOT, capture_output=True, text=True, check=True)
     checks = [" ".join(line.split()) for line in res.stdout.splitlines() if "check wh" in line]
     assert checks == [
-        f"{venv}/bin/python -m launchers.config.wheelhouse check wh --skip torch --skip "
-        f"torchvision --constraints {venv}/wheelhouse-constraints.txt"
+        f"{venv}/bin/python -m launchers.config.wheelhouse check wh --system --constraints "
+        f"{venv}/wheelhouse-constraints.txt"
     ]
+    build = ["make", "-n", "wheelhouse", "TORCH=system", "HAVE=node.txt", "PY=3.12"]
+    res = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "--python 3.12 " in res.stdout and "--torch-system --have node.txt" in res.stdout
     cuda = ["make", "-n", "setup", "WHEELS=wh", f"VENV={venv}", "DEVICE=cuda"]
     res = subprocess.run(cuda, cwd=ROOT, capture_output=True, text=True, check=True)
     assert "launchers.config.wheelhouse check wh --apex" in " ".join(res.stdout.split())
@@ -479,3 +499,116 @@ def test_chain_does_nothing_for_an_interpreter_that_is_not_a_venv(tmp_path):
         check=True,
     )
     assert res.stdout == "" and not list(tmp_path.rglob(torch_check.CHAIN_PTH))
+
+
+# --- a node's own PyTorch and packages: TORCH=system, HAVE= -----------------------------------
+
+
+@pytest.fixture
+def torch_index(tmp_path, monkeypatch, offline_pip) -> tuple[Path, Path, Path]:
+    """A local index with stand-ins for torch and torchvision (each with a dependency of its own
+    and one shared with a pin), a pin that needs a dependency with an extra, and pins naming them.
+    """
+    index = tmp_path / "index"
+    index.mkdir()
+    make_wheel(index, "torch", "9.0", requires=("mdswtri==1.0", "mdswdep>=2"))
+    make_wheel(index, "torchvision", "9.1", requires=("torch==9.0", "mdswimg"))
+    make_wheel(index, "mdswtri", "1.0")
+    make_wheel(index, "mdswimg", "1.0")
+    make_wheel(index, "mdswdep", "2.0")
+    make_wheel(index, "mdswdemo", "1.0", requires=("mdswdep", "mdswopt[fast]"))
+    make_wheel(index, "mdswopt", "1.0", requires=('mdswfast; extra == "fast"',), extras="fast")
+    make_wheel(index, "mdswfast", "1.0")
+    make_sdist(index)
+    copy_pip(index)
+    repo, _ = make_upstream(tmp_path, monkeypatch)
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("torch==9.0\ntorchvision==9.1\nmdswdemo==1.0\nmdswsrc==0.1\n")
+    return index, repo, requirements
+
+
+def _build(tmp_path: Path, index: Path, repo: Path, requirements: Path, **kw) -> dict:
+    args = ("--no-index", "--find-links", str(index))
+    return wheelhouse.build(
+        tmp_path / "house", requirements, TARGET, repo=str(repo), index_args=args,
+        log=lambda _m: None, **kw,
+    )  # fmt: skip
+
+
+def test_torch_system_leaves_out_torch_and_what_only_it_requires(torch_index, tmp_path):
+    index, repo, requirements = torch_index
+    manifest = _build(tmp_path, index, repo, requirements, torch_system=True)
+    folder = tmp_path / "house"
+    names = {e["name"] for e in manifest["files"]}
+    assert names == {"mdswdemo", "mdswdep", "mdswopt", "mdswfast", "mdswsrc", "pip"}
+    left = {e["name"]: e for e in manifest["leaves_out"]}
+    assert set(left) == {"torch", "torchvision", "mdswtri", "mdswimg"}
+    assert {e["why"] for e in left.values()} == {"torch"} and left["mdswtri"]["version"] == "1.0"
+    assert not [p for p in folder.glob("*.whl") if p.name.startswith(("torch", "mdswtri"))]
+    assert manifest["torch_system"] is True and manifest["have"] is None
+    checked = wheelhouse.verify(folder, requirements, system=True)
+    text = wheelhouse.constraints(checked)
+    assert "mdswdep==2.0\n" in text and "torch" not in text and "mdswtri" not in text
+    with pytest.raises(wheelhouse.WheelhouseError, match="make setup TORCH=system WHEELS="):
+        wheelhouse.verify(folder, requirements)
+    assert "leaving 4 distributions to the node" in wheelhouse.summary(folder, manifest)
+    assert " MiB, " in wheelhouse.summary(folder, manifest)
+
+
+def test_have_leaves_out_what_the_node_has_and_what_only_that_requires(torch_index, tmp_path):
+    index, repo, requirements = torch_index
+    have = tmp_path / "freeze.txt"
+    have.write_text("# pip freeze\nmdswopt==0.9\nmdswsrc @ file:///src\n-e git+x#egg=y\ntorch\n")
+    manifest = _build(tmp_path, index, repo, requirements, torch_system=True, have=have)
+    names = {e["name"] for e in manifest["files"]}
+    assert names == {"mdswdemo", "mdswdep", "pip"}
+    left = {e["name"]: (e["why"], e["node_has"], e["listed"]) for e in manifest["leaves_out"]}
+    assert left["mdswopt"] == ("node", "0.9", True)  # the node's 0.9 is used, not the pin's
+    assert left["mdswfast"] == ("node", None, False)  # needed only by mdswopt[fast]
+    assert left["mdswsrc"] == ("node", None, True) and left["torch"] == ("torch", None, True)
+    assert manifest["have"]["packages"] == 3
+    with pytest.raises(wheelhouse.WheelhouseError, match="leaves mdswopt, mdswsrc to the node"):
+        wheelhouse.verify(tmp_path / "house", requirements, system=True)
+    have.write_text("mdswdemo==1.0\nnumpy>=2\n")
+    with pytest.raises(wheelhouse.WheelhouseError, match=r"freeze.txt:2: 'numpy>=2' is not a `pip"):
+        _build(tmp_path, index, repo, requirements, have=have)
+
+
+def test_the_closure_follows_extras_and_stops_at_what_is_provided():
+    def dist(name: str, *requires: str, extras: tuple[str, ...] = ()) -> provided.Resolved:
+        edges = tuple(provided.edge(r) for r in requires)
+        return provided.Resolved(name, "1", edges, frozenset(extras))
+
+    graph = {
+        d.name: d
+        for d in (
+            dist("torch", "triton", "sympy", "filelock", 'numpy; extra == "opt"'),
+            dist("triton"), dist("sympy", "mpmath"), dist("mpmath"), dist("filelock"),
+            dist("numpy"), dist("app", "filelock", "lib[fast]"),
+            dist("lib", 'fastdep ; python_version >= "3" and extra == "fast"', 'slowdep; extra == "slow"'),  # noqa: E501
+            dist("fastdep"), dist("slowdep"), dist("have-it", "only-theirs"), dist("only-theirs"),
+        )
+    }  # fmt: skip
+    roots = {"torch", "app", "have-it"}
+    parts = provided.split(graph, roots, torch_system=True, have={"have-it", "absent"})
+    assert parts.keep == {"app", "filelock", "lib", "fastdep"}
+    assert parts.torch == {"torch", "triton", "sympy", "mpmath"}
+    assert parts.node == {"have-it", "only-theirs", "numpy", "slowdep"}
+    everything = provided.split(graph, roots, torch_system=False, have=set())
+    assert everything.keep == set(graph) - {"numpy", "slowdep"} and not everything.torch
+    assert provided.edge("Foo.Bar[X,y] (>=1) ; extra == 'z'") == provided.Edge(
+        "foo-bar", frozenset({"x", "y"}), frozenset({"z"})
+    )
+
+
+def test_system_setup_uses_the_pins_the_interpreter_has_and_warns_of_other_versions(tmp_path):
+    source = tmp_path / "requirements.txt"
+    source.write_text("torch==2.14.1\npytest==0.0.1\nmdsw-not-installed==1.0\n")
+    out = torch_check.requirements_without_torch(source, tmp_path / "r.txt", leave_present=True)
+    assert out.read_text() == "mdsw-not-installed==1.0\n"
+    assert torch_check.present(source) == [f"pytest {pytest.__version__}"]
+    (warning,) = torch_check.pin_warnings(torch_check.pinned(source))
+    assert warning.startswith(
+        f"pytest {pytest.__version__} is installed, requirements.txt pins 0.0.1"
+    )
+    assert torch_check.pin_warnings({"pytest": pytest.__version__}) == []

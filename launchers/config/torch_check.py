@@ -32,16 +32,62 @@ TESTED_CUDA = "13.0"
 """CUDA of the tested torch build (the 2.14.1 wheel is cu130; apex builds with that toolkit)."""
 
 
-def requirements_without_torch(source: Path, target: Path) -> Path:
-    """``requirements.txt`` minus :data:`NOT_PINNED_HERE`, written to ``target``."""
+def _name(line: str) -> str:
+    return re.sub(r"[-_.]+", "-", line.split("#")[0].strip().split("==")[0].split(">=")[0]).lower()
+
+
+def pinned(source: Path) -> dict[str, str]:
+    """``{normalized name: version}`` of the ``name==version`` lines of a requirements file."""
+    out = {}
+    for line in source.read_text().splitlines():
+        name, sep, version = line.split("#")[0].strip().partition("==")
+        if sep:
+            out[_name(name)] = version.strip()
+    return out
+
+
+def installed(name: str) -> str | None:
+    """The version of distribution ``name`` this interpreter sees, or None."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def requirements_without_torch(source: Path, target: Path, *, leave_present: bool = False) -> Path:
+    """``requirements.txt`` minus :data:`NOT_PINNED_HERE`, written to ``target``; with
+    ``leave_present`` minus every pin this interpreter already has too, at whatever version
+    (TORCH=system installs only what is missing; a version other than the pin is kept and warned
+    of by ``check``: :func:`pin_warnings`)."""
     kept = []
     for line in source.read_text().splitlines():
-        name = line.split("#")[0].strip().split("==")[0].split(">=")[0].strip().lower()
-        if name not in NOT_PINNED_HERE:
-            kept.append(line)
+        name = _name(line)
+        if name in NOT_PINNED_HERE or (leave_present and name and installed(name) is not None):
+            continue
+        kept.append(line)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("\n".join(kept) + "\n")
     return target
+
+
+def present(source: Path) -> list[str]:
+    """``name version`` of each pin of ``source`` but torch's that this interpreter has."""
+    found = ((name, installed(name)) for name in pinned(source) if name not in NOT_PINNED_HERE)
+    return [f"{name} {version}" for name, version in found if version is not None]
+
+
+def pin_warnings(pins: dict[str, str]) -> list[str]:
+    """One line per pin (torch aside: :func:`warnings` says more of it) installed here at another
+    version than pinned, naming both."""
+    out = []
+    for name, version in pins.items():
+        found = installed(name)
+        if name != "torch" and found is not None and found.split("+")[0] != version:
+            out.append(
+                f"{name} {found} is installed, requirements.txt pins {version}: TORCH=system "
+                f"uses what the machine has; any difference is {name} {found}'s to check"
+            )
+    return out
 
 
 CHAIN_PTH = "system-python-venv.pth"
@@ -125,7 +171,8 @@ def warnings(found: dict[str, str | None]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``check``: print what was found and the warnings (exit 1 without torch);
+    """``check [REQUIREMENTS]``: print what was found and the warnings, torch's and each pin's
+    found at another version (exit 1 without torch);
     ``requirements SOURCE TARGET``: write the pins without torch/torchvision;
     ``chain VENV``: make VENV see this interpreter's venv (:func:`chain`)."""
     args = sys.argv[1:] if argv is None else argv
@@ -135,10 +182,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"({sysconfig.get_path('purelib')}) under {args[1]}'s own")  # fmt: skip
         return 0
     if args[:1] == ["requirements"] and len(args) == 3:
-        requirements_without_torch(Path(args[1]), Path(args[2]))
+        requirements_without_torch(Path(args[1]), Path(args[2]), leave_present=True)
+        if there := present(Path(args[1])):
+            print(f"setup TORCH=system: {sys.executable} has {len(there)} of the pins, used "
+                  f"as they are: {', '.join(there)}")  # fmt: skip
         return 0
-    if args != ["check"]:
-        usage = "check | requirements SRC DST | chain VENV"
+    if args[:1] != ["check"] or len(args) > 2:
+        usage = "check [REQUIREMENTS] | requirements SRC DST | chain VENV"
         print(f"usage: python -m launchers.config.torch_check {usage}")
         return 2
     found = facts()
@@ -153,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {metadata.version(name)}")
         except metadata.PackageNotFoundError:
             print(f"{name}: not installed", file=sys.stderr)
-    for text in warnings(found):
+    source = Path(args[1] if len(args) == 2 else "requirements.txt")
+    pins = pinned(source) if source.is_file() else {}
+    for text in [*warnings(found), *pin_warnings(pins)]:
         print(f"warning: {text}", file=sys.stderr)
     return 0
 

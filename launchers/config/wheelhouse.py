@@ -15,12 +15,20 @@
 5. :data:`MANIFEST_NAME`: the target, every file with its distribution name, version, kind and
    sha256, and the bundles' commits. It is written last: a folder without it is incomplete.
 
+For a node with its own PyTorch (``make wheelhouse TORCH=system``) step 3 is pip's resolution
+instead (:func:`resolve`), and only what the node needs is downloaded: torch, torchvision and
+what only they require are left out, and with ``HAVE=<the node's pip freeze>`` what the node has
+and what only that requires too (:mod:`launchers.config.provided`); the manifest lists each left
+out (``leaves_out``), and only ``make setup TORCH=system`` takes such a wheelhouse.
+
 Setup downloads nothing else: the tokenizer and the dataset are generated on the node
 (``launchers.config.upstream``).
 
 ``make setup WHEELS=dir`` first runs ``check`` (:func:`verify`): the manifest is there, every file
 has its sha256, every pin has a wheel, and this interpreter is the target's Python on a platform
-the wheels fit; it writes a constraints file of the manifest's versions, then pip installs with
+the wheels fit (with ``--system``: but what it leaves to the node, which must have what its
+freeze listed); it writes a constraints file of the manifest's versions (nothing it leaves out is
+constrained), then pip installs with
 ``--no-index --find-links dir`` and that file, and upstream (and apex, with ``DEVICE=cuda``) is
 cloned from its bundle.
 
@@ -42,8 +50,10 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
+from launchers.config import provided
 from launchers.config.upstream import PINNED_COMMIT, UpstreamError, cache_root, upstream_repo
 
 MANIFEST_NAME = "manifest.json"
@@ -320,30 +330,35 @@ def build(
     python: str = sys.executable,
     index_args: tuple[str, ...] = (),
     apex: str | None = None,
+    torch_system: bool = False,
+    have: Path | None = None,
     log=print,
 ) -> dict:
     """Fill ``folder`` (see the module docstring) and write its manifest; return the manifest.
 
     ``index_args`` go to every pip call (e.g. ``--no-index --find-links DIR`` for a local index);
-    ``apex``: also a bundle of NVIDIA apex at :data:`APEX_COMMIT` from that source.
+    ``apex``: also a bundle of NVIDIA apex at :data:`APEX_COMMIT` from that source;
+    ``torch_system``: leave out torch, torchvision and what only they require; ``have``: the
+    node's ``pip freeze``, whose packages (and what only they require) are left out too
+    (:mod:`launchers.config.provided`).
     """
     wanted = pins(requirements)
+    try:
+        node = provided.read_have(have) if have else {}
+    except provided.ProvidedError as exc:
+        raise WheelhouseError(str(exc)) from None
+    left_pins = {n for n in wanted if (torch_system and n in provided.TORCH) or n in node}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MANIFEST_NAME).unlink(missing_ok=True)
     started = time.monotonic()
+    to_fetch = folder / ".pins-to-fetch.txt"
+    to_fetch.write_text("".join(f"{n}=={v}\n" for n, v in wanted.items() if n not in left_pins))
     first = pip_download(
         python,
-        [
-            "--no-deps",
-            "--dest",
-            str(folder),
-            *target.pip_args(),
-            *index_args,
-            "-r",
-            str(requirements),
-        ],
+        ["--no-deps", "--dest", str(folder), *target.pip_args(), *index_args, "-r", str(to_fetch)],
         log,
     )
+    to_fetch.unlink()
     built: dict[str, str] = {}
     for sdist in (p for p in first if not p.name.endswith(".whl")):
         kept = folder / SDIST_DIR / sdist.name
@@ -352,22 +367,44 @@ def build(
             shutil.move(str(sdist), kept)
         wheel = build_wheel(python, kept, folder, target, log)
         built[wheel.name] = kept.name
-    files = pip_download(
-        python,
-        [
-            "--dest",
-            str(folder),
-            "--only-binary=:all:",
-            "--find-links",
-            str(folder),
-            *target.pip_args(),
-            *index_args,
-            "-r",
-            str(requirements),
-            *EXTRA,
-        ],
-        log,
-    )
+    binary = ["--only-binary=:all:", "--find-links", str(folder), *target.pip_args(), *index_args]
+    leaves_out: list[dict] = []
+    if torch_system or node:
+        # The node's own pins are not resolved (one may be an sdist, which is not built), the
+        # others at their pins (-c); torch's are, for the closure to leave out.
+        theirs = left_pins - (set(provided.TORCH) if torch_system else set())
+        to_resolve = folder / ".pins-to-resolve.txt"
+        to_resolve.write_text("".join(f"{n}=={v}\n" for n, v in wanted.items() if n not in theirs))
+        args = [*binary, "-c", str(requirements), "-r", str(to_resolve), *EXTRA]
+        graph = resolve(python, args, log)
+        to_resolve.unlink()
+        roots = set(wanted) | {normalize(e) for e in EXTRA}
+        parts = provided.split(graph, roots, torch_system=torch_system, have=set(node))
+        versions = {**wanted, **{n: d.version for n, d in graph.items()}}
+        leaves_out = [
+            {
+                "name": n,
+                "version": versions[n],
+                "why": why,
+                "node_has": node.get(n),
+                "listed": n in node,
+            }
+            for why, names in (("torch", parts.torch), ("node", parts.node | (theirs - set(graph))))
+            for n in sorted(names)
+        ]
+        kept = [f"{n}=={graph[n].version}" for n in sorted(parts.keep)]
+        files = pip_download(python, ["--no-deps", "--dest", str(folder), *binary, *kept], log)
+        log(
+            f"wheelhouse: leaves out {len(parts.torch)} distributions of the node's PyTorch and "
+            f"{len(parts.node)} the node has or only they need; holds {len(parts.keep)}"
+        )
+    else:
+        args = ["--dest", str(folder), *binary, "-r", str(requirements), *EXTRA]
+        files = pip_download(python, args, log)
+    listed = {p.name for p in files}
+    for stale in sorted(p for p in folder.glob("*.whl") if p.name not in listed):
+        log(f"wheelhouse: removing {stale.name}, which this build does not list")
+        stale.unlink()
     by_name: dict[str, dict] = {}
     for path in sorted({(folder / p.name) for p in files}):
         name, version = dist_of(path.name)
@@ -384,7 +421,11 @@ def build(
         if path.name in built:
             entry["built_from"] = f"{SDIST_DIR}/{built[path.name]}"
         by_name[name] = entry
-    missing = [f"{n}=={v}" for n, v in wanted.items() if by_name.get(n, {}).get("version") != v]
+    missing = [
+        f"{n}=={v}"
+        for n, v in wanted.items()
+        if n not in left_pins and by_name.get(n, {}).get("version") != v
+    ]
     if missing:
         raise WheelhouseError(
             f"pip download did not give wheels of {', '.join(missing)} for Python {target.python}"
@@ -413,6 +454,11 @@ def build(
             "pins": wanted,
         },
         "files": sorted(by_name.values(), key=lambda e: e["file"]),
+        "torch_system": torch_system,
+        "have": {"file": str(have), "sha256": sha256(have), "packages": len(node)}
+        if have
+        else None,
+        "leaves_out": leaves_out,
         "upstream": _bundle_entry(upstream_bundle, PINNED_COMMIT, source),
         "generated_data": "the tokenizer and the dataset are generated by setup on the node",
         "seconds": round(time.monotonic() - started, 1),
@@ -426,6 +472,27 @@ def build(
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(tmp, folder / MANIFEST_NAME)
     return manifest
+
+
+def resolve(python: str, args: list[str], log=print) -> dict[str, provided.Resolved]:
+    """pip's resolution of ``args`` for the target, downloading no wheel where the index serves
+    its metadata (``pip install --dry-run --ignore-installed --report``): every distribution with
+    its version and ``Requires-Dist``."""
+    with tempfile.TemporaryDirectory(prefix="mds-resolve-") as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+               "--progress-bar", "off", "--report", str(report), *args]  # fmt: skip
+        log("wheelhouse: resolving the pins for the target (pip install --dry-run --report)")
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-12:])
+            raise WheelhouseError(
+                f"pip could not resolve the pins for the target (exit {res.returncode}):\n{tail}"
+            )
+        try:
+            return provided.from_report(json.loads(report.read_text()))
+        except (ValueError, provided.ProvidedError) as exc:
+            raise WheelhouseError(f"pip's resolution report: {exc}") from None
 
 
 def _bundle_entry(path: Path, commit: str, source: str) -> dict:
@@ -490,16 +557,38 @@ def fit_problem(manifest: dict, python: str, machine: str, libc: tuple[int, int]
 
 
 def verify(
-    folder: Path, requirements: Path, *, skip: tuple[str, ...] = (), apex: bool = False
+    folder: Path,
+    requirements: Path,
+    *,
+    skip: tuple[str, ...] = (),
+    apex: bool = False,
+    system: bool = False,
 ) -> dict:
     """The manifest of ``folder`` after checking it against this interpreter and ``requirements``:
-    it fits (:func:`fit_problem`), every pin but ``skip`` has a wheel at its version, every file
-    is there with its sha256, the bundles hold the pinned commits (``apex``: an apex bundle is
-    there too). A WheelhouseError otherwise."""
+    it fits (:func:`fit_problem`), every pin but ``skip`` and what the manifest leaves to the node
+    has a wheel at its version, every file is there with its sha256, the bundles hold the pinned
+    commits (``apex``: an apex bundle is there too). A wheelhouse that leaves something to the node
+    needs ``system`` (``make setup TORCH=system``: torch and torchvision are skipped too), and this
+    interpreter must have every package the node's freeze listed (:func:`node_lacks`). A
+    WheelhouseError otherwise."""
     manifest = load(folder)
     python = this_python()
     if problem := fit_problem(manifest, python, platform.machine(), glibc()):
         raise WheelhouseError(f"{folder}: {problem}")
+    leaves = manifest.get("leaves_out") or []
+    if leaves and not system:
+        raise WheelhouseError(
+            f"{folder} leaves {len(leaves)} distributions to the node (built with TORCH=system or "
+            f"HAVE=): install it with `make setup TORCH=system WHEELS={folder}`, or rebuild it "
+            "without TORCH=system and HAVE= for a venv of its own"
+        )
+    if lacks := node_lacks(manifest):
+        raise WheelhouseError(
+            f"{folder} leaves {', '.join(lacks)} to the node (its freeze listed them), and "
+            f"{sys.executable} has none of them: rebuild with HAVE= of this node's `python3 -m "
+            "pip freeze`"
+        )
+    skip = (*skip, *(e["name"] for e in leaves), *(provided.TORCH if system else ()))
     wheels = {e["name"]: e["version"] for e in manifest["files"] if e["kind"] != "sdist"}
     lacking = [
         f"{name}=={version}"
@@ -534,6 +623,20 @@ def verify(
                 "again from the machine that ran `make wheelhouse`"
             )
     return manifest
+
+
+def node_lacks(manifest: dict) -> list[str]:
+    """The distributions the manifest leaves to the node because its freeze (HAVE) listed them,
+    that this interpreter does not have."""
+    out = []
+    for entry in manifest.get("leaves_out") or []:
+        if not entry.get("listed"):
+            continue
+        try:
+            metadata.version(entry["name"])
+        except metadata.PackageNotFoundError:
+            out.append(entry["name"])
+    return out
 
 
 def constraints(manifest: dict, *, skip: tuple[str, ...] = ()) -> str:
@@ -577,9 +680,12 @@ def summary(folder: Path, manifest: dict) -> str:
     files = [*manifest["files"], *(manifest[w] for w in ("upstream", "apex") if w in manifest)]
     size = sum(e["bytes"] for e in files)
     target = manifest["target"]
+    leaves = manifest.get("leaves_out") or []
+    setup = "make setup TORCH=system" if leaves else "make setup"
+    left = f", leaving {len(leaves)} distributions to the node" if leaves else ""
     return (
-        f"wheelhouse: {folder}: {len(files)} files, {size / 1e9:.2f} GB, Python "
-        f"{target['python']} {target['platform']}, {manifest['seconds']:.0f} s; `make setup "
+        f"wheelhouse: {folder}: {len(files)} files, {size / 2**20:.1f} MiB, Python "
+        f"{target['python']} {target['platform']}{left}, {manifest['seconds']:.0f} s; `{setup} "
         f"WHEELS={folder}` installs from it with no network"
     )
 
@@ -595,11 +701,16 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--python", default=here, help="target Python major.minor")
     b.add_argument("--platform", default=f"manylinux_2_28_{platform.machine()}")
     b.add_argument("--apex", action="store_true", help="also NVIDIA apex (APEX_REPO), for CUDA")
+    b.add_argument(
+        "--torch-system", action="store_true", help="leave out torch and what only it requires"
+    )
+    b.add_argument("--have", type=Path, help="the node's pip freeze: leave out what it has")
     c = sub.add_parser("check", help="verify a wheelhouse for this interpreter; write constraints")
     c.add_argument("dir", type=Path)
     c.add_argument("--requirements", type=Path, default=Path("requirements.txt"))
     c.add_argument("--constraints", type=Path, help="write the manifest's versions here")
     c.add_argument("--apex", action="store_true", help="require the apex bundle (DEVICE=cuda)")
+    c.add_argument("--system", action="store_true", help="on the node's PyTorch (TORCH=system)")
     c.add_argument(
         "--skip", action="append", default=[], help="a name not to require or constrain (again)"
     )
@@ -614,18 +725,29 @@ def main(argv: list[str] | None = None) -> int:
             target = Target(args.python, args.platform)
             folder = (args.dir or default_dir(target.python, target.platform)).absolute()
             apex = (os.environ.get("APEX_REPO") or APEX_DEFAULT_REPO) if args.apex else None
-            print(summary(folder, build(folder, args.requirements, target, apex=apex)))
+            built = build(
+                folder,
+                args.requirements,
+                target,
+                apex=apex,
+                torch_system=args.torch_system,
+                have=args.have,
+            )
+            print(summary(folder, built))
         else:
             skip = tuple(normalize(s) for s in args.skip)
-            manifest = verify(args.dir, args.requirements, skip=skip, apex=args.apex)
+            manifest = verify(
+                args.dir, args.requirements, skip=skip, apex=args.apex, system=args.system
+            )
             if args.constraints:
                 args.constraints.parent.mkdir(parents=True, exist_ok=True)
                 args.constraints.write_text(constraints(manifest, skip=skip))
+            leaves = manifest.get("leaves_out") or []
             print(
                 f"wheelhouse: {args.dir} ok for Python {manifest['target']['python']} "
                 f"{manifest['target']['platform']}: {len(manifest['files'])} files and the "
                 f"{' and '.join(w for w in ('upstream', 'apex') if w in manifest)} bundle, sha256 "
-                "checked"
+                f"checked{f'; {len(leaves)} distributions left to the node' if leaves else ''}"
             )
     except (WheelhouseError, UpstreamError) as exc:
         print(f"wheelhouse: {exc}", file=sys.stderr)
