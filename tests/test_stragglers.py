@@ -142,3 +142,31 @@ def test_a_log_without_per_rank_timers_says_why(tmp_path):
     assert res.verdicts == () and res.na is not None
     assert "no times across ranks block" in res.na and "minmax" in res.na
     assert "DeepSpeed timer lines of 1 rank(s)" in res.na
+
+
+def test_deepspeed_lines_of_every_rank_name_the_slow_one(tmp_path):
+    """Eight ranks each printing DeepSpeed's ``[Rank r] time (ms)`` line every step (more than
+    upstream's rank 0): rank 5's ``step`` three times the others' is named; ``fwd`` is not."""
+    rng = random.Random(1)
+    lines = [" 0: training ..."]
+    for it in range(1, 13):
+        for r in range(8):
+            step = 50.0 * (3 if r == 5 else 1) * rng.uniform(0.98, 1.02)
+            lines.append(
+                f"{r:2d}: [Rank {r}] time (ms) | fwd: {rng.uniform(95, 105):.2f} | bwd: "
+                f"{rng.uniform(190, 210):.2f} | step: {step:.2f}"
+            )
+        lines.append(
+            f" 7:  iteration {it:8d}/      12 | consumed samples: {it * 8:12d} | elapsed time "
+            f"per iteration (ms): {rng.uniform(400, 420):.1f} | learning rate: 3.0E-04 | global "
+            "batch size:     8 | lm loss: 2.0E+00 | loss scale: 1.0 | number of skipped "
+            "iterations:   0 | number of nan iterations:   0 |"
+        )
+    (tmp_path / "ds8.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (run,) = load.discover(tmp_path)
+    res = stragglers.analyze(run, tmp_path)
+    by = {v.timer: v for v in res.verdicts}
+    assert set(by) == {"fwd", "bwd", "step"} and {v.source for v in res.verdicts} == {"deepspeed"}
+    assert by["step"].stragglers == (5,) and by["step"].windows == 11
+    assert by["step"].straggler_nodes == (None,) and res.nodes_from is None
+    assert not by["fwd"].stragglers and not by["bwd"].stragglers
