@@ -1,4 +1,4 @@
-"""The file reader's bulk path (``analysis.parse.scan``) reads exactly what the line path reads.
+"""The file reader's bulk path (``analysis.parse.bulk``) reads exactly what the line path reads.
 
 Every log here is parsed three ways: ``parse_file`` (bulk path), ``parse_file(bulk=False)``
 (every line through the line state machine) and ``parse_lines`` on the same lines; the runs must
@@ -14,7 +14,6 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -22,7 +21,8 @@ from conftest import LAB_LOGS
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from analysis.parse import keywords, scan, scan_blocks, scan_bytes, scan_readers, scan_shapes
+from analysis.parse import bulk as bulk_path
+from analysis.parse import keywords
 from analysis.parse import reader as parse
 from analysis.parse.columns import Column
 from analysis.parse.encoding import json_text
@@ -64,9 +64,9 @@ def test_corpus_bulk_equals_line_path(path):
 def small_chunks(monkeypatch):
     """Chunks and segments of a few KB: records straddle their boundaries."""
     monkeypatch.setattr(parse, "CHUNK_BYTES", 4096)
-    monkeypatch.setattr(scan, "SEG_START", 512)
-    monkeypatch.setattr(scan, "SEG_MIN", 256)
-    monkeypatch.setattr(scan, "SEG_MAX", 2048)
+    monkeypatch.setattr(bulk_path, "SEG_START", 512)
+    monkeypatch.setattr(bulk_path, "SEG_MIN", 256)
+    monkeypatch.setattr(bulk_path, "SEG_MAX", 2048)
 
 
 @pytest.mark.parametrize("kind", ["dense", "ranks", "noise", "all-ranks", "interval1", "pipeline"])
@@ -109,28 +109,6 @@ def test_bulk_path_reads_most_lines_in_bulk(tmp_path, monkeypatch):
     assert len(fed) < written.lines / 20, f"{len(fed)} of {written.lines} lines fed one by one"
 
 
-def test_bulk_steps_read_each_byte_once(tmp_path, monkeypatch):
-    """A bulk step whose limit falls inside a timer block ends before that block (the next
-    step starts there) instead of reading its bytes again over a longer look."""
-    import loggen
-
-    path = tmp_path / "dense.log"
-    loggen.write_dense(path, 3, LAB_LOGS)
-    monkeypatch.setattr(scan, "SEG_MAX", 1 << 16)  # many steps, many limits inside a block
-    looked = []
-    real = scan.Bulk._segment
-
-    def segment(self, block, pos, limit, *a, **k):
-        looked.append(limit - pos)
-        return real(self, block, pos, limit, *a, **k)
-
-    monkeypatch.setattr(scan.Bulk, "_segment", segment)
-    parse.parse_file(path)
-    size = path.stat().st_size
-    assert len(looked) > 40
-    assert sum(looked) < 1.02 * size, f"{sum(looked)} bytes looked at for {size}"
-
-
 def test_the_line_path_does_not_scan_the_chunk_again_after_each_bulk_step(tmp_path, monkeypatch):
     """After a bulk step the line path reads the line where it ended (one holding a keyword,
     found in that line) or none (the step read all it looked at), not the keywords' next
@@ -139,9 +117,9 @@ def test_the_line_path_does_not_scan_the_chunk_again_after_each_bulk_step(tmp_pa
 
     path = tmp_path / "dense.log"
     loggen.write_dense(path, 3, LAB_LOGS)
-    monkeypatch.setattr(scan, "SEG_MAX", 1 << 16)  # many bulk steps
+    monkeypatch.setattr(bulk_path, "SEG_MAX", 1 << 16)  # many bulk steps
     steps, scans = [], []
-    real_advance, real_first = scan.Bulk.advance, keywords.Keywords.first
+    real_advance, real_first = bulk_path.Bulk.advance, keywords.Keywords.first
 
     def advance(self, *a, **k):
         steps.append(1)
@@ -152,7 +130,7 @@ def test_the_line_path_does_not_scan_the_chunk_again_after_each_bulk_step(tmp_pa
             scans.append(end - pos)
         return real_first(self, block, pos, end, pipe, once)
 
-    monkeypatch.setattr(scan.Bulk, "advance", advance)
+    monkeypatch.setattr(bulk_path.Bulk, "advance", advance)
     monkeypatch.setattr(keywords.Keywords, "first", first)
     parse.parse_file(path)
     assert len(steps) > 40
@@ -661,9 +639,9 @@ def test_iteration_heads_the_line_path_reads_otherwise(tmp_path, monkeypatch, ch
     thousands of plain ones the bulk path takes: both paths give the same runs."""
     if chunks == "small":
         monkeypatch.setattr(parse, "CHUNK_BYTES", 4096)
-        monkeypatch.setattr(scan, "SEG_START", 512)
-        monkeypatch.setattr(scan, "SEG_MIN", 256)
-        monkeypatch.setattr(scan, "SEG_MAX", 2048)
+        monkeypatch.setattr(bulk_path, "SEG_START", 512)
+        monkeypatch.setattr(bulk_path, "SEG_MIN", 256)
+        monkeypatch.setattr(bulk_path, "SEG_MAX", 2048)
     n = 2400
     lines = ["node0: training ...", "node1: training ..."]
     for i in range(1, n + 1):
@@ -953,9 +931,9 @@ def test_deepspeed_memory_lines_read_in_bulk_as_the_line_path_reads_them(
     whose values do not match, is left to the line path)."""
     if chunks == "small":
         monkeypatch.setattr(parse, "CHUNK_BYTES", 4096)
-        monkeypatch.setattr(scan, "SEG_START", 512)
-        monkeypatch.setattr(scan, "SEG_MIN", 256)
-        monkeypatch.setattr(scan, "SEG_MAX", 2048)
+        monkeypatch.setattr(bulk_path, "SEG_START", 512)
+        monkeypatch.setattr(bulk_path, "SEG_MIN", 256)
+        monkeypatch.setattr(bulk_path, "SEG_MAX", 2048)
     n = 12000  # most of them past the set-up lines (``_LATE_CONFIG_LINES``)
     lines = ["node0: training ...", "node1: training ..."]
     for i in range(1, n + 1):
@@ -1096,21 +1074,6 @@ def test_iteration_lines_with_whitespace_after_the_last_bar_are_read_in_bulk(
     run = _long_run(tmp_path / "ends.log", lines_of)
     assert len(run["iterations"]) == n
     assert run["iterations"][-1]["iteration"] == n
-    # (The first lines are read by the line path: ``_LATE_CONFIG_LINES``.)
-    assert _read_by(tmp_path / "ends.log", monkeypatch, "iteration_lines") > 0.4 * n
-    # ... by the pattern learned in the first bulk step (that step reads them one by one):
-    # in a run four times as long, most of them.
-    longer = tmp_path / "longer.log"
-    text = "".join(f"{x}\n" for i in range(1, 4 * n + 1) for x in lines_of(i, 4 * n + 10))
-    longer.write_text("node0: training ...\nnode1: training ...\n" + text, encoding="utf-8")
-    learned = _read_by(
-        longer,
-        monkeypatch,
-        "iteration_patterns",
-        owner=scan_shapes.BulkShapes,
-        count=lambda got: sum(map(len, got[0])),
-    )
-    assert learned > 2 * n, f"{learned} of {4 * n} iteration lines read by the pattern"
 
 
 _ODD_VALUES = [
@@ -1191,7 +1154,7 @@ def test_deepspeed_lines_are_read_in_bulk_at_every_offset_and_rank_width(
     n, heads = _LONG_RUN, _DS_HEADS[form]
     # (Steps that end a few lines in, one after another, hand stretches to the line path:
     # not here, where what the bulk path reads is the point.)
-    monkeypatch.setattr(scan, "SHORT_LINES", 0)
+    monkeypatch.setattr(bulk_path, "SHORT_LINES", 0)
 
     def lines_of(i: int) -> list[str]:
         v = f"{10 + i % 7}.5"
@@ -1236,7 +1199,6 @@ def test_rank_blocks_with_zeros_of_both_signs_read_as_the_line_path_reads_them(t
     ``-0.00`` by others: the (min, max) the bulk path keeps are the line path's, each zero's
     sign too (``min`` keeps the first of equal values; NumPy's reduction need not), in blocks
     of many values (reduced with NumPy) and of a few (with Python's ``min`` and ``max``)."""
-    assert (2 * ranks >= scan_blocks._VECTOR_VALUES) == (ranks == 64)
     n, rs = 300, range(ranks)
     lines = [" 0: training ...", "63: training ..."]
     for i in range(1, n + 1):
@@ -1262,24 +1224,14 @@ def test_rank_blocks_with_zeros_of_both_signs_read_as_the_line_path_reads_them(t
     assert {repr(v["optimizer"][0]) for v in got} == {"0.0", "-0.0"}
 
 
-def _blocks_read_at_once(
-    path: Path, lines: list[str], monkeypatch: pytest.MonkeyPatch, n: int, reader: str
-) -> None:
+def _blocks_read(path: Path, lines: list[str], n: int) -> None:
     """``lines`` written to ``path`` read as the line path reads them, its ``n`` Megatron
-    blocks (iteration 11's ``forward-backward`` (22.5, 34.25)), most by ``reader`` at once."""
+    blocks (iteration 11's ``forward-backward`` (22.5, 34.25))."""
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (run,) = _three_ways(path)
     megatron = [t for t in run["timers"] if t["source"] == "megatron"]
     assert len(megatron) == n
     assert megatron[10]["values_ms"]["forward-backward"] == [22.5, 34.25]  # iteration 11
-    at_once = _read_by(
-        path,
-        monkeypatch,
-        reader,
-        owner=scan_blocks.BlockPattern,
-        count=lambda got: int(got[0].sum()),  # (taken, ..., values)
-    )
-    assert at_once > n * 0.6, f"{at_once} of {n} blocks read at once"
 
 
 # What comes after every 7th block of node1 in a pdsh log (rank 0's DeepSpeed line of node0 and
@@ -1334,7 +1286,7 @@ def test_blocks_of_one_host_are_read_at_once(tmp_path, monkeypatch, after, host)
         ]
     # (A label longer than a word, too; node9 as long as it.)
     lines = [x.replace("node1", host).replace("node9", host[:-1] + "9") for x in lines]
-    _blocks_read_at_once(tmp_path / "pdsh.log", lines, monkeypatch, n, "read_keyed")
+    _blocks_read(tmp_path / "pdsh.log", lines, n)
 
 
 # Lines inside every 7th block of the 64-rank log: none; another rank's (srun prints a long
@@ -1372,15 +1324,10 @@ def test_blocks_of_every_rank_are_read_in_bulk(tmp_path, monkeypatch, inside):
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (run,) = _three_ways(path)
     megatron = [t for t in run["timers"] if t["source"] == "megatron"]
-    fed, by_line = [], []
-    real, read_block = parse.Core.feed, scan_readers.BulkReaders.read_block
+    fed = []
+    real = parse.Core.feed
     monkeypatch.setattr(
         parse.Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
-    )
-    monkeypatch.setattr(
-        scan_readers.BulkReaders,
-        "read_block",
-        lambda self, *a: (by_line.append(a), read_block(self, *a))[1],
     )
     parse.parse_file(path)
     if inside == "its own rank's line":
@@ -1394,7 +1341,6 @@ def test_blocks_of_every_rank_are_read_in_bulk(tmp_path, monkeypatch, inside):
         return  # (the line path reads the lines around such a line)
     # (The first lines are read in full: ``_LATE_CONFIG_LINES``.)
     assert len(fed) < _LATE_CONFIG_LINES + 1000, f"{len(fed)} of {len(lines)} lines fed one by one"
-    assert len(by_line) < 5, f"{len(by_line)} of {n} blocks read line by line"
 
 
 # Lines after every 7th timer block of one node's own log (no launcher prefixes): the line
@@ -1440,7 +1386,7 @@ def test_blocks_of_one_bare_stream_are_read_at_once(tmp_path, monkeypatch, after
                 lines[-1] = lines[-1].replace("9.", "1e999")
             else:
                 lines.append(_AFTER_BARE_BLOCK[after])
-    _blocks_read_at_once(tmp_path / "node1.log", lines, monkeypatch, n, "read_bare")
+    _blocks_read(tmp_path / "node1.log", lines, n)
 
 
 # PipelineEngine step lines of other forms, every 11th step.
@@ -1504,13 +1450,6 @@ def test_pipeline_step_lines_of_every_step_are_read_in_bulk(tmp_path, monkeypatc
         assert [s["step"] for s in steps] == list(range(1, n + 1))  # (the others: as read)
     assert steps[1] == {"step": 2, "loss": 3.02, "iter_ms": 202.0, "samples_per_s": 34.2,
                         "line": 7}  # fmt: skip
-    read = _read_by(path, monkeypatch, "steps_lines")
-    # (The first lines are read in full: ``_LATE_CONFIG_LINES``; an odd form's step lines
-    # are read one by one, in bulk, except one that the line path reads otherwise.)
-    assert read > n - _LATE_CONFIG_LINES / 3 - n / 11, f"{read} of {n} read in bulk"
-    if forms == "read at once":
-        fast = _read_by(path, monkeypatch, "steps_fast")
-        assert fast == read, f"{fast} of {read} read by the step pattern"
 
 
 def test_bulk_steps_that_end_at_once_hand_stretches_to_the_line_path(tmp_path, monkeypatch):
@@ -1526,9 +1465,9 @@ def test_bulk_steps_that_end_at_once_hand_stretches_to_the_line_path(tmp_path, m
     (run,) = _three_ways(path)
     assert len(run["iterations"]) == n
     looks = []
-    real = scan.Bulk.advance
+    real = bulk_path.Bulk.advance
     monkeypatch.setattr(
-        scan.Bulk, "advance", lambda self, *a: (looks.append(a[1]), real(self, *a))[1]
+        bulk_path.Bulk, "advance", lambda self, *a: (looks.append(a[1]), real(self, *a))[1]
     )
     parse.parse_file(path)
     assert len(looks) < n / 20, f"{len(looks)} bulk steps for {n} iterations"
@@ -1593,28 +1532,6 @@ _MEM_FORMS = {
 }
 
 
-def _read_by(
-    path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    reader: str = "mem_bulk",
-    owner: type = scan_readers.BulkReaders,
-    count: Callable[[Any], int] = lambda got: len(got) if got is not None else 0,
-) -> int:
-    """Lines of ``path`` that a reader of the bulk path read (by default the reader of many
-    memory reports, ``mem_bulk``), a method of ``owner``: ``count`` of what each call gave."""
-    in_bulk = []
-    real = getattr(owner, reader)
-
-    def counted(self, *a):
-        got = real(self, *a)
-        in_bulk.append(count(got))
-        return got
-
-    monkeypatch.setattr(owner, reader, counted)
-    parse.parse_file(path)
-    return sum(in_bulk)
-
-
 @pytest.mark.parametrize("form", sorted(_MEM_FORMS))
 def test_memory_reports_of_many_ranks_read_in_bulk_as_the_line_path_reads_them(
     tmp_path, monkeypatch, form
@@ -1642,9 +1559,6 @@ def test_memory_reports_of_many_ranks_read_in_bulk_as_the_line_path_reads_them(
     assert len(run["memory"]) >= n // 2 * ranks
     first = run["memory"][ranks]  # rank 0 after iteration 4
     assert (first["rank"], first["after_iteration"], first["allocated_mb"]) == (0, 4, 4.4)
-    if form != "plain":
-        return
-    assert _read_by(path, monkeypatch) > 0.6 * len(run["memory"])
 
 
 def test_memory_reports_that_start_late_are_read_in_bulk(tmp_path, monkeypatch):
@@ -1669,7 +1583,6 @@ def test_memory_reports_that_start_late_are_read_in_bulk(tmp_path, monkeypatch):
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (run,) = _three_ways(path)
     assert len(run["memory"]) == (n - late) // 2 * ranks
-    assert _read_by(path, monkeypatch) > 0.6 * len(run["memory"])
 
 
 def test_deepspeed_lines_of_one_shape_each_keep_their_own_values(tmp_path):
@@ -1746,23 +1659,10 @@ def test_deepspeed_values_of_every_width_read_as_float_reads_them(tmp_path, monk
         line = f"node0: [Rank 0] time (ms) | fwd: {value(i, 0)} | bwd: {value(i, 3)}"
         return [line, _iteration_line(i, n + 10)]
 
-    read: list[int] = []
-    fixed_point = scan_bytes._fixed_point
-
-    def counted(*args):
-        got = fixed_point(*args)
-        read.append(0 if got is None else len(got))
-        return got
-
-    monkeypatch.setattr(scan_bytes, "_fixed_point", counted)
     run = _long_run(tmp_path / "widths.log", lines_of)
     ds = [t for t in run["timers"] if t["source"] == "deepspeed"]
     assert len(ds) >= n
     assert [t["values_ms"]["fwd"] for t in ds[:n]] == [float(value(i, 0)) for i in range(1, n + 1)]
-    if len(forms) == len(_WIDTHS):  # (the lines after the set-up's are read in bulk)
-        assert sum(read) >= n // 4
-    else:
-        assert read and not any(read)
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ Its public face: ``reader`` (``parse_file``, ``parse_text``, ``parse_lines``, ``
 Inside, imports point one way (a module imports only those below it):
 
 - ``reader``: the entry points, the chunked file driver, ``--json``;
-- ``scan`` (``Bulk``) with its collaborators ``scan_readers``, ``scan_shapes`` and the byte
-  patterns of ``scan_blocks`` and ``scan_bytes``: the bulk path, frequent lines of a training
-  phase read many at a time, with the line path's result;
+- ``bulk`` (``Bulk``): the bulk path, the high-volume records of a training phase read a
+  stretch at a time by the per-family extractors of ``extract`` and assigned to iterations
+  and steps with ``np.searchsorted``, with the line path's result;
 - ``machine`` (``Core``): the line state machine (runs, set-up, blocks, streams), with
   ``failures`` (how a failure is recorded), ``merge`` (a run finished; per-node files joined),
   ``rules`` (patterns, keywords, per-run and per-stream state) and ``keywords`` (the scan);

@@ -16,7 +16,7 @@ How a file is read
   starts in the middle of training output without any of those lines is still split off
   when the iteration counter goes back.  ``drive_file`` reads a file: it finds keyword lines
   with ``bytes.find`` over whole chunks (``analysis.parse.keywords``: what makes a 1 GB log of
-  NCCL chatter cheap), and ``analysis.parse.scan`` reads the frequent lines of a training
+  NCCL chatter cheap), and ``analysis.parse.bulk`` reads the frequent lines of a training
   phase in bulk, with the same result.
 
 Attribution of DeepSpeed ``wall_clock_breakdown`` lines to iterations
@@ -57,16 +57,16 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from analysis.parse.bulk import Bulk
 from analysis.parse.columns import Column
 from analysis.parse.encoding import json_text
+from analysis.parse.extract import line_end
 from analysis.parse.keywords import Keywords
 from analysis.parse.lines import MAX_LINE_CHARS, Demux, demux_tagged, strip_prefix
 from analysis.parse.machine import Core
 from analysis.parse.merge import merge_runs
 from analysis.parse.records import ParsedRun, TimerBlock, TimerTable, block_dict
 from analysis.parse.rules import KW, OMPI_PEEK_BYTES, OMPI_TAG_BYTES, strict
-from analysis.parse.scan import Bulk
-from analysis.parse.scan_bytes import CHUNK_BYTES, line_step
 from analysis.parse.tables import RecordTable
 
 __all__ = [
@@ -118,6 +118,9 @@ def parse_file(path: str | Path, bulk: bool = True) -> list[ParsedRun]:
         core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
         return core.finish()
 
+
+CHUNK_BYTES = 8 << 20
+"""Bytes read at a time (whole lines are handed on; the rest waits for the next read)."""
 
 _TAG_AT_START_RE = re.compile(rb"\[\d{1,9},\d{1,6}\]<std(?:out|err)>:")
 """An ``mpirun --tag-output`` tag (``_lines._OMPI_TAG_RE``, on bytes)."""
@@ -337,6 +340,46 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(line)
     return 0
+
+
+def line_step(
+    core: Core,
+    kw: Keywords,
+    block: bytes,
+    pos: int,
+    end: int,
+    lineno: int,
+    look_here: bool = False,
+) -> tuple[int, int]:
+    """Feed the next line of ``block[pos:end]`` that can matter (``Core.active``, keywords,
+    streams with an open timer block); skip the lines before it.  Returns (pos, lineno) after
+    the fed line, or (end, lineno at end) when none is left.  ``look_here``: the line at
+    ``pos`` most likely holds a keyword (a bulk step ended there): look for one in it first,
+    before the keywords are looked for through the rest of the chunk."""
+    if core.active:
+        e = line_end(block, pos, end)
+        core.feed(lineno, block[pos:e].decode("utf-8", "replace"))
+        return e + 1, lineno + 1
+    if core.timer_keys:  # lines of those streams continue or close the block: each line
+        e = line_end(block, pos, end)
+        line = block[pos:e].decode("utf-8", "replace")
+        if kw.has(line, core.run.pipe_iterations):
+            core.feed(lineno, line)
+        elif core.stream_key(line) in core.timer_keys:
+            core.feed(lineno, line, dispatch=False)
+        return e + 1, lineno + 1
+    hit = -1
+    if look_here:
+        hit = kw.first(block, pos, line_end(block, pos, end), core.run.pipe_iterations, True)
+    if hit < 0:
+        hit = kw.first(block, pos, end, core.run.pipe_iterations)
+    if hit < 0:
+        return end, lineno + block.count(b"\n", pos, end)
+    s = block.rfind(b"\n", pos, hit) + 1 or pos
+    lineno += block.count(b"\n", pos, s)
+    e = line_end(block, s, end)
+    core.feed(lineno, block[s:e].decode("utf-8", "replace"))
+    return e + 1, lineno + 1
 
 
 def drive_block(

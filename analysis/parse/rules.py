@@ -67,7 +67,7 @@ _KEYWORDS: tuple[str, ...] = (
     "Max_MA",  # DeepSpeed see_memory_usage
 )
 KW = Keywords(_KEYWORDS)
-"""How the readers look for them (``analysis.parse.scan``)."""
+"""How the readers look for them (``analysis.parse.reader``, ``analysis.parse.bulk``)."""
 _LATE_CONFIG_LINES = 5_000
 """Lines read in full after training began in one stream of an interleaved multi-node log while
 the set-up lines of another stream (Megatron's argument dump, the padded vocabulary) were still

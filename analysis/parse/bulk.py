@@ -1,0 +1,566 @@
+"""The bulk path of the file reader (``analysis.parse.reader.drive_file``, which feeds a log to
+the line state machine ``Core``): the high-volume lines of a training phase read a stretch at a
+time, with the same result as the line path.
+
+- the line path: every line that can matter goes through ``Core.feed``.  Until training starts,
+  after it ends and while a multi-line block is open, that is every line; during training it is
+  the lines holding a keyword (found with ``bytes.find`` over whole chunks), and the lines of a
+  stream whose Megatron timer block is open.
+- the bulk path (``Bulk``), during training while no block is open: over a stretch of the
+  chunk, the extractors of ``analysis.parse.extract`` find the records of each high-volume
+  family; they are assigned to iterations and pipeline steps with ``np.searchsorted`` over
+  their offsets, per stream, and added to the run's typed columns in one step.  Every other
+  line of the stretch is scanned for keywords; the first one that holds one ends the stretch
+  there and goes to the line path, as does a counter going back or the final iteration.
+
+``tests/test_parse_engine.py`` checks that both paths give the same runs.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from typing import Any
+
+import numpy as np
+
+from analysis.parse.blocks import Block, BlockExtractor
+from analysis.parse.extract import PREFIXES_RE, Extractors, Lines, line_end
+from analysis.parse.keywords import Keywords
+from analysis.parse.lines import MAX_LINE_CHARS, split_prefix
+from analysis.parse.machine import Core
+from analysis.parse.records import Memory, TimerBlock
+from analysis.parse.rules import StreamState
+
+SEG_START, SEG_MIN, SEG_MAX = 1 << 18, 1 << 14, 4 << 20
+"""Bytes the bulk path looks at in one step: it grows while no line needs the line path and
+shrinks when one soon does."""
+SPARSE_LINES, SPARSE_BYTES = 1000, 8 << 20
+"""A bulk step of at least SEG_START bytes that took fewer lines per MB than this hands the
+next SPARSE_BYTES to the line path (whose keyword jumps are cheaper over chatter)."""
+SHORT_LINES, SHORT_BYTES = 4, 64 << 10
+"""What the line path reads after the second bulk step in a row that took fewer than
+SHORT_LINES lines and stopped in the first quarter of what it looked at; doubled for each
+more, up to SPARSE_BYTES."""
+
+_MEM_IDLE = 2
+"""Steps in a row without a Megatron memory report after which they are not looked for."""
+
+
+class _Spans:
+    """Spans of bytes that do not overlap (the lines timer blocks took: a line each, or the
+    lines of a block printed in one piece), as starts and ends in any order."""
+
+    def __init__(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        order = np.argsort(starts, kind="stable")
+        self.starts, self.ends = starts[order], ends[order]
+
+    def holds(self, at: Any) -> np.ndarray:
+        """Whether each position of ``at`` falls in a span."""
+        at = np.asarray(at, dtype=np.int64)
+        i = np.searchsorted(self.starts, at, side="right") - 1
+        return (i >= 0) & (at < self.ends[np.maximum(i, 0)])
+
+
+class Bulk:
+    """The bulk path over one file (module doc)."""
+
+    def __init__(self, core: Core, kw: Keywords) -> None:
+        self.core = core
+        self.extract = Extractors(self)
+        """Its extractors of one-line records."""
+        self.blocks = BlockExtractor(self)
+        """Its extractor of timer blocks."""
+        self.keywords = Keywords(kw.keywords)
+        """Every keyword, looked for in the lines a step does not take (``_first_keyword``)."""
+        self.seg = SEG_START
+        self.line_budget = 0  # bytes the line path reads before the bulk path tries again
+        self.sparse = 0  # bulk steps in a row that took few lines
+        self.short = 0  # bulk steps in a row that stopped soon after their start
+        self.taken = 0  # lines the last bulk step took (``_segment``)
+        self.lineno_at = 0  # the line number where the last step stopped
+        self.open_at_limit = False  # the last look ended in an open timer block
+        self.open_block = -1  # where that block starts, when the step ended there
+        self.mem_idle = 0  # steps in a row that found no memory report
+        self.mem_read = 0  # memory reports of the run when the last step ended
+        self.stream_res: dict[str, re.Pattern[bytes]] = {}
+        # Lines found by a stream's pattern -> (stream key, where the content starts in the
+        # line, or -1), as ``line_key`` gives them.
+        self.line_keys: dict[bytes, tuple[str, int]] = {}
+        # Prefix runs as matched by PREFIXES_RE -> (key, length that really is prefixes).
+        self.prefix_runs: dict[bytes, tuple[str, int]] = {}
+
+    # -- streams ----------------------------------------------------------------------------
+
+    def line_key(self, block: bytes, s: int, e: int) -> tuple[str, int]:
+        """Stream key of the line ``block[s:e]`` and where its content starts (-1 when the
+        content does not start with plain ASCII: then only the key is known)."""
+        m = PREFIXES_RE.match(block, s, e)
+        raw = m.group(0) if m else b""
+        got = self.prefix_runs.get(raw)
+        if got is None:
+            k, rest = split_prefix(raw.decode("ascii"))
+            got = self.prefix_runs[raw] = (k, len(raw) - len(rest))
+        c = s + got[1]
+        if c < e and (block[c] >= 0x7F or (block[c] < 0x20 and block[c] != 0x09)):
+            line = block[s:e].decode("utf-8", "replace")[:MAX_LINE_CHARS].rstrip("\r\n")
+            return split_prefix(line.replace("\x00", ""))[0], -1
+        return got[0], c
+
+    def kept_key(self, block: bytes, s: int, e: int) -> tuple[str, int]:
+        """``_line_key`` of the line ``block[s:e]`` as (key, offset of its content or -1),
+        kept by the line's bytes (a stream's lines repeat)."""
+        line = block[s:e]
+        got = self.line_keys.get(line)
+        if got is None:
+            k, c = self.line_key(block, s, e)
+            if len(self.line_keys) >= 4096:
+                self.line_keys.clear()
+            got = self.line_keys[line] = (k, c - s if c >= 0 else -1)
+        return got
+
+    def next_of_stream(
+        self, block: bytes, key: str, q: int, end: int
+    ) -> tuple[int, int, int] | None:
+        """The next line at or after ``q`` (a line start) of stream ``key``: (start, end,
+        start of its content, or -1 when not plain ASCII); None if none before ``end``."""
+        if key:
+            pat = self.stream_res.get(key)
+            if pat is None:
+                label = re.escape(key.split("|")[0].encode())
+                pat = self.stream_res[key] = re.compile(
+                    rb"\n(?:\s{0,4}"
+                    + label
+                    + rb":\s|\["
+                    + label
+                    + rb"\]:|\[\d{1,9},"
+                    + label
+                    + rb"\]<std(?:out|err)>:)"
+                )
+            p = q - 1
+            while True:
+                m = pat.search(block, p, end)
+                if m is None:
+                    return None
+                s = m.start() + 1
+                e = block.find(b"\n", s, end)
+                if e < 0:
+                    return None
+                got = self.kept_key(block, s, e)
+                if got[0] == key:
+                    return s, e, s + got[1] if got[1] >= 0 else -1
+                p = e
+        s = q
+        while s < end:
+            e = line_end(block, s, end)
+            if e >= end:
+                return None
+            k, c = self.line_key(block, s, e)
+            if k == "":
+                return s, e, c
+            s = e + 1
+        return None
+
+    def advance(self, block: bytes, pos: int, end: int, lineno: int) -> tuple[int, int, bool]:
+        """Take the lines from ``pos`` (a line start) in bulk up to the first one the line
+        path must read.  Returns (position, line number there, whether the line there must be
+        read by the line path)."""
+        seg_end = min(end, pos + self.seg)
+        if seg_end < end:
+            nl = block.find(b"\n", seg_end - 1, end)
+            seg_end = end if nl < 0 else nl + 1
+        hard = min(end, pos + 4 * self.seg)  # how far a timer block may make it grow
+        if hard < end:
+            nl = block.find(b"\n", hard - 1, end)
+            hard = end if nl < 0 else nl + 1
+        for bad in (b"\x00", b"\x1b"):  # the line path rewrites such lines: it reads them
+            p = block.find(bad, pos, hard)
+            if p >= 0:
+                hard = block.rfind(b"\n", pos, p) + 1 or pos
+        # A line holding another keyword (an error, a launcher exit, DeepSpeed's
+        # see_memory_usage line) ends the step when it is not one the step takes:
+        # ``_first_keyword`` finds the first such line among the others.  (In one it takes,
+        # such a keyword changes nothing: ``Core._dispatch`` reads each kind of line taken in
+        # bulk before it looks for failures and launcher exits, and the lines of an open
+        # timer block before it dispatches them.)
+        limit = min(seg_end, hard)
+        self.taken = 0
+        T: int | None = pos
+        while limit > pos:
+            T = self._segment(block, pos, limit, lineno, can_grow=limit < hard)
+            if T is not None:
+                break
+            # A timer block open at the limit: look at twice as much.
+            grown = min(hard, pos + 2 * (limit - pos))
+            nl = block.find(b"\n", grown - 1, hard)
+            limit = hard if nl < 0 else nl + 1
+            seg_end = max(seg_end, limit)
+        assert T is not None
+        if T - pos >= SEG_START and self.taken * 1e6 < SPARSE_LINES * (T - pos):
+            # Sparse again and again: look less and less often (up to 8 x SPARSE_BYTES).
+            self.line_budget = SPARSE_BYTES << min(self.sparse, 3)
+            self.sparse += 1
+            self.seg = SEG_START // 8  # the next look is a small one again
+        elif T - pos >= SEG_START:
+            self.sparse = 0
+        # A step that took fewer than SHORT_LINES lines and stopped in the first quarter of
+        # what it looked at, again and again (a line the bulk path does not take every other
+        # line): the line path reads a stretch, longer each time, before the bulk path looks
+        # again (each look costs what it looked at, not what it took).
+        took = self.lineno_at - lineno if pos < T else 0
+        if took < SHORT_LINES and (T - pos) * 4 < limit - pos:
+            self.short += 1
+            if self.short >= 2:
+                stretch = SHORT_BYTES << min(self.short - 2, 7)
+                self.line_budget = max(self.line_budget, min(stretch, SPARSE_BYTES))
+        else:
+            self.short = 0
+        if pos >= T:
+            self.seg = max(SEG_MIN, self.seg // 2)
+            return pos, lineno, True
+        # (A step that ended before a timer block open at its limit read all it looked at.)
+        whole = seg_end <= T or self.open_block == T
+        self.seg = min(SEG_MAX, self.seg * 2) if whole else max(SEG_MIN, self.seg // 2)
+        return T, self.lineno_at, seg_end > T
+
+    def _segment(
+        self, block: bytes, pos: int, limit: int, lineno: int, can_grow: bool = False
+    ) -> int | None:
+        """Read [pos, limit) in bulk up to the first line for the line path; add what was read
+        to the run; return where it stopped (``self.lineno_at``: the line number there), or
+        None when a timer block is open at the limit and more bytes may be looked at."""
+        run = self.core.run
+        ex = self.extract
+        # Where the newlines of [pos, limit) are (line starts, line numbers).
+        nl = (
+            np.flatnonzero(
+                np.frombuffer(block, dtype=np.uint8, count=limit - pos, offset=pos) == 10
+            )
+            + pos
+        )
+        # Timer blocks first: the step ends before one that does not close by the limit (or,
+        # when that is its first line and it may, looks at more bytes); the other extractors
+        # then read only up to there.
+        # Iteration lines first: one of a block's stream right after the block closes it.
+        its = ex.iteration_lines(block, pos, limit, nl)
+        T, blocks, self.open_at_limit = self.blocks.timer_blocks(
+            block, pos, limit, nl, dict(zip(its.ls.tolist(), its.keys, strict=True))
+        )
+        if self.open_at_limit and can_grow and pos >= T:
+            return None  # look at more bytes (nothing was added)
+        self.open_block = T if self.open_at_limit else -1
+        if limit > T:
+            nl = nl[: np.searchsorted(nl, T)]
+            its = its.select(its.ls < T)
+        ds = ex.ds_lines(block, pos, T, nl)
+        # Megatron prints its memory report once in most runs: after steps that found none
+        # the report is not looked for, until the line path reads one (a step holding one
+        # ends there, at its keyword).
+        mem = Lines.empty()
+        if self.mem_idle < _MEM_IDLE or len(run.memory) != self.mem_read:
+            mem = ex.mem_lines(block, pos, T, nl)
+            self.mem_idle = 0 if len(mem) else self.mem_idle + 1
+        # PipelineEngine step lines, once the line path read one (a run with them).
+        steps = ex.steps_lines(block, pos, T, nl) if len(run.steps) else Lines.empty()
+        alloc = ex.alloc_lines(block, pos, T, nl)
+        b_start = np.array([b.start for b in blocks], dtype=np.int64)
+        b_close = np.array([b.close for b in blocks], dtype=np.int64)
+        own = [x for b in blocks for x in b.spans]
+        own_s = np.array([x[0] for x in own], dtype=np.int64)
+        own_e = np.array([x[1] for x in own], dtype=np.int64)
+        if blocks:  # lines a timer block took are not read as anything else
+            taken = _Spans(own_s, own_e)
+            ds.keep &= ~taken.holds(ds.ls)
+            mem = mem.select(~taken.holds(mem.ls))
+            steps = steps.select(~taken.holds(steps.ls))
+            its = its.select(~taken.holds(its.ls))
+            alloc = alloc.select(~taken.holds(alloc.ls))
+
+        # The first line the line path must read: one holding a keyword among the others.
+        k = ds.keep
+        b_body = np.array([b.body for b in blocks], dtype=np.int64)
+        span_s = np.concatenate([ds.ls[k], mem.ls, its.ls, steps.ls, alloc.ls, b_start, own_s])
+        span_e = np.concatenate([ds.le[k], mem.le, its.le, steps.le, alloc.le, b_body, own_e])
+        R = self._first_keyword(block, pos, T, span_s, span_e)
+        if R is not None:
+            T = min(T, R)
+
+        # Iteration numbers must go up; a repeat changes nothing; the final iteration, or a
+        # counter going back, is for the line path.
+        top = run.max_iter
+        repeated = False
+        number = its.cols.get("iteration", np.zeros(0, dtype=np.int64))
+        total = its.cols.get("train_iters", np.zeros(0, dtype=np.int64))
+        if (
+            len(its)
+            and its.le[-1] <= T
+            and number[0] > top
+            and (np.diff(number) > 0).all()
+            and (number < total).all()
+        ):
+            new_its = its  # (all go up: most often)
+        else:
+            new = []
+            for i, (start, num, tot) in enumerate(
+                zip(its.ls.tolist(), number.tolist(), total.tolist(), strict=True)
+            ):
+                if start >= T:
+                    break
+                if top < num < tot:
+                    new.append(i)
+                    top = num
+                elif num == top and top >= 0:
+                    repeated = True
+                else:
+                    T = start
+                    break
+            new_its = its.select(np.array(new, dtype=np.int64))
+        # Timer blocks must close before T.
+        while True:
+            across = (b_start < T) & (b_close > T)
+            if not across.any():
+                break
+            T = int(b_start[across].min())
+        if pos >= T:
+            return pos
+        if len(new_its) and new_its.ls[-1] >= T:
+            new_its = new_its.select(new_its.ls < T)
+        if len(b_start) and b_start[-1] >= T:
+            kept = b_start < T
+            blocks = [b for b, x in zip(blocks, kept.tolist(), strict=True) if x]
+            b_start, b_close = b_start[kept], b_close[kept]
+        mem = mem.select(mem.ls < T)
+        steps = steps.select(steps.ls < T)
+        alloc = alloc.select(alloc.ls < T)
+        ds.keep &= ds.ls < T
+
+        # Lines taken: a timer block counts its lines (64 ranks' ``--timing-log-option all``
+        # block is one record of 130 lines, which the line path would read one by one).
+        block_lines = int((np.searchsorted(nl, b_close) - np.searchsorted(nl, b_start)).sum())
+        self.taken = (
+            len(new_its) + int(ds.keep.sum()) + len(mem) + block_lines + len(steps) + len(alloc)
+        )
+
+        def lines_at(starts: Any) -> np.ndarray:
+            return lineno + np.searchsorted(nl, np.asarray(starts, dtype=np.int64))
+
+        it_pos = new_its.ls
+        it_num = new_its.cols.get("iteration", np.zeros(0, dtype=np.int64))
+        # Per stream (launcher prefix): iteration lines printed before the step, and the
+        # numbers of those of the step (timer blocks are placed among their own stream's).
+        before = {k: len(v) for k, v in run.iter_numbers.items()}
+        last_of = {k: int(v[-1]) for k, v in run.iter_numbers.items() if len(v)}
+        it_keys = new_its.keys
+        it_ids = {k: i for i, k in enumerate(dict.fromkeys(it_keys))}
+        it_sid = np.fromiter(map(it_ids.__getitem__, it_keys), dtype=np.int64, count=len(it_keys))
+        last_before = run.last_iter
+        if len(new_its):
+            self._add_iterations(new_its, lines_at(it_pos), it_sid, it_ids)
+        if len(new_its) or repeated:
+            run.pipe_iterations = True
+        if ds.keep.any():
+            self._add_ds(ds, (it_pos, it_sid, it_ids), before, lines_at, steps)
+        if len(steps):  # PipelineEngine step lines, as ``Core._steps`` reads them
+            line_s = lines_at(steps.ls)
+            run.steps.add_columns(len(steps), {"line": line_s, **steps.cols})
+            for key in dict.fromkeys(steps.keys):  # (each stream's first)
+                run.begin_training(key, int(line_s[steps.keys.index(key)]))
+        if len(alloc):  # DeepSpeed's `MemAllocated=` lines, as ``Core._dispatch`` reads them
+            c = alloc.cols
+            for rank, a, top, line in zip(
+                c["rank"].tolist(),
+                c["allocated_mb"].tolist(),
+                c["max_allocated_mb"].tolist(),
+                lines_at(alloc.ls).tolist(),
+                strict=True,
+            ):
+                run.memory_other.append(
+                    Memory(
+                        rank=rank, allocated_mb=a, max_allocated_mb=top, kind="deepspeed", line=line
+                    )
+                )
+        if len(mem):
+            cols_m: dict[str, Any] = {"kind": "megatron", "line": lines_at(mem.ls), **mem.cols}
+            run.memory.add_columns(len(mem), cols_m)
+        if blocks:
+            # The line path keeps a state per stream, created on its first block: the order
+            # in which open blocks are closed at the end of the file.
+            for key in dict.fromkeys(b.key for b in blocks):
+                if key not in self.core.streams:
+                    self.core.streams[key] = StreamState(key=key)
+            self._add_blocks(
+                blocks,
+                b_close,
+                lines_at(b_start),
+                (it_pos, it_num, it_sid, it_ids),
+                last_of,
+                last_before,
+            )
+        self.mem_read = len(run.memory)
+        self.lineno_at = lineno + int(np.searchsorted(nl, T))
+        return T
+
+    def _add_iterations(
+        self,
+        its: Lines,
+        lines: np.ndarray,
+        it_sid: np.ndarray,
+        it_ids: dict[str, int],
+    ) -> None:
+        """Add iteration lines to the run, as ``Core._add_iteration`` does one by one."""
+        run = self.core.run
+        cols: dict[str, Any] = {}
+        for f, vals in its.cols.items():
+            if f in ("iteration", "train_iters") or f not in its.ints:
+                cols[f] = vals
+            elif np.isnan(vals).any():
+                cols[f] = [None if v != v else int(v) for v in vals.tolist()]
+            else:
+                cols[f] = vals.astype(np.int64)
+        it_num = cols["iteration"]
+        cols["line"] = lines
+        cols["source"] = self.core.source
+        run.iterations.add_columns(len(its), cols)
+        run.iter_index.add_increasing(it_num)
+        for key, sid in it_ids.items():
+            mine = it_sid == sid
+            run.iter_numbers.setdefault(key, array("q")).extend(it_num[mine].tolist())
+            run.begin_training(key, int(lines[np.argmax(mine)]))
+        run.last_iter = int(it_num[-1])
+        run.max_iter = max(run.max_iter, int(it_num[-1]))
+        run.train_iters = int(cols["train_iters"][-1])
+        run.training = True
+
+    def _add_ds(
+        self,
+        ds: Any,
+        its: tuple[np.ndarray, np.ndarray, dict[str, int]],
+        before: dict[str, int],
+        lines_at: Any,
+        steps: Lines,
+    ) -> None:
+        """Add DeepSpeed lines to the run's ``ds_blocks``: each with the count of its stream's
+        iteration lines before it and of the run's step lines before it (their attribution)."""
+        run = self.core.run
+        it_pos, it_sid, it_ids = its
+        n_iter = np.zeros(len(ds.ls), dtype=np.int64)
+        stream = np.zeros(len(ds.ls), dtype=np.int64)
+        if ds.keys.count(ds.keys[0]) == len(ds.keys):  # (one stream prints them)
+            ds_ids = {ds.keys[0]: 0}
+            ds_sid = np.zeros(len(ds.keys), dtype=np.int64)
+        else:
+            ds_ids = {k: i for i, k in enumerate(dict.fromkeys(ds.keys))}
+            ds_sid = np.fromiter(
+                map(ds_ids.__getitem__, ds.keys), dtype=np.int64, count=len(ds.keys)
+            )
+        for key, sid in ds_ids.items():
+            if key is None:
+                continue
+            rows = np.flatnonzero(ds_sid == sid)
+            its_of = it_pos[it_sid == it_ids[key]] if key in it_ids else it_pos[:0]
+            n_iter[rows] = before.get(key, 0) + np.searchsorted(its_of, ds.ls[rows])
+            stream[rows] = run.ds_blocks.stream_id(key)
+            if ds.keep[rows].any():
+                run.content_streams.add(key)
+        line_all = lines_at(ds.ls)
+        # (The steps lines before each, of the run and of this step: its pipeline step.)
+        n_steps = len(run.steps) + np.searchsorted(steps.ls, ds.ls)
+        for names, idx, vals in ds.groups:
+            sel = ds.keep[idx]
+            if sel.any():
+                rows = idx[sel]
+                run.ds_blocks.add_rows(
+                    names,
+                    vals[sel],
+                    ds.rank[rows],
+                    line_all[rows],
+                    n_iter[rows],
+                    n_steps[rows],
+                    stream[rows],
+                )
+
+    def _add_blocks(
+        self,
+        blocks: list[Block],
+        closes: np.ndarray,
+        hlines: np.ndarray,
+        its: tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]],
+        last_of: dict[str, int],
+        last_before: int | None,
+    ) -> None:
+        """Add Megatron timer blocks (``closes``, ``hlines``: their closes and header line
+        numbers): the iteration is the last one of the block's stream read when it closed,
+        else the last one of the run (``Core._last_iter``)."""
+        it_pos, it_num, it_sid, it_ids = its
+        table = self.core.run.megatron_blocks
+        # The last iteration of the run before each close (-1 with none: last_before).
+        kb = np.searchsorted(it_pos, closes)
+        it_of = np.where(kb > 0, it_num[np.maximum(kb - 1, 0)], -1) if len(it_num) else kb * 0 - 1
+        known = kb > 0
+        streams = {k: i for i, k in enumerate(dict.fromkeys(b.key for b in blocks))}
+        sid = np.fromiter((streams[b.key] for b in blocks), dtype=np.int64, count=len(blocks))
+        for key, i in streams.items():
+            if key not in it_ids and key not in last_of:
+                continue
+            rows = np.flatnonzero(sid == i)
+            if key in it_ids:
+                mine = it_sid == it_ids[key]
+                j = np.searchsorted(it_pos[mine], closes[rows])
+                hit = j > 0
+                it_of[rows[hit]] = it_num[mine][j[hit] - 1]
+                known[rows[hit]] = True
+                rows = rows[~hit]
+            if key in last_of and len(rows):
+                it_of[rows] = last_of[key]
+                known[rows] = True
+        by_group: dict[tuple[Any, ...], list[int]] = {}
+        for i, b in enumerate(blocks):
+            by_group.setdefault((b.names, b.shape), []).append(i)
+        for (names, shape), idx in by_group.items():
+            at = np.array(idx, dtype=np.int64)
+            nums = np.array([blocks[i].nums for i in idx], dtype=float)
+            if last_before is None and not known[at].all():
+                for row, it, i in zip(nums.tolist(), it_of[at].tolist(), idx, strict=True):
+                    values: dict[str, Any] = {}
+                    j = 0
+                    for name, w in zip(names, shape, strict=True):
+                        values[name] = tuple(row[j : j + w]) if w else row[j]
+                        j += max(w, 1)
+                    table.append(
+                        TimerBlock(
+                            "megatron", values, None, it if known[i] else None, int(hlines[i])
+                        )
+                    )
+                continue
+            table.add_rows(
+                table.group("megatron", names, shape),
+                nums.reshape(len(idx), -1),
+                None,
+                np.where(known[at], it_of[at], last_before if last_before is not None else 0),
+                hlines[at],
+            )
+
+    def _first_keyword(
+        self, block: bytes, pos: int, T: int, span_s: np.ndarray, span_e: np.ndarray
+    ) -> int | None:
+        """Start of the first line in [pos, T) outside the lines taken (starts, ends) that
+        holds a keyword (``advance``)."""
+        order = np.argsort(span_s, kind="stable")
+        s, e = span_s[order], span_e[order]
+        inside = s < T
+        s, e = s[inside], np.minimum(e[inside], T)
+        covered = np.maximum.accumulate(e) if len(e) else e
+        starts = np.concatenate([[pos], covered]).astype(np.int64)
+        ends = np.concatenate([s, [T]]).astype(np.int64)
+        gap = ends > starts
+        starts_l, ends_l = starts[gap].tolist(), ends[gap].tolist()
+        if not starts_l:
+            return None
+        gaps = b"".join(map(block.__getitem__, map(slice, starts_l, ends_l)))
+        hit = self.keywords.first(gaps, 0, len(gaps), self.core.run.pipe_iterations, once=True)
+        if hit < 0:
+            return None
+        offsets = np.cumsum(np.concatenate([[0], ends[gap] - starts[gap]]))
+        g = int(np.searchsorted(offsets, hit, side="right")) - 1
+        p = starts_l[g] + hit - int(offsets[g])
+        return block.rfind(b"\n", pos, p) + 1 or pos

@@ -1,0 +1,585 @@
+"""Bulk extraction of the high-volume record families: one literal-anchored bytes pattern per
+family (DeepSpeed ``[Rank N] time (ms) |`` and ``MemAllocated=`` lines, Megatron iteration lines,
+PipelineEngine ``steps:`` lines, Megatron memory reports; Megatron timer blocks, records of
+many lines, are ``analysis.parse.blocks``') over a stretch of a chunk,
+into numpy columns with their line offsets and stream keys (``analysis.parse.bulk`` adds them
+to the run).
+
+Each pattern takes a record only in the form it can read for certain as the line path reads
+it (plain decimals, names without digits, nothing before the record but launcher prefixes);
+any other line holding a keyword is left where it is, and the bulk step ends there, so the line
+path reads it.  The names of a record are read once per distinct form of its line (the line
+with its digits removed): the values of all lines of one form are then converted at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import warnings
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+
+from analysis.parse.lines import MAX_LINE_CHARS, norm_key, split_prefix
+from analysis.parse.rules import INT_FIELDS, ITER_FIELDS
+
+DIGITS = b"0123456789"
+WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+PRINTABLE = bytes(range(0x20, 0x7F)) + b"\t"
+MISSING = object()
+PREFIXES_RE = re.compile(
+    rb"(?:\s{0,4}\d{1,5}:\s|\[\d{1,9},\d{1,6}\]<std(?:out|err)>:|\[(?:default\d+|rank\d+)\]:\s?"
+    rb"|[A-Za-z0-9][A-Za-z0-9_.-]{0,62}:\s){0,4}"
+)
+"""Launcher prefixes at the start of a line, as ``lines.split_prefix`` reads them (which then
+says how many of them really are prefixes)."""
+
+_NUM = rb"-?\d+(?:\.\d+)?"
+"""A plain decimal: ``float()`` reads it as ``lines.to_float`` does."""
+_VALUE = rb"[-+.0-9eE]+"
+"""A number token; ``float()`` then reads it or the line is not taken."""
+DS_RE = re.compile(rb"\[Rank (\d{1,9})\] time \(ms\) \|([^\n]*)\n")
+_DS_FIXED = len(b"[Rank ] time (ms) |\n")
+"""A DeepSpeed ``wall_clock_breakdown`` line: rank, the rest of the line (``DS_FORM``)."""
+DS_FORM = re.compile(rb"(?: [A-Za-z_]+: +[-+.eE]* *\|)* [A-Za-z_]+: +[-+.eE]*[ \t]*\r?\Z")
+"""The form (the text without its digits) of the ``name: value`` pieces of a DeepSpeed line
+that is read in bulk (each value then a number ``float()`` reads, each name without digits)."""
+DS_PLAIN = re.compile(rb"(?: [A-Za-z_]+: +[-+.]* *\|)* [A-Za-z_]+: +[-+.]*[ \t]*\r?\Z")
+"""A ``DS_FORM`` of plain decimals (no exponent): its values are read by ``_plain_values``."""
+IT_RE = re.compile(rb"iteration( +)(\d{1,18})/( *)(\d{1,18})( *)\|([^\n]*)\n")
+_IT_FIXED = len(b"iteration/|\n")
+"""A Megatron iteration line from ``iteration``: number, total, the rest of the line
+(``IT_FORM``)."""
+IT_FORM = re.compile(rb"(?: *[A-Za-z][A-Za-z _/().,%'-]*: +[-+.eE]* *\|)+[ \t]*\r?\Z")
+"""The form of the ``| key: value |`` pieces of an iteration line that is read in bulk."""
+STEPS_RE = re.compile(
+    rb"steps: (\d{1,18}) loss: (" + _NUM + rb") iter time \(s\): (" + _NUM + rb")"
+    rb"(?: samples/sec: (" + _NUM + rb"))?[ \t]*\r?\n"
+)
+"""A PipelineEngine step line: step, loss, seconds, samples/s (maybe absent)."""
+MEM_RE = re.compile(
+    rb"\[Rank (\d{1,9})\] \(after (\d{1,18}) iterations\) memory \(MB\) \|"
+    rb"((?: (?:max )?(?:allocated|reserved): +" + _NUM + rb" *\|?)+)[ \t]*\r?\n"
+)
+"""A Megatron memory report of one rank after some iterations."""
+ALLOC_RE = re.compile(
+    rb"\[Rank (\d{1,9})\] MemAllocated=(" + _NUM + rb")GB MaxMemAllocated=(" + _NUM + rb")GB"
+    rb"([^\n]*)\n"
+)
+"""DeepSpeed's ``see_memory_usage``-style ``MemAllocated=..GB MaxMemAllocated=..GB`` line."""
+_ALLOC_NOT = (
+    b"# run outcome",
+    b"iteration",
+    b"steps:",
+    b"time (ms)",
+    b"across ranks",
+    b"memory (MB)",
+)
+"""Texts that send a line to an earlier branch of ``Core._dispatch`` than ``MemAllocated=``."""
+MEM_FIELDS = {
+    "allocated": "allocated_mb",
+    "max allocated": "max_allocated_mb",
+    "reserved": "reserved_mb",
+    "max reserved": "max_reserved_mb",
+}
+
+
+def line_end(block: bytes, s: int, end: int) -> int:
+    """Where the line at ``s`` ends (its newline, or ``end``)."""
+    e = block.find(b"\n", s, end)
+    return end if e < 0 else e
+
+
+def is_printable(line: bytes) -> bool:
+    """Printable ASCII (and tabs), a trailing carriage return allowed."""
+    return not line.translate(None, PRINTABLE) or not line.rstrip(b"\r").translate(None, PRINTABLE)
+
+
+_POWERS = 10.0 ** np.arange(16)
+"""Powers of ten that a double holds exactly."""
+
+
+def floats(tokens: list[bytes]) -> np.ndarray | None:
+    """``float()`` of each token as float64, or None when one is not a finite number."""
+    if not tokens:
+        return np.zeros(0)
+    text = b" ".join(tokens)
+    if not text.translate(None, b"0123456789. \t\r\n"):
+        vals = _fixed_point(text, len(tokens))
+        if vals is not None:
+            return vals
+    try:
+        vals = np.fromiter(map(float, tokens), dtype=float, count=len(tokens))
+    except ValueError:
+        return None
+    return vals if np.isfinite(vals).all() else None
+
+
+_NOT_VALUES = bytes(c for c in range(128) if chr(c).isalpha()) + b"_:|"
+
+
+def _plain_values(joined: bytes, n: int, k: int) -> np.ndarray | None:
+    """The values of ``n`` DeepSpeed line bodies of one ``DS_PLAIN`` form (``k`` names each),
+    joined by newlines, as an (n, k) array: the names, colons and bars deleted leave the
+    values between blanks, which ``np.fromstring`` reads as ``float()`` does; None when a line
+    does not hold k of them (a digit in a name, a value without one) or one does not read."""
+    text = joined.translate(None, _NOT_VALUES)
+    a = np.frombuffer(text, dtype=np.uint8)
+    blank = a <= 0x20
+    first = ~blank
+    first[1:] &= blank[:-1]
+    starts = np.flatnonzero(first)
+    if len(starts) != n * k:
+        return None
+    if (np.searchsorted(starts, np.flatnonzero(a == 0x0A)) != k * np.arange(1, n)).any():
+        return None
+    vals = None
+    if not text.translate(None, b"0123456789. \t\r\n"):
+        vals = _fixed_point(text, n * k)
+    if vals is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                vals = np.fromstring(text, dtype=float, sep=" ")
+            except (ValueError, DeprecationWarning):
+                return None
+    if len(vals) != n * k or not np.isfinite(vals).all():
+        return None
+    return vals.reshape(n, k)
+
+
+def matches(
+    rx: re.Pattern[bytes], block: bytes, pos: int, T: int, fixed: int
+) -> tuple[np.ndarray, np.ndarray, list[list[bytes]]]:
+    """Where each match of ``rx`` in [pos, T) starts and ends, and the values of each of its
+    groups, from one ``split`` (no object per match): every byte of a match that is not in a
+    group is of its fixed text, ``fixed`` bytes."""
+    parts = rx.split(block[pos:T])
+    k = rx.groups
+    n = (len(parts) - 1) // (k + 1)
+    if not n:
+        none = np.zeros(0, dtype=np.int64)
+        return none, none, [[] for _ in range(k)]
+    lens = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    gaps = lens[0 :: k + 1][:n]
+    width = fixed + lens[:-1].reshape(n, k + 1)[:, 1:].sum(axis=1)
+    ends = pos + np.cumsum(gaps + width)
+    return ends - width, ends, [parts[g :: k + 1] for g in range(1, k + 1)]
+
+
+def _each_float(tokens: list[bytes]) -> np.ndarray:
+    """``float()`` of each token, NaN where it does not read one."""
+    out = np.full(len(tokens), np.nan)
+    for i, t in enumerate(tokens):
+        with contextlib.suppress(ValueError):
+            out[i] = float(t)
+    return out
+
+
+def _digits(names: list[bytes]) -> bool:
+    """Whether a digit is among ``names``."""
+    every = b"".join(names)
+    return len(every.translate(None, DIGITS)) != len(every)
+
+
+def _fixed_point(text: bytes, n: int) -> np.ndarray | None:
+    """The ``n`` numbers of ``text`` (unsigned decimals between blanks) when each is digits with
+    one dot among them, at most 15 digits: read as integers without the dot, each divided by
+    the power of ten of its decimals, which gives the double nearest the decimal, as
+    ``float()`` does (both numbers are exact, and IEEE division rounds correctly); else None."""
+    a = np.frombuffer(text, dtype=np.uint8)
+    blank = a <= 0x20
+    first = ~blank
+    first[1:] &= blank[:-1]
+    last = ~blank
+    last[:-1] &= blank[1:]
+    starts, ends = np.flatnonzero(first), np.flatnonzero(last)
+    dots = np.flatnonzero(a == 0x2E)
+    if len(starts) != n:
+        return None
+    if not len(dots) and (ends - starts < 18).all():  # integers: converted exactly or rounded
+        with warnings.catch_warnings():  # to nearest as float() does
+            warnings.simplefilter("error")
+            try:
+                ints = np.fromstring(text, dtype=np.int64, sep=" ")
+            except (ValueError, DeprecationWarning):
+                return None
+        return ints.astype(float) if len(ints) == n else None
+    if len(dots) != n:
+        return None
+    if (dots < starts).any() or (dots > ends).any() or (ends - starts > 15).any():
+        return None
+    if (ends == starts).any():
+        return None  # (a dot alone)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            ints = np.fromstring(text.translate(None, b"."), dtype=np.int64, sep=" ")
+        except (ValueError, DeprecationWarning):
+            return None
+    if len(ints) != n:
+        return None
+    return ints / _POWERS[ends - dots]
+
+
+def iteration_fields(names: list[str]) -> list[tuple[int, str, bool, float]] | None:
+    """Which piece of an iteration line with these keys gives which ``Iteration`` field, as
+    ``Core._iteration_text`` reads them: (piece, field, int or not, factor to ms); None when
+    the line path reads such a line otherwise (a unit to read from the value, a record it
+    takes for hard-wrapped, timers glued after it)."""
+    got: dict[str, tuple[int, str, bool, float]] = {}
+    elapsed = False
+    for i, raw in enumerate(names):
+        k = norm_key(raw)
+        if "time (ms)" in raw or "#" in raw:
+            return None
+        if k in ITER_FIELDS:
+            name = ITER_FIELDS[k]
+            if name == "lm_loss" and k == "loss" and "lm_loss" in got:
+                continue
+            got[name] = (i, name, name in INT_FIELDS, 1.0)
+        elif k == "approx flops per gpu":
+            return None
+        elif k.startswith(("elapsed", "iteration time", "step time", "time per iteration")):
+            if "(ms)" in k or k.endswith(" ms") or k == "elapsed ms":
+                got["elapsed_ms"] = (i, "elapsed_ms", False, 1.0)
+            elif "(s)" in k or k.endswith((" s", " sec", "(sec)")):
+                got["elapsed_ms"] = (i, "elapsed_ms", False, 1000.0)
+            else:
+                return None
+        if re.search(r"elapsed|iteration[ _]time|step[ _]time|time[ _]per[ _]iteration", raw, re.I):
+            elapsed = True
+    return list(got.values()) if elapsed else None
+
+
+class Lines:
+    """Records of one family in a stretch, in file order: line starts, line ends (past the
+    newline), stream keys, and value columns (float64, NaN where a record has none)."""
+
+    def __init__(
+        self,
+        ls: Any,
+        le: Any,
+        keys: list[Any],
+        cols: dict[str, np.ndarray],
+        ints: frozenset[str] = frozenset(),
+    ) -> None:
+        self.ls = np.asarray(ls, dtype=np.int64)
+        self.le = np.asarray(le, dtype=np.int64)
+        self.keys = keys
+        """Stream key of each record."""
+        self.cols = cols
+        """Field -> values."""
+        self.ints = ints
+        """The fields of ``cols`` that hold integers (as float64, NaN where none)."""
+
+    @classmethod
+    def empty(cls) -> Lines:
+        """None."""
+        return cls([], [], [], {})
+
+    def __len__(self) -> int:
+        return len(self.ls)
+
+    def select(self, which: np.ndarray) -> Lines:
+        """The records at ``which`` (a mask or indices)."""
+        idx = np.flatnonzero(which) if which.dtype == bool else which
+        if len(idx) == len(self.ls):
+            return self
+        return Lines(
+            self.ls[idx],
+            self.le[idx],
+            list(map(self.keys.__getitem__, idx.tolist())),
+            {f: v[idx] for f, v in self.cols.items()},
+            self.ints,
+        )
+
+
+class DSLines:
+    """DeepSpeed lines of a stretch: starts, ends, ranks, stream keys, which are taken, and
+    their values by group of names: (names, rows, rows x names values)."""
+
+    def __init__(self, n: int) -> None:
+        self.ls = np.zeros(n, dtype=np.int64)
+        self.le = np.zeros(n, dtype=np.int64)
+        self.rank = np.zeros(n, dtype=np.int64)
+        self.keep = np.zeros(n, dtype=bool)
+        self.keys: list[str | None] = []
+        self.groups: list[tuple[tuple[str, ...], np.ndarray, np.ndarray]] = []
+
+    def __len__(self) -> int:
+        return len(self.ls)
+
+
+class Extractors:
+    """The per-family extractors of one file; ``host`` (``analysis.parse.bulk.Bulk``) gives
+    stream keys and finds a stream's next line."""
+
+    def __init__(self, host: Any) -> None:
+        self.host = host
+        self.ds_names: dict[bytes, tuple[str, ...] | None] = {}
+        """A DeepSpeed line's form (its body without digits) -> its names (None: not taken)."""
+        self.it_fields: dict[bytes, list[tuple[int, str, bool, float]] | None] = {}
+        """An iteration line's form -> ``iteration_fields`` of its keys."""
+        self.heads: dict[bytes, str | None] = {}
+        """Text before a record -> its stream key (None: not only launcher prefixes)."""
+
+    # -- stream keys --------------------------------------------------------------------------
+
+    def head_key(self, head: bytes, anchor: bytes) -> str | None:
+        """Stream key of a line whose text before ``anchor`` (where the record starts) is
+        ``head``; None unless that text is launcher prefixes alone."""
+        key = self.heads.get(head, MISSING)
+        if key is MISSING:
+            key = None
+            if is_printable(head) and b"\r" not in head:
+                text = head.decode("ascii")
+                k, rest = split_prefix(text + anchor.decode())
+                if rest == anchor.decode():
+                    key = k
+            if len(self.heads) < 65536:
+                self.heads[head] = key
+        return key  # type: ignore[return-value]
+
+    def it_head_key(self, head: bytes) -> str | None:
+        """Stream key of an iteration line whose text before ``iteration`` is ``head``: launcher
+        prefixes, then printable text the line path reads past (a time stamp); None when it
+        would read the line otherwise."""
+        key = self.heads.get(b"\x00" + head, MISSING)
+        if key is MISSING:
+            key = None
+            if is_printable(head) and b"\r" not in head and (not head or head[-1] not in WORD):
+                m = PREFIXES_RE.match(head)
+                raw = m.group(0) if m else b""
+                k, rest = split_prefix(raw.decode("ascii"))
+                text = head[len(raw) - len(rest) :]
+                if (not text or 0x20 <= text[0] < 0x7F) and not any(
+                    w in text for w in (b"|", b"iteration", b"time (ms)", b"memory (MB)", b"#")
+                ):
+                    key = k
+            if len(self.heads) < 65536:
+                self.heads[b"\x00" + head] = key
+        return key  # type: ignore[return-value]
+
+    @staticmethod
+    def starts(block: bytes, pos: int, nl: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """The start of the line of each position ``at`` (``nl``: the newlines from ``pos``)."""
+        j = np.searchsorted(nl, at) - 1
+        return np.where(j >= 0, nl[np.maximum(j, 0)] + 1, pos)
+
+    def keys(self, block: bytes, ls: np.ndarray, at: np.ndarray, anchor: bytes) -> list[Any]:
+        """``head_key`` of each line's text from ``ls`` to ``at``."""
+        heads = list(map(block.__getitem__, map(slice, ls.tolist(), at.tolist())))
+        got = list(map(self.heads.get, heads, repeat(MISSING)))
+        if MISSING in got:
+            got = [
+                self.head_key(h, anchor) if k is MISSING else k
+                for h, k in zip(heads, got, strict=True)
+            ]
+        return got
+
+    # -- the families ---------------------------------------------------------------------------
+
+    def ds_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> DSLines:
+        """DeepSpeed ``[Rank N] time (ms) | name: value | ...`` lines of [pos, T)."""
+        at, end, (ranks, bodies) = matches(DS_RE, block, pos, T, _DS_FIXED)
+        n = len(at)
+        out = DSLines(n)
+        if not n:
+            return out
+        out.ls = self.starts(block, pos, nl, at)
+        out.le = end
+        out.rank = np.fromiter(map(int, ranks), dtype=np.int64, count=n)
+        out.keys = self.keys(block, out.ls, at, b"[Rank")
+        out.keep = out.le - out.ls <= MAX_LINE_CHARS
+        if None in out.keys:
+            out.keep &= np.array([k is not None for k in out.keys], dtype=bool)
+        forms = b"\n".join(bodies).translate(None, DIGITS).split(b"\n")
+        ids = {f: i for i, f in enumerate(dict.fromkeys(forms))}
+        gid = np.fromiter(map(ids.__getitem__, forms), dtype=np.int64, count=n)
+        for form, g in ids.items():
+            idx = np.flatnonzero(gid == g)
+            names = self.ds_names.get(form, MISSING)
+            if names is MISSING:
+                names = self._ds_names(bodies[int(idx[0])])
+                if len(self.ds_names) < 4096:
+                    self.ds_names[form] = names
+            if names is None:
+                out.keep[idx] = False
+                continue
+            k = len(names)
+            mine = list(map(bodies.__getitem__, idx.tolist()))
+            if DS_PLAIN.match(form):
+                plain = _plain_values(b"\n".join(mine), len(mine), k)
+                if plain is not None:
+                    out.groups.append((names, idx, plain))
+                    continue
+            parts = b"|".join(mine).replace(b":", b"|").split(b"|")
+            if _digits(parts[0::2]):  # (a name with a digit: one by one)
+                rows = [self._ds_names(b) == names for b in mine]
+                if not all(rows):
+                    out.keep[idx[~np.array(rows, dtype=bool)]] = False
+                    idx = idx[np.array(rows, dtype=bool)]
+                    mine = [b for b, r in zip(mine, rows, strict=True) if r]
+                    if not mine:
+                        continue
+                    parts = b"|".join(mine).replace(b":", b"|").split(b"|")
+            vals = floats(parts[1::2])
+            if vals is None:  # one does not convert: line by line
+                rows = [floats(b.replace(b":", b"|").split(b"|")[1::2]) for b in mine]
+                good = np.array([r is not None for r in rows], dtype=bool)
+                out.keep[idx[~good]] = False
+                if not good.any():
+                    continue
+                idx, vals = idx[good], np.concatenate([r for r in rows if r is not None])
+            out.groups.append((names, idx, vals.reshape(len(idx), k)))
+        return out
+
+    @staticmethod
+    def _ds_names(body: bytes) -> tuple[str, ...] | None:
+        """The names of a DeepSpeed line's body, or None when the line path reads the line as
+        something else (a name twice, a word of another record) or it is not of ``DS_FORM``."""
+        if any(w in body for w in (b"iteration", b"steps", b"iter", b"outcome")):
+            return None
+        if not DS_FORM.match(body.translate(None, DIGITS)) or _digits(
+            body.replace(b":", b"|").split(b"|")[0::2]
+        ):
+            return None
+        names = tuple(p.partition(b":")[0].strip().decode() for p in body.split(b"|"))
+        return names if len(set(names)) == len(names) else None
+
+    def iteration_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
+        """Megatron ``iteration N/ M | key: value | ... |`` lines of [pos, T)."""
+        at, le, (_s1, nums, _s2, tots, _s3, rests) = matches(IT_RE, block, pos, T, _IT_FIXED)
+        if not len(at):
+            return Lines.empty()
+        n = len(at)
+        ls = self.starts(block, pos, nl, at)
+        heads = list(map(block.__getitem__, map(slice, ls.tolist(), at.tolist())))
+        keys = (
+            [self.it_head_key(h) for h in heads]
+            if len(set(heads)) > 1
+            else [self.it_head_key(heads[0])] * n
+        )
+        keep = np.array([k is not None for k in keys], dtype=bool) & (le - ls <= MAX_LINE_CHARS)
+        forms = b"\n".join(rests).translate(None, DIGITS).split(b"\n")
+        ids = {f: i for i, f in enumerate(dict.fromkeys(forms))}
+        gid = np.fromiter(map(ids.__getitem__, forms), dtype=np.int64, count=n)
+        cols: dict[str, np.ndarray] = {}
+        ints: set[str] = set()
+        for form, g in ids.items():
+            idx = np.flatnonzero(gid == g)
+            fields = self.it_fields.get(form, MISSING)
+            if fields is MISSING:
+                rest = rests[int(idx[0])]
+                fields = None
+                if IT_FORM.match(form):
+                    fields = iteration_fields(
+                        [p.partition(b":")[0].decode() for p in rest.split(b"|")[:-1]]
+                    )
+                if len(self.it_fields) < 4096:
+                    self.it_fields[form] = fields
+            if fields is None:
+                keep[idx] = False
+                continue
+            parts = b"".join(map(rests.__getitem__, idx.tolist())).replace(b":", b"|").split(b"|")
+            width = (len(parts) - 1) // len(idx)
+            if _digits(parts[0::2]):  # (a key with a digit: read by the line path)
+                bad_key = [
+                    _digits(r.replace(b":", b"|").split(b"|")[0::2])
+                    for r in map(rests.__getitem__, idx.tolist())
+                ]
+                keep[idx[np.array(bad_key, dtype=bool)]] = False
+            for piece, f, is_int, factor in fields:
+                toks = parts[piece * 2 + 1 : -1 : width]
+                got = floats(toks)
+                vals = _each_float(toks) if got is None else got
+                bad = ~np.isfinite(vals)
+                if is_int:
+                    bad |= (vals != np.floor(vals)) | (np.abs(vals) >= 2**53)
+                    ints.add(f)
+                elif factor != 1.0:
+                    vals = vals * factor
+                keep[idx[bad]] = False
+                col = cols.get(f)
+                if col is None:
+                    col = cols[f] = np.full(n, np.nan)
+                col[idx] = vals
+        cols["iteration"] = np.fromiter(map(int, nums), dtype=np.int64, count=n)
+        cols["train_iters"] = np.fromiter(map(int, tots), dtype=np.int64, count=n)
+        return Lines(ls, le, keys, cols, frozenset(ints)).select(keep)
+
+    def steps_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
+        """PipelineEngine ``steps: N loss: L iter time (s): T samples/sec: S`` lines of
+        [pos, T)."""
+        found = [m.span() + m.groups() for m in STEPS_RE.finditer(block, pos, T)]
+        if not found:
+            return Lines.empty()
+        n = len(found)
+        at_l, end_l, step, loss, secs, sps = zip(*found, strict=True)
+        at = np.array(at_l, dtype=np.int64)
+        ls = self.starts(block, pos, nl, at)
+        keys = self.keys(block, ls, at, b"steps:")
+        le = np.array(end_l, dtype=np.int64)
+        keep = np.array([k is not None for k in keys], dtype=bool) & (le - ls <= MAX_LINE_CHARS)
+        return Lines(
+            ls,
+            le,
+            keys,
+            {
+                "step": np.fromiter(map(int, step), dtype=np.int64, count=n),
+                "loss": floats(list(loss)),
+                "iter_ms": floats(list(secs)) * 1000.0,
+                "samples_per_s": np.array([float(x) if x else np.nan for x in sps], dtype=float),
+            },
+        ).select(keep)
+
+    def mem_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
+        """Megatron ``[Rank N] (after K iterations) memory (MB) | ...`` reports of [pos, T)."""
+        rows = []
+        for m in MEM_RE.finditer(block, pos, T):
+            got: dict[str, float] = {}
+            for piece in m.group(3).split(b"|"):
+                k, _, v = piece.partition(b":")
+                name = MEM_FIELDS.get(k.strip().decode())
+                if name is None or name in got:
+                    got = {}
+                    break
+                got[name] = float(v)
+            if got:
+                rows.append((m.start(), m.end(), int(m.group(1)), int(m.group(2)), got))
+        if not rows:
+            return Lines.empty()
+        at = np.array([r[0] for r in rows], dtype=np.int64)
+        ls = self.starts(block, pos, nl, at)
+        keys = self.keys(block, ls, at, b"[Rank")
+        le = np.array([r[1] for r in rows], dtype=np.int64)
+        cols = {f: np.array([r[4].get(f, np.nan) for r in rows]) for f in MEM_FIELDS.values()}
+        cols["rank"] = np.array([r[2] for r in rows], dtype=np.int64)
+        cols["after_iteration"] = np.array([r[3] for r in rows], dtype=np.int64)
+        keep = np.array([k is not None for k in keys], dtype=bool) & (le - ls <= MAX_LINE_CHARS)
+        return Lines(ls, le, keys, cols).select(keep)
+
+    def alloc_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
+        """DeepSpeed ``[Rank N] MemAllocated=..GB MaxMemAllocated=..GB ...`` lines of [pos, T)."""
+        rows = [
+            m.span() + m.groups()[:3]
+            for m in ALLOC_RE.finditer(block, pos, T)
+            if not any(w in m.group(4) for w in _ALLOC_NOT) and is_printable(m.group(4))
+        ]
+        if not rows:
+            return Lines.empty()
+        at_l, end_l, rank, a, top = zip(*rows, strict=True)
+        at = np.array(at_l, dtype=np.int64)
+        ls = self.starts(block, pos, nl, at)
+        keys = self.keys(block, ls, at, b"[Rank")
+        le = np.array(end_l, dtype=np.int64)
+        keep = np.array([k is not None for k in keys], dtype=bool) & (le - ls <= MAX_LINE_CHARS)
+        cols = {
+            "rank": np.array(list(map(int, rank)), dtype=np.int64),
+            "allocated_mb": np.array(list(map(float, a))) * 1024.0,
+            "max_allocated_mb": np.array(list(map(float, top))) * 1024.0,
+        }
+        return Lines(ls, le, keys, cols).select(keep)
