@@ -407,7 +407,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     adjustments = gpu.cuda_adjustments(paths.python) if device == "cuda" else []
     need = device == "cuda" and not adjustments
 
-    def once(cluster: Cluster, session: Any, launcher: str) -> Report:
+    def once(cluster: Cluster, session: Any, launcher: str) -> int:
         report = doctor_for(cluster, paths, device, launcher, Path(args.logs), session,
                             need_wgrad=need, use_cache=False)  # fmt: skip
         for a in adjustments:
