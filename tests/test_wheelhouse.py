@@ -422,6 +422,10 @@ def test_doctor_says_what_the_wheelhouse_would_give_a_node_that_lacks_a_pin(fact
     )
     cell = _node(facts, _expectation(facts, found), deepspeed="0.19.7")["deepspeed"]
     assert f"lacks deepspeed=={pin} (it has 0.19.7): `make setup WHEELS=" in cell.fix
+    found.manifest["leaves_out"] = [{"name": "torch", "why": "torch", "listed": False}]
+    cell = _node(facts, _expectation(facts, found), deepspeed=None)["deepspeed"]
+    assert f"`make setup TORCH=system WHEELS={tmp_path / 'wh'}` there" in cell.fix
+    del found.manifest["leaves_out"]
     other = wheelhouse.Found(tmp_path / "wh", _manifest("2.7"))
     cell = _node(facts, _expectation(facts, other), deepspeed=None)["deepspeed"]
     assert f"is for Python 2.7, not this node's {node_python}: `make wheelhouse PY=" in cell.fix

@@ -669,7 +669,8 @@ def offer(name: str, manifest: dict | None, folder: Path | None, python: str) ->
             return ""
         held = f"{entry['name']} {entry['version']}"
     return (
-        f"`make setup WHEELS={folder}` there, no network needed (the wheelhouse holds {held} for "
+        f"`make setup {'TORCH=system ' if manifest.get('leaves_out') else ''}WHEELS={folder}` "
+        f"there, no network needed (the wheelhouse holds {held} for "
         f"Python {target['python']} {target['platform']}; copy it to the node first without a "
         "shared filesystem)"
     )
