@@ -394,9 +394,10 @@ def build(
         ]
         kept = [f"{n}=={graph[n].version}" for n in sorted(parts.keep)]
         files = pip_download(python, ["--no-deps", "--dest", str(folder), *binary, *kept], log)
+        ours = sum(e["why"] == "torch" for e in leaves_out)
         log(
-            f"wheelhouse: leaves out {len(parts.torch)} distributions of the node's PyTorch and "
-            f"{len(parts.node)} the node has or only they need; holds {len(parts.keep)}"
+            f"wheelhouse: leaves out {ours} distributions of the node's PyTorch and "
+            f"{len(leaves_out) - ours} the node has or only they need; holds {len(parts.keep)}"
         )
     else:
         args = ["--dest", str(folder), *binary, "-r", str(requirements), *EXTRA]
