@@ -97,6 +97,8 @@ help:
 	@echo "make setup TORCH=system  the venv on SYSTEM_PYTHON's PyTorch (--system-site-packages)"
 	@echo "make wheelhouse [PY=3.11] [PLATFORM=..] [WHEELHOUSE=dir]  every pinned wheel and upstream"
 	@echo "                      in one folder; then make setup WHEELS=dir installs with no network"
+	@echo "make wheelhouse TORCH=system [HAVE=node-freeze.txt]  only what a node with its own PyTorch"
+	@echo "                      (and those packages) lacks; then make setup TORCH=system WHEELS=dir"
 	@echo "make doctor HOSTS=..  check every node of a hostfile before a run"
 	@echo "make gpu-check        on a GPU machine: its PyTorch, apex for its sm, small/large x"
 	@echo "                      baseline/ZeRO-1/2/3 in bf16 for real, the report with MFU (9 min);"
