@@ -3,6 +3,7 @@ the budget, and the apex build that compiles only the extensions named."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -79,12 +80,12 @@ def test_dry_run_plan_on_a_cpu_machine():
     assert "-m venv --system-site-packages" in out and "torch_check requirements" in out
     assert "wheelhouse" not in out and "DEVICE= " in out
     assert "-m launchers.config.gpu build-needed" in out
-    for model in ("small", "large"):
+    for model, strategy in gpu_check.RUN_ORDER:
         assert (
-            f"-m launchers matrix --model {model} --strategies baseline,zero1,zero2,zero3 "
-            "--device cuda --hosts " in out
+            f"-m launchers matrix --model {model} --strategies {strategy} --device cuda --hosts "
+            in out
         )
-    assert out.count("--set precision=bf16") == 2 and "localhost slots=1" in out
+    assert out.count("--set precision=bf16") == 8 and "localhost slots=1" in out
     assert "-m analysis.report " in out and out.index("matrix --model large") < out.index(
         "analysis.report"
     )
@@ -156,9 +157,27 @@ def test_requirements_without_torch(tmp_path):
 
 def test_budget_per_run():
     step = gpu_check.Step("small", ["python", "-m", "launchers", "matrix"])
-    assert gpu_check.with_timeout(step, 530.0, 8)[-2:] == ["--timeout", "62"]
-    assert gpu_check.with_timeout(step, 100.0, 4)[-1] == "30"  # (never under 30 s)
-    assert gpu_check.with_timeout(gpu_check.Step("x", ["true"]), 10.0, 1) == ["true"]
+    assert gpu_check.with_timeout(step, 530.0, True)[-2:] == ["--timeout", "500"]
+    assert gpu_check.with_timeout(step, 530.0, False)[-1] == "150"  # (RUN_CAP_S after the first)
+    assert gpu_check.with_timeout(step, 100.0, False)[-1] == "70"
+    assert gpu_check.with_timeout(step, 50.0, True)[-1] == "40"  # (never under MIN_RUN_S)
+    assert gpu_check.with_timeout(gpu_check.Step("x", ["true"]), 10.0, True) == ["true"]
+
+
+def test_every_model_and_strategy_runs_once_most_telling_first(tmp_path):
+    pairs = set(gpu_check.RUN_ORDER)
+    assert pairs == {(m, s) for m in gpu_check.MODELS for s in gpu_check.STRATEGIES}
+    assert len(pairs) == len(gpu_check.RUN_ORDER)
+    assert gpu_check.RUN_ORDER[:2] == (("large", "baseline"), ("small", "baseline"))
+    steps = gpu_check.plan(tmp_path / "v", tmp_path / "logs", "python3", None)
+    runs = [s.argv for s in steps if "matrix" in s.argv]
+    said = [(a[a.index("--model") + 1], a[a.index("--strategies") + 1]) for a in runs]
+    assert said == list(gpu_check.RUN_ORDER)
+    assert "analysis.report" in steps[-1].argv
+
+
+def mark(trail, word, *extra):
+    return ["sh", "-c", f"echo {word} >> {trail}", *extra]
 
 
 def test_steps_run_in_order_and_a_failed_run_still_gets_the_report(tmp_path, monkeypatch):
@@ -166,18 +185,52 @@ def test_steps_run_in_order_and_a_failed_run_still_gets_the_report(tmp_path, mon
     trail = tmp_path / "trail"
 
     def plan(venv, logs, python, wheels):
-        mark = lambda word: ["sh", "-c", f"echo {word} >> {trail}"]  # noqa: E731
         return [
-            gpu_check.Step("first", mark("first")),
-            gpu_check.Step("runs", [*mark("runs"), "matrix"]),
+            gpu_check.Step("first", mark(trail, "first")),
+            gpu_check.Step("runs", mark(trail, "runs", "matrix")),
             gpu_check.Step("failing runs", ["sh", "-c", "exit 3", "matrix"]),
-            gpu_check.Step("report", [*mark("report"), "analysis.report"]),
+            gpu_check.Step("later runs", mark(trail, "later", "matrix")),
+            gpu_check.Step("report", mark(trail, "report", "analysis.report")),
         ]
 
     monkeypatch.setattr(gpu_check, "plan", plan)
-    assert gpu_check.main(["--logs", str(tmp_path / "logs"), "--venv", str(tmp_path)]) == 0
-    assert trail.read_text().split() == ["first", "runs", "report"]
+    assert gpu_check.main(["--logs", str(tmp_path / "logs"), "--venv", str(tmp_path)]) == 1
+    assert trail.read_text().split() == ["first", "runs", "later", "report"]
     assert (tmp_path / "logs" / "hostfile").read_text() == "localhost slots=1\n"
+
+
+def test_runs_that_do_not_fit_are_left_out_and_the_report_runs(tmp_path, monkeypatch, capsys):
+    """A run that overruns is stopped at the budget less the report's reserve; the runs after it
+    are not started; the report runs within what was kept for it."""
+    monkeypatch.setattr(gpu_check, "REPORT_S", 1.0)
+    monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0.5)
+    trail = tmp_path / "trail"
+    steps = [
+        gpu_check.Step("setup", mark(trail, "setup")),
+        gpu_check.Step("quick run", mark(trail, "quick", "matrix")),
+        gpu_check.Step("slow run", ["sh", "-c", f"echo slow >> {trail}; sleep 30", "matrix"]),
+        gpu_check.Step("left-out run", mark(trail, "left-out", "matrix")),
+        gpu_check.Step("report", mark(trail, "report", "analysis.report")),
+    ]
+    start = time.monotonic()
+    assert gpu_check.execute(steps, 3.0, start, tmp_path) == 1
+    took = time.monotonic() - start
+    assert trail.read_text().split() == ["setup", "quick", "slow", "report"]
+    assert took < 3.5
+    out = capsys.readouterr()
+    assert "not run for want of time: left-out run" in out.out
+    assert "'slow run' ran past the budget" in out.err
+
+
+def test_a_failed_setup_step_stops_the_check(tmp_path):
+    trail = tmp_path / "trail"
+    steps = [
+        gpu_check.Step("setup", ["sh", "-c", "exit 2"]),
+        gpu_check.Step("run", mark(trail, "run", "matrix")),
+        gpu_check.Step("report", mark(trail, "report", "analysis.report")),
+    ]
+    assert gpu_check.execute(steps, 30.0, time.monotonic(), tmp_path) == 1
+    assert not trail.exists()
 
 
 def test_apex_ext_builds_only_the_named_extensions(tmp_path):
@@ -277,3 +330,79 @@ def test_provenance_records_the_torch_found(tmp_path):
         found["torch"], found["torch_cuda"], "venv"
     )  # fmt: skip
     assert prov.torch_warnings == (torch_check.warnings(found) or None)
+
+
+def test_the_dataset_step_runs_upstream_with_the_cpu_accelerator(tmp_path, monkeypatch):
+    """preprocess_data.py imports megatron, which imports apex under DeepSpeed's cuda accelerator:
+    the dataset step alone gets DS_ACCELERATOR=cpu, this process's environment keeps its own."""
+    from launchers.config import upstream
+
+    monkeypatch.setenv("MDS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    monkeypatch.setattr(upstream, "generate_corpus", lambda path: path.write_text("{}\n"))
+    monkeypatch.setattr(upstream, "train_tokenizer", lambda corpus, out: None)
+    seen: dict[str, str] = {}
+
+    def fake_run(cmd, **kw):
+        seen.update(kw["env"])
+        data = upstream.tiny_data()
+        for p in (data.vocab_file, data.merge_file):
+            p.write_text("x")
+        for ext in (".bin", ".idx"):
+            Path(f"{data.data_prefix}{ext}").write_text("x")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(upstream.subprocess, "run", fake_run)
+    upstream.ensure_tiny_data(tmp_path, log=lambda s: None)
+    assert seen["DS_ACCELERATOR"] == "cpu"
+    assert seen["MDS_CACHE_DIR"] == str(tmp_path)
+    assert os.environ["DS_ACCELERATOR"] == "cuda"
+
+
+def git_repo(path: Path) -> str:
+    """A one-commit repository holding a setup.py; its commit id."""
+    path.mkdir()
+    (path / "setup.py").write_text("print('apex stand-in')\n")
+    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "setup.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "apex"], check=True)
+    return subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+
+
+def test_apex_from_an_unbundlable_clone_is_a_checked_source_tarball(tmp_path, monkeypatch):
+    """Where git cannot bundle the clone (part of its history missing), the wheelhouse holds the
+    pinned tree as a tarball; the apex step extracts it only when the commit id git recorded in it
+    is the pin, and reuses the extracted tree."""
+    from launchers.config import wheelhouse
+
+    commit = git_repo(tmp_path / "apex-clone")
+    monkeypatch.setattr(wheelhouse, "APEX_COMMIT", commit)
+
+    def no_bundle(repo, path, commit, what, log=print):
+        raise wheelhouse.UpstreamError("git bundle create failed: pack-objects died")
+
+    monkeypatch.setattr(wheelhouse, "bundle", no_bundle)
+    folder = tmp_path / "house"
+    folder.mkdir()
+    said: list[str] = []
+    got = wheelhouse.apex_source(str(tmp_path / "apex-clone"), folder, said.append)
+    assert got == folder / wheelhouse.APEX_ARCHIVE_NAME and got.is_file()
+    assert any("source tarball instead" in line for line in said)
+    assert gpu.tar_commit(got) == commit
+    with pytest.raises(wheelhouse.UpstreamError):  # (a URL gets no tarball: its error stands)
+        wheelhouse.apex_source("https://example.invalid/apex.git", folder, said.append)
+
+    monkeypatch.setenv("APEX_REPO", str(got))
+    monkeypatch.setenv("APEX_DIR", str(tmp_path / "src"))
+    with pytest.raises(gpu.GpuSetupError, match=f"holds apex {commit[:12]}, this checkout pins"):
+        gpu.ensure_apex_source(log=said.append)
+    monkeypatch.setattr(gpu, "APEX_COMMIT", commit)
+    assert gpu.ensure_apex_source(log=said.append) == tmp_path / "src"
+    assert (tmp_path / "src" / "setup.py").read_text() == "print('apex stand-in')\n"
+    gpu.ensure_apex_source(log=said.append)
+    assert said[-1] == f"apex: reusing {tmp_path / 'src'} at {commit[:12]}"
+    assert gpu_check.apex_file(folder) == folder / "apex.bundle"  # (no manifest: the bundle)
+    (folder / "manifest.json").write_text(json.dumps({"apex": {"file": "apex.tar.gz"}}))
+    assert gpu_check.apex_file(folder) == got

@@ -35,9 +35,11 @@ import argparse
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -382,8 +384,50 @@ def apex_dir() -> Path:
     return Path(os.environ.get("APEX_DIR") or cache_root() / "apex").expanduser()
 
 
+def tar_commit(archive: Path) -> str:
+    """The commit id ``git archive`` recorded in ``archive``'s pax header (``git
+    get-tar-commit-id``); empty when it records none."""
+    with tarfile.open(archive) as tar:
+        return str(tar.pax_headers.get("comment", "")).strip()
+
+
+def extract_apex(archive: Path, log: Callable[[str], None] = print) -> Path:
+    """apex from a source tarball of its tree (``make wheelhouse`` where the clone could not be
+    bundled) into :func:`apex_dir`, after checking the commit id git recorded in it."""
+    try:
+        commit = tar_commit(archive)
+    except (OSError, tarfile.TarError) as exc:
+        raise GpuSetupError(f"APEX_REPO={archive}: not a readable tarball ({exc})") from None
+    if commit != APEX_COMMIT:
+        raise GpuSetupError(
+            f"APEX_REPO={archive} holds apex {commit[:12] or '(no commit id recorded)'}, this "
+            f"checkout pins {APEX_COMMIT[:12]}: rerun `make wheelhouse DEVICE=cuda`"
+        )
+    path = apex_dir()
+    if (path / ".apex-commit").is_file() and (path / ".apex-commit").read_text() == commit:
+        log(f"apex: reusing {path} at {commit[:12]}")
+        return path
+    tmp = path.parent / f"{path.name}.tmp"
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with tarfile.open(archive) as tar:
+        top = {m.name.split("/", 1)[0] for m in tar.getmembers()}
+        tar.extractall(tmp, filter="data")
+    if len(top) != 1:
+        raise GpuSetupError(f"APEX_REPO={archive}: expected one top folder, found {sorted(top)}")
+    (tmp / top.pop()).rename(path)
+    tmp.rmdir()
+    (path / ".apex-commit").write_text(commit)
+    log(f"apex: extracted {archive.name} ({commit[:12]}, the commit id it records) into {path}")
+    return path
+
+
 def ensure_apex_source(log: Callable[[str], None] = print) -> Path:
-    """Clone ``APEX_REPO`` at :data:`APEX_COMMIT` into :func:`apex_dir` (reused when there)."""
+    """Clone ``APEX_REPO`` at :data:`APEX_COMMIT` into :func:`apex_dir` (reused when there); a
+    ``.tar.gz`` file there is a source tarball of the pinned tree (:func:`extract_apex`)."""
+    if apex_repo().endswith((".tar.gz", ".tar")) and Path(apex_repo()).is_file():
+        return extract_apex(Path(apex_repo()), log)
     path = apex_dir()
     head = run_git(["rev-parse", "HEAD"], cwd=path).stdout if (path / ".git").exists() else ""
     if head.strip() == APEX_COMMIT:

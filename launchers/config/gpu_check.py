@@ -10,7 +10,7 @@ torch import, well under 5 s) and says so. On a GPU machine, within ``--budget-s
    venv, ``torch_check chain``), the pins but torch and torchvision where missing or at another
    version, the versions found against the tested range, upstream at its pinned commit and the
    tiny dataset. ``--wheels DIR``: ``WHEELS=DIR`` there, so the wheelhouse's manifest is checked
-   first (sha256, the target Python, every pin, the apex bundle), pip sees that folder alone at
+   first (sha256, the target Python, every pin, apex's bundle or tarball), pip sees that folder alone at
    the manifest's versions and none of pip's configuration, and upstream is cloned from the
    wheelhouse's bundle: nothing reaches the network;
 2. the versions found (torch, its CUDA, the device, its compute capability, DeepSpeed);
@@ -18,8 +18,10 @@ torch import, well under 5 s) and says so. On a GPU machine, within ``--budget-s
    (``launchers.config.gpu build-needed``: ``TORCH_CUDA_ARCH_LIST`` from
    ``torch.cuda.get_device_capability``; with ``--wheels``, apex from the wheelhouse's bundle);
 4. ``small`` and ``large`` with the baseline and ZeRO-1/2/3, bf16, world size 1 (ZeRO at DP 1
-   is degenerate but runs its code), few iterations, each run bounded by what is left;
-5. ``python -m analysis.report`` on them: iteration time, TFLOP/s, MFU, tensor memory.
+   is degenerate but runs its code), few iterations, one run at a time in :data:`RUN_ORDER`
+   (most telling first), each bounded by what is left; a run that would not fit is not started;
+5. ``python -m analysis.report`` on whatever ran, with :data:`REPORT_S` kept for it: iteration
+   time, TFLOP/s, MFU, tensor memory.
 
 ``--dry-run`` prints the plan (every command, in order, the set-up's as ``make -n`` expands
 it) and starts nothing; with ``--device cuda`` it does so on a machine without a GPU.
@@ -31,6 +33,7 @@ dependency is installed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -40,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launchers.config.wheelhouse import APEX_BUNDLE_NAME
+from launchers.config.wheelhouse import APEX_BUNDLE_NAME, MANIFEST_NAME
 
 BUDGET_S = 530.0
 """The whole check's budget, seconds: nine minutes with room for the start and the refusal."""
@@ -54,10 +57,25 @@ MODELS = ("small", "large")
 STRATEGIES = ("baseline", "zero1", "zero2", "zero3")
 """Strategies run for each model."""
 
-TRAIN_ITERS = {"small": 30, "large": 20}
-"""Iterations per run: a warm-up window and steady windows of LOG_INTERVAL."""
+RUN_ORDER = (
+    ("large", "baseline"),
+    ("small", "baseline"),
+    ("large", "zero3"),
+    ("large", "zero1"),
+    ("large", "zero2"),
+    ("small", "zero1"),
+    ("small", "zero2"),
+    ("small", "zero3"),
+)
+"""Every (model, strategy) of :data:`MODELS` x :data:`STRATEGIES`, one run each, most telling
+first (each model's reference, then the stage that saves most), so that what the budget leaves
+out is the least telling."""
 
-LOG_INTERVAL = 5
+TRAIN_ITERS = {"small": 20, "large": 12}
+"""Iterations per run: a warm-up window and steady windows of LOG_INTERVAL (as ``make demo``,
+few iterations: a run's start-up costs more than its iterations)."""
+
+LOG_INTERVAL = 2
 """Iterations per logged window."""
 
 APEX_NEEDED = ("amp_C", "fused_layer_norm_cuda", "fused_weight_gradient_mlp_cuda")
@@ -139,6 +157,15 @@ def setup_command(venv: Path, base_python: str, wheels: Path | None) -> list[str
     return [*cmd, "APEX_CHECK=--apex"] if wheels else cmd
 
 
+def apex_file(wheels: Path) -> Path:
+    """The wheelhouse's apex, as its manifest names it: a bundle of its history or a source
+    tarball of the pinned tree (the set-up's manifest check says what is wrong with either)."""
+    try:
+        return wheels / json.loads((wheels / MANIFEST_NAME).read_text())["apex"]["file"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return wheels / APEX_BUNDLE_NAME
+
+
 def plan(venv: Path, logs: Path, base_python: str, wheels: Path | None) -> list[Step]:
     """Every command of the check, in order."""
     py = str(venv / "bin" / "python")
@@ -154,16 +181,16 @@ def plan(venv: Path, logs: Path, base_python: str, wheels: Path | None) -> list[
         Step("versions found", [py, "-c", VERSIONS]),
         Step(
             f"apex: only {', '.join(APEX_NEEDED)}, for this GPU's sm"
-            + (f" (from {wheels / APEX_BUNDLE_NAME})" if wheels else ""),
+            + (f" (from {apex_file(wheels)})" if wheels else ""),
             [py, "-m", "launchers.config.gpu", "build-needed"],
-            env={"APEX_REPO": str(wheels / APEX_BUNDLE_NAME)} if wheels else {},
+            env={"APEX_REPO": str(apex_file(wheels))} if wheels else {},
             skip_if="every one imports already",
         ),
     ]
-    for model in MODELS:
+    for model, strategy in RUN_ORDER:
         steps.append(
             Step(
-                f"{model}: {', '.join(STRATEGIES)} in bf16 at world size 1",
+                f"{model} {strategy} in bf16 at world size 1",
                 [
                     py,
                     "-m",
@@ -172,7 +199,7 @@ def plan(venv: Path, logs: Path, base_python: str, wheels: Path | None) -> list[
                     "--model",
                     model,
                     "--strategies",
-                    ",".join(STRATEGIES),
+                    strategy,
                     "--device",
                     "cuda",
                     "--hosts",
@@ -211,13 +238,22 @@ REPORT_S = 30.0
 """Kept back from the runs for the report."""
 
 
-def with_timeout(step: Step, left_s: float, runs_left: int) -> list[str]:
-    """The step's argv; a run matrix gets ``--timeout`` per run: what is left of the budget
-    (less the report's share) over the runs still to go."""
+RUN_CAP_S = 150.0
+"""Longest a run after the first may take: the first also compiles upstream's fused kernels
+(rank 0, cached for the others) and gets whatever is left."""
+
+MIN_RUN_S = 40.0
+"""A run is not started with less than this left before the report's reserve: it would not
+reach a steady window."""
+
+
+def with_timeout(step: Step, left_s: float, first_run: bool) -> list[str]:
+    """The step's argv; a run gets ``--timeout``: what is left of the budget less the report's
+    reserve, at most :data:`RUN_CAP_S` unless it is the first run."""
     if "matrix" not in step.argv:
         return step.argv
-    per_run = (left_s - REPORT_S) / max(1, runs_left)
-    return [*step.argv, "--timeout", str(max(30, int(per_run)))]
+    bound = left_s - REPORT_S if first_run else min(left_s - REPORT_S, RUN_CAP_S)
+    return [*step.argv, "--timeout", str(max(int(MIN_RUN_S), int(bound)))]
 
 
 def environment(step: Step) -> dict[str, str]:
@@ -246,14 +282,13 @@ def show_plan(steps: list[Step], logs: Path, budget_s: float, gpus: list[str]) -
     """Print every command of the check, in order, the set-up's as ``make -n`` expands it."""
     print(f"gpu-check plan (budget {budget_s:g} s; {', '.join(gpus) or 'GPU assumed'}):")
     print(f"  write {logs / 'hostfile'}: localhost slots=1")
-    runs = len(MODELS) * len(STRATEGIES)  # (the plan's per-run bound, at the start)
     for n, step in enumerate(steps, 1):
         env = " ".join(f"{k}={v}" for k, v in step.env.items())
         unset = "".join(f"-u {k} " for k in step.unset)
         skip = f"  (skipped when {step.skip_if})" if step.skip_if else ""
         prefix = f"env {unset}" if unset else ""
         print(f"  {n}. {step.what}{skip}\n     {prefix}{env + ' ' if env else ''}"
-              f"{shlex.join(with_timeout(step, budget_s, runs))}")  # fmt: skip
+              f"{shlex.join(with_timeout(step, budget_s, True))}")  # fmt: skip
         for line in expanded(step):
             print(f"       | {line}")
 
@@ -283,33 +318,50 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu-check: {'; '.join(gpus)}", flush=True)
     logs.mkdir(parents=True, exist_ok=True)
     (logs / "hostfile").write_text("localhost slots=1\n")
-    runs = len(MODELS) * len(STRATEGIES)
+    return execute(steps, args.budget_s, start, logs)
+
+
+def execute(steps: list[Step], budget_s: float, start: float, logs: Path) -> int:
+    """Run ``steps`` in order within ``budget_s`` of ``start``: a set-up step that fails stops the
+    check; a run that fails or is not started for want of time leaves the others to go on; the
+    report (the last step) runs whatever the runs did, with :data:`REPORT_S` kept for it.
+    Exit 0 when every step ran and succeeded, 1 otherwise."""
+    first_run, failed, left_out = True, [], []
     for step in steps:
-        left = args.budget_s - (time.monotonic() - start)
-        if left <= 0 or (left < REPORT_S and "analysis.report" not in step.argv):
+        left = budget_s - (time.monotonic() - start)
+        report = "analysis.report" in step.argv
+        run = "matrix" in step.argv
+        if run and left - REPORT_S < MIN_RUN_S:
+            left_out.append(step.what)
+            print(f"gpu-check: out of time for '{step.what}' ({left:.0f} s left, "
+                  f"{REPORT_S:g} s kept for the report): not run", flush=True)  # fmt: skip
+            continue
+        if left <= 0 or (not report and left < REPORT_S):
             print(f"gpu-check: out of time before '{step.what}'", file=sys.stderr)
             return 1
-        cmd = with_timeout(step, left, runs)
-        matrix = "matrix" in cmd
-        if matrix:
-            runs -= len(STRATEGIES)
-            left -= REPORT_S  # (the report runs whatever the runs did)
+        cmd = with_timeout(step, left, first_run)
+        first_run = first_run and not run
         print(f"gpu-check: {step.what}: {shlex.join(cmd)}", flush=True)
+        limit = left if report else left - REPORT_S
         try:
             rc = subprocess.run(
-                cmd, cwd=ROOT, env=environment(step), timeout=left, check=False
+                cmd, cwd=ROOT, env=environment(step), timeout=limit, check=False
             ).returncode
         except subprocess.TimeoutExpired:
             rc = 124
             print(f"gpu-check: '{step.what}' ran past the budget and was stopped", file=sys.stderr)
-        if rc != 0 and not matrix:
+        if rc != 0 and not run:
             print(f"gpu-check: '{step.what}' failed (exit {rc})", file=sys.stderr)
             return 1
         if rc != 0:
-            print(f"gpu-check: '{step.what}': not every run completed (exit {rc}); the "
-                  "report says which", flush=True)  # fmt: skip
-    print(f"gpu-check: done in {time.monotonic() - start:.0f} s; {logs / 'report' / 'report.md'}")
-    return 0
+            failed.append(step.what)
+            print(f"gpu-check: '{step.what}' did not complete (exit {rc}); the report says "
+                  "what it logged", flush=True)  # fmt: skip
+    took = time.monotonic() - start
+    print(f"gpu-check: done in {took:.0f} s; {logs / 'report' / 'report.md'}"
+          + (f"; did not complete: {', '.join(failed)}" if failed else "")
+          + (f"; not run for want of time: {', '.join(left_out)}" if left_out else ""))  # fmt: skip
+    return 1 if failed or left_out else 0
 
 
 if __name__ == "__main__":

@@ -312,6 +312,17 @@ def train_tokenizer(corpus: Path, out_dir: Path, vocab_size: int = TOKENIZER_VOC
     tok.save_model(str(out_dir))  # writes vocab.json and merges.txt in GPT-2 format
 
 
+DATASET_ENV = {"DS_ACCELERATOR": "cpu"}
+"""Set for ``tools/preprocess_data.py`` alone: it imports ``megatron``, whose ``megatron/utils.py``
+imports apex when DeepSpeed's accelerator is ``cuda``; on a GPU node apex is built only after the
+dataset, and tokenizing needs no accelerator."""
+
+
+def dataset_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of the dataset step: ``base`` (this process's) plus :data:`DATASET_ENV`."""
+    return {**(dict(os.environ) if base is None else base), **DATASET_ENV}
+
+
 def ensure_tiny_data(upstream: Path, log=print) -> DataPaths:
     """Build the tiny dataset with upstream's ``tools/preprocess_data.py`` unless it exists."""
     data = tiny_data()
@@ -342,7 +353,8 @@ def ensure_tiny_data(upstream: Path, log=print) -> DataPaths:
         "2",
     ]
     log("data: " + " ".join(cmd[1:3]) + " ...")
-    res = subprocess.run(cmd, cwd=upstream, capture_output=True, text=True, check=False)
+    res = subprocess.run(cmd, cwd=upstream, env=dataset_environment(), capture_output=True,
+                         text=True, check=False)  # fmt: skip
     if res.returncode != 0 or not data.exists():
         tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
         raise UpstreamError(
