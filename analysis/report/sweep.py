@@ -138,10 +138,16 @@ def verdict(groups: Sequence[Group]) -> str:
     tied = [g for g in groups if g.contender]
     if len(tied) == 1:
         second = groups[1]
+        caveat = (
+            "; a single run's interval holds the spread of its own windows, not the "
+            "run-to-run spread (a budget with room repeats the contenders)"
+            if best.basis == "within-run" or second.basis == "within-run"
+            else ""
+        )
         return (
             f"winner: {best.name}, {best.ms:.1f} ms/iteration [{best.lo:.1f}, {best.hi:.1f}] "
             f"({best.basis}); its interval excludes the runner-up {second.name} "
-            f"({second.ms:.1f} [{_num(second.lo)}, {_num(second.hi)}])"
+            f"({second.ms:.1f} [{_num(second.lo)}, {_num(second.hi)}]){caveat}"
         )
     names = ", ".join(f"{g.name} ({g.ms:.1f} [{_num(g.lo)}, {_num(g.hi)}])" for g in tied)
     return (
