@@ -109,15 +109,17 @@ class BlockExtractor:
             if key is None:
                 stop = hs
                 break
-            if hit[i] and kind == kind0 and prefix == prefix0:
+            close = -3
+            if hit[i] and kind == kind0 and prefix == prefix0:  # (printed in one piece)
                 body, end = body_l[i], end_l[i]
-            else:
+                close = end if its.get(end) == key else self._close(block, key, kind, end, T)
+            if close == -3 or (close == -2 and prefix):  # (other streams' lines among it)
                 b = self._rx(prefix, kind, False).match(block, head_end, T)
                 if b is None:
                     stop, is_open = hs, head_end >= T
                     break
                 body, end = b.start(), b.end()
-            close = end if its.get(end) == key else self._close(block, key, kind, end, T)
+                close = end if its.get(end) == key else self._close(block, key, kind, end, T)
             if close < 0:
                 stop, is_open = hs, close == -1
                 break
@@ -138,13 +140,13 @@ class BlockExtractor:
         return stop, out, is_open
 
     def _rx(self, prefix: bytes, kind: bytes, whole: bool) -> re.Pattern[bytes]:
-        """The pattern of a block body of a stream (``prefix``) and ``kind``; ``whole``: from the
-        header, the body a group."""
+        """The pattern of a block body of a stream (``prefix``) and ``kind``, other streams' lines
+        among its lines; ``whole``: from the header, the body a group, printed in one piece."""
         rx = self.body_res.get((prefix, kind + b"+" * whole))
         if rx is None:
             p = re.escape(prefix)
             # (Lines of other streams may come between its lines.)
-            o = rb"(?:(?!" + p + rb")[^\n]*\n)*" if prefix else b""
+            o = rb"(?:(?!" + p + rb")[^\n]*\n)*" if prefix and not whole else b""
             if kind == b"times":
                 line = (
                     rb"(?:"
@@ -269,7 +271,10 @@ class BlockExtractor:
             # The same form: the same names when none holds a digit (the digits of the
             # bodies are those of their values).
             joined = b"".join(bodies)
-            toks = _PAIR_NUMS.findall(joined)
+            if all(shape):  # (pairs only: found by their literal text)
+                toks = [x for pair in _PAIRS.findall(joined) for x in pair]
+            else:
+                toks = _PAIR_NUMS.findall(joined)
             w = sum(max(k, 1) for k in shape)
             if len(toks) == w * len(bodies):
                 digits = len(joined) - len(joined.translate(None, DIGITS))
@@ -347,6 +352,8 @@ class BlockExtractor:
         return [(names, shape, r) for r in rows]
 
 
+_PAIRS = re.compile(rb": \((" + _NUM + rb"), (" + _NUM + rb")\)")
+"""The numbers of ``name ....: (min, max)`` lines, in order."""
 _PAIR_NUMS = re.compile(rb"(?<=[:,] )\(?(" + _NUM + rb")")
 """The numbers of ``name ....: (min, max)`` and ``name ....: value`` lines, in order."""
 

@@ -371,6 +371,16 @@ class Extractors:
 
     def keys(self, block: bytes, ls: np.ndarray, at: np.ndarray, anchor: bytes) -> list[Any]:
         """``head_key`` of each line's text from ``ls`` to ``at``."""
+        width = at - ls
+        w = int(width[0]) if len(width) else -1
+        if 0 <= w <= 8 and (width == w).all() and int(ls.max()) + 8 <= len(block):
+            # Launcher prefixes of one width (" 7: ", "63: " of 64 ranks): told apart as words.
+            if w == 0:
+                return [self.head_key(b"", anchor)] * len(ls)
+            words = np.ndarray((len(block) - 7,), dtype="<u8", buffer=block, strides=(1,))
+            got_w, which = np.unique(words[ls] & np.uint64((1 << (8 * w)) - 1), return_inverse=True)
+            of = [self.head_key(int(g).to_bytes(8, "little")[:w], anchor) for g in got_w.tolist()]
+            return list(map(of.__getitem__, which.tolist()))
         heads = list(map(block.__getitem__, map(slice, ls.tolist(), at.tolist())))
         got = list(map(self.heads.get, heads, repeat(MISSING)))
         if MISSING in got:
@@ -391,14 +401,17 @@ class Extractors:
             return out
         out.ls = self.starts(block, pos, nl, at)
         out.le = end
-        out.rank = np.fromiter(map(int, ranks), dtype=np.int64, count=n)
+        out.rank = np.fromstring(b" ".join(ranks), dtype=np.int64, sep=" ")
         out.keys = self.keys(block, out.ls, at, b"[Rank")
         out.keep = out.le - out.ls <= MAX_LINE_CHARS
         if None in out.keys:
             out.keep &= np.array([k is not None for k in out.keys], dtype=bool)
         forms = b"\n".join(bodies).translate(None, DIGITS).split(b"\n")
         ids = {f: i for i, f in enumerate(dict.fromkeys(forms))}
-        gid = np.fromiter(map(ids.__getitem__, forms), dtype=np.int64, count=n)
+        if len(ids) == 1:
+            gid = np.zeros(n, dtype=np.int64)
+        else:
+            gid = np.fromiter(map(ids.__getitem__, forms), dtype=np.int64, count=n)
         for form, g in ids.items():
             idx = np.flatnonzero(gid == g)
             names = self.ds_names.get(form, MISSING)
@@ -466,7 +479,10 @@ class Extractors:
         keep = np.array([k is not None for k in keys], dtype=bool) & (le - ls <= MAX_LINE_CHARS)
         forms = b"\n".join(rests).translate(None, DIGITS).split(b"\n")
         ids = {f: i for i, f in enumerate(dict.fromkeys(forms))}
-        gid = np.fromiter(map(ids.__getitem__, forms), dtype=np.int64, count=n)
+        if len(ids) == 1:
+            gid = np.zeros(n, dtype=np.int64)
+        else:
+            gid = np.fromiter(map(ids.__getitem__, forms), dtype=np.int64, count=n)
         cols: dict[str, np.ndarray] = {}
         ints: set[str] = set()
         for form, g in ids.items():
