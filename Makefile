@@ -123,7 +123,8 @@ $(VENV)/.requirements.stamp: requirements.txt
 WHEELS_CONSTRAINTS = $(VENV)/wheelhouse-constraints.txt
 WHEELS_PIP  = $(if $(WHEELS),env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null)
 WHEELS_FROM = $(if $(WHEELS),--no-index --find-links $(WHEELS) -c $(WHEELS_CONSTRAINTS))
-# DEVICE=cuda: the wheelhouse holds NVIDIA apex too (apex.bundle), and setup builds it from there.
+# DEVICE=cuda: the wheelhouse holds NVIDIA apex too (apex.bundle, or apex.tar.gz of the pinned tree),
+# and setup builds it from there.
 APEX_CHECK  = $(if $(filter cuda,$(DEVICE)),--apex)
 
 # TORCH=system: the venv on top of SYSTEM_PYTHON, the interpreter that already has the site's
@@ -144,7 +145,7 @@ setup: $(if $(filter system,$(TORCH)),$(VENV)/.requirements-system.stamp,$(VENV)
 	@echo "setup: $(VENV) is up to date with requirements.txt"
 	$(if $(filter system,$(TORCH)),$(PYTHON) -m launchers.config.torch_check check)
 	$(if $(WHEELS),MEGATRON_DEEPSPEED_REPO=$(abspath $(WHEELS))/megatron-deepspeed.bundle) $(PYTHON) -m launchers.config.upstream setup $(if $(ALLOW_NO_UPSTREAM),|| echo "setup: continuing without upstream (ALLOW_NO_UPSTREAM set): upstream tests will be skipped")
-	$(if $(filter cuda,$(DEVICE)),$(if $(WHEELS),APEX_REPO=$(abspath $(WHEELS))/apex.bundle) $(PYTHON) -m launchers.config.gpu setup)
+	$(if $(filter cuda,$(DEVICE)),$(if $(WHEELS),APEX_REPO=$(firstword $(wildcard $(abspath $(WHEELS))/apex.tar.gz) $(abspath $(WHEELS))/apex.bundle)) $(PYTHON) -m launchers.config.gpu setup)
 
 # Every pinned wheel (with its dependencies) for Python PY on PLATFORM, a wheel built from each
 # sdist-only pin (deepspeed, DS_BUILD_OPS=0), upstream at the pinned commit as a git bundle (from
