@@ -10,13 +10,13 @@ torch import, well under 5 s) and says so. On a GPU machine, within ``--budget-s
    venv, ``torch_check chain``), the pins but torch and torchvision where missing or at another
    version, the versions found against the tested range, upstream at its pinned commit and the
    tiny dataset. ``--wheels DIR``: ``WHEELS=DIR`` there, so the wheelhouse's manifest is checked
-   first (sha256, the target Python, every pin, apex's bundle or tarball), pip sees that folder alone at
-   the manifest's versions and none of pip's configuration, and upstream is cloned from the
-   wheelhouse's bundle: nothing reaches the network;
+   first (sha256, the target Python, every pin, apex's bundle or tarball), pip sees that folder
+   alone at the manifest's versions and none of pip's configuration, and upstream is cloned from
+   the wheelhouse's bundle: nothing reaches the network;
 2. the versions found (torch, its CUDA, the device, its compute capability, DeepSpeed);
 3. only the apex extensions upstream needs, for the device's sm
    (``launchers.config.gpu build-needed``: ``TORCH_CUDA_ARCH_LIST`` from
-   ``torch.cuda.get_device_capability``; with ``--wheels``, apex from the wheelhouse's bundle);
+   ``torch.cuda.get_device_capability``; with ``--wheels``, apex as its manifest names it: a bundle or a tarball);
 4. ``small`` and ``large`` with the baseline and ZeRO-1/2/3, bf16, world size 1 (ZeRO at DP 1
    is degenerate but runs its code), few iterations, one run at a time in :data:`RUN_ORDER`
    (most telling first), each bounded by what is left; a run that would not fit is not started;
