@@ -16,7 +16,8 @@ torch import, well under 5 s) and says so. On a GPU machine, within ``--budget-s
 2. the versions found (torch, its CUDA, the device, its compute capability, DeepSpeed);
 3. only the apex extensions upstream needs, for the device's sm
    (``launchers.config.gpu build-needed``: ``TORCH_CUDA_ARCH_LIST`` from
-   ``torch.cuda.get_device_capability``; with ``--wheels``, apex as its manifest names it: a bundle or a tarball);
+   ``torch.cuda.get_device_capability``; with ``--wheels``, apex as its manifest names it: a
+   bundle or a tarball);
 4. ``small`` and ``large`` with the baseline and ZeRO-1/2/3, bf16, world size 1 (ZeRO at DP 1
    is degenerate but runs its code), few iterations, one run at a time in :data:`RUN_ORDER`
    (most telling first), each bounded by what is left; a run that would not fit is not started;
