@@ -1529,6 +1529,9 @@ _MEM_FORMS = {
     "allocated: 1.5 | cached: 2.5",
     "non-ASCII": " {r:2d}: [Rank {r}] (after {i} iterations) memory (MB) | "
     "allocated: 1.5 | max allocated: 2.5 | réserved: 3.0",
+    # (One piece for the line path: its key ``allocated: 1.5 max allocated``.)
+    "no bar between fields": " {r:2d}: [Rank {r}] (after {i} iterations) memory (MB) | "
+    "allocated: 1.5 max allocated: 2.5",
 }
 
 

@@ -60,10 +60,16 @@ STEPS_RE = re.compile(
 )
 """A PipelineEngine step line: step, loss, seconds, samples/s (maybe absent)."""
 MEM_RE = re.compile(
-    rb"\[Rank (\d{1,9})\] \(after (\d{1,18}) iterations\) memory \(MB\) \|"
-    rb"((?: (?:max )?(?:allocated|reserved): +" + _NUM + rb" *\|?)+)[ \t]*\r?\n"
+    rb"\[Rank (\d{1,9})\] \(after (\d{1,18}) iterations\) memory \(MB\) \|([^\n]*)\n"
 )
-"""A Megatron memory report of one rank after some iterations."""
+"""A Megatron memory report of one rank after some iterations: rank, iterations, the rest of
+the line (``MEM_FORM``)."""
+_MEM_FIXED = len(b"[Rank ] (after  iterations) memory (MB) |\n")
+_MEM_NAME = rb"(?:max )?(?:allocated|reserved)"
+MEM_FORM = re.compile(
+    rb"(?: " + _MEM_NAME + rb": +[-+.]* *\|)* " + _MEM_NAME + rb": +[-+.]*[ \t]*\|?[ \t]*\r?\Z"
+)
+"""The form of a memory report's ``name: value`` pieces read in bulk (plain decimals)."""
 ALLOC_RE = re.compile(
     rb"\[Rank (\d{1,9})\] MemAllocated=(" + _NUM + rb")GB MaxMemAllocated=(" + _NUM + rb")GB"
     rb"([^\n]*)\n"
@@ -554,28 +560,32 @@ class Extractors:
 
     def mem_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
         """Megatron ``[Rank N] (after K iterations) memory (MB) | ...`` reports of [pos, T)."""
-        rows = []
-        for m in MEM_RE.finditer(block, pos, T):
-            got: dict[str, float] = {}
-            for piece in m.group(3).split(b"|"):
-                k, _, v = piece.partition(b":")
-                name = MEM_FIELDS.get(k.strip().decode())
-                if name is None or name in got:
-                    got = {}
-                    break
-                got[name] = float(v)
-            if got:
-                rows.append((m.start(), m.end(), int(m.group(1)), int(m.group(2)), got))
-        if not rows:
+        at, le, (ranks, afters, bodies) = matches(MEM_RE, block, pos, T, _MEM_FIXED)
+        n = len(at)
+        if not n:
             return Lines.empty()
-        at = np.array([r[0] for r in rows], dtype=np.int64)
         ls = self.starts(block, pos, nl, at)
         keys = self.keys(block, ls, at, b"[Rank")
-        le = np.array([r[1] for r in rows], dtype=np.int64)
-        cols = {f: np.array([r[4].get(f, np.nan) for r in rows]) for f in MEM_FIELDS.values()}
-        cols["rank"] = np.array([r[2] for r in rows], dtype=np.int64)
-        cols["after_iteration"] = np.array([r[3] for r in rows], dtype=np.int64)
         keep = np.array([k is not None for k in keys], dtype=bool) & (le - ls <= MAX_LINE_CHARS)
+        cols = {f: np.full(n, np.nan) for f in MEM_FIELDS.values()}
+        forms = b"\n".join(bodies).translate(None, DIGITS).split(b"\n")
+        groups: dict[bytes, list[int]] = {}
+        for i, f in enumerate(forms):
+            groups.setdefault(f, []).append(i)
+        for form, idx in groups.items():
+            names = [p.partition(b":")[0].strip().decode() for p in bodies[idx[0]].split(b"|")]
+            names = [x for x in names if x]
+            vals = None
+            if MEM_FORM.match(form) and len(set(names)) == len(names):
+                mine = [bodies[i].rstrip().rstrip(b"|") for i in idx]
+                vals = _plain_values(b"\n".join(mine), len(idx), len(names))
+            if vals is None:
+                keep[idx] = False
+                continue
+            for j, name in enumerate(names):
+                cols[MEM_FIELDS[name]][idx] = vals[:, j]
+        cols["rank"] = np.fromstring(b" ".join(ranks), dtype=np.int64, sep=" ")
+        cols["after_iteration"] = np.fromstring(b" ".join(afters), dtype=np.int64, sep=" ")
         return Lines(ls, le, keys, cols).select(keep)
 
     def alloc_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
