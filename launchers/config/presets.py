@@ -32,6 +32,8 @@ from analysis.theory.presets import (
 from launchers.config.gpu import cuda_adjustments
 from launchers.config.hostfile import HostfileError, check_host_name
 from launchers.config.project import remote_value_problems
+from launchers.config.softmax_fusion import KEY as SOFTMAX_KEY
+from launchers.config.softmax_fusion import softmax_adjustments
 from launchers.config.spec import (
     Adjustment,
     Cluster,
@@ -76,8 +78,9 @@ TRAINING_KEYS = _field_types(Training)
 """Overridable training keys and their types."""
 PATH_KEYS = _field_types(RunPaths)
 """Overridable path keys (all strings)."""
-RUN_KEYS: dict[str, Any] = {"master_addr": str, "master_port": int}
-"""Overridable rendezvous keys."""
+RUN_KEYS: dict[str, Any] = {"master_addr": str, "master_port": int, "masked_softmax_fusion": bool}
+"""Overridable rendezvous keys, and upstream's fused masked softmax forced on or off
+(``launchers.config.softmax_fusion``)."""
 
 OVERRIDE_KEYS: dict[str, Any] = MODEL_KEYS | TRAINING_KEYS | PATH_KEYS | RUN_KEYS
 """Every key ``--set key=value`` accepts, with its type."""
@@ -323,6 +326,7 @@ def resolve_spec(
     paths = replace(paths, **path_values)
     if device == "cuda":  # apex's extensions, as this machine's interpreter finds them
         adjustments += cuda_adjustments(paths.python)
+    adjustments += softmax_adjustments(paths.python, overrides.get(SOFTMAX_KEY), device)
     data_vocab = tokenizer_vocab_size(paths.vocab_file)
     adjustments += _vocab_adjustment(model_values, chosen.tp, data_vocab, set(overrides))
 

@@ -78,7 +78,7 @@ def _version(name):
         return None
 
 
-def _torch_cuda_build():
+def torch_cuda_build():
     """``torch.version.cuda`` read from torch/version.py without importing torch (slow)."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
@@ -213,7 +213,7 @@ def probe(request):
         "hostname": socket.gethostname(),
         "python": {"executable": python, "version": platform.python_version()},
         "packages": {name: _version(name) for name in PACKAGES},
-        "torch_cuda_build": _torch_cuda_build(),
+        "torch_cuda_build": torch_cuda_build(),
         "launcher_script": None,
         "upstream": _upstream(request["upstream_dir"]),
         "files": _files(request.get("files", {})),

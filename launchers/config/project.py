@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from launchers.config.gpu import gradient_accumulation_fusion
+from launchers.config.softmax_fusion import masked_softmax_fusion
 from launchers.config.spec import RunSpec
 from launchers.config.upstream import torch_extensions_dir
 
@@ -151,6 +152,9 @@ def megatron_args(spec: RunSpec, run_dir: str) -> list[str]:
         # CPU: the fused kernel is CUDA-only ("fused_weight_gradient_mlp_cuda module is not found");
         # on CUDA it is apex's extension: off when the resolver found it missing (an adjustment).
         ("no_gradient_accumulation_fusion", not gradient_accumulation_fusion(spec)),
+        # Upstream's fused softmax kernels pass compute_70, which CUDA 13's nvcc rejects: off
+        # there, or as --set masked_softmax_fusion says (an adjustment, softmax_fusion.py).
+        ("no_masked_softmax_fusion", not masked_softmax_fusion(spec)),
         # CPU with PP: torch LayerNorm rejects sequence_parallel=; RMSNorm works.
         ("normalization", "rmsnorm" if spec.normalization == "rmsnorm" else None),
         # TensorBoard (the last rank writes): loss, learning rate and batch size every iteration,
