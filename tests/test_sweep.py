@@ -102,6 +102,19 @@ def test_anchors_cover_each_compute_kind_and_the_pipeline() -> None:
     ]
 
 
+def test_prediction_interval_from_log_errors() -> None:
+    """Errors of +100% and -50% are the same distance in log time (a relative half-width would
+    make the interval of a large error reach below zero)."""
+    import math
+
+    from analysis.metrics.stats import t95
+    from launchers.sweep.plan import ModelError
+
+    half = ModelError((1.0, -0.5)).half_width
+    assert half == pytest.approx(t95(1) * math.log(2) * math.sqrt(1.5))
+    assert ModelError((0.1,)).half_width is None
+
+
 def test_budget() -> None:
     assert Budget.parse("30m").seconds == 1800 and Budget.parse("6runs").runs == 6
     assert Budget.parse("all").allows(100, 1e9, 1e9)[0]

@@ -177,12 +177,13 @@ class ModelError:
 
     @property
     def half_width(self) -> float | None:
-        """Relative half-width of a 95% prediction interval: t(n-1) x RMS error x sqrt(1 + 1/n);
-        None with fewer than two errors."""
+        """Half-width of a 95% prediction interval in log time: t(n-1) x RMS of the log errors
+        log(predicted / measured) x sqrt(1 + 1/n), so that the interval, predicted x
+        exp(-/+ half), stays positive however large the errors; None below two errors."""
         n = len(self.errors)
         if n < 2:
             return None
-        rms = math.sqrt(statistics.fmean(e * e for e in self.errors))
+        rms = math.sqrt(statistics.fmean(math.log1p(e) ** 2 for e in self.errors))
         return t95(n - 1) * rms * math.sqrt(1 + 1 / n)
 
 
@@ -221,9 +222,8 @@ def predict_all(
                 pred.iter_ms, pred.iter_ms - u, pred.iter_ms + u, "anchored"
             )
         elif half is not None:
-            out[p.config.name] = Predicted(
-                pred.iter_ms, pred.iter_ms * (1 - half), pred.iter_ms * (1 + half), pred.method
-            )
+            lo, hi = pred.iter_ms * math.exp(-half), pred.iter_ms * math.exp(half)
+            out[p.config.name] = Predicted(pred.iter_ms, lo, hi, pred.method)
         else:
             out[p.config.name] = Predicted(
                 pred.iter_ms,
