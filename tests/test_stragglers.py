@@ -170,3 +170,68 @@ def test_deepspeed_lines_of_every_rank_name_the_slow_one(tmp_path):
     assert by["step"].stragglers == (5,) and by["step"].windows == 11
     assert by["step"].straggler_nodes == (None,) and res.nodes_from is None
     assert not by["fwd"].stragglers and not by["bwd"].stragglers
+
+
+TRACE_RUN = Path(__file__).parent / "fixtures" / "traces" / "tiny-pipeline"
+
+
+def _trace(rank: int, compute_ms: float, step_ms: float = 100.0, steps: int = 5) -> dict:
+    """A CPU profiler trace of one rank: ``steps`` steps of ``step_ms``, each ``compute_ms`` of
+    ``aten::mm``, then a gloo all-reduce to 2 ms before the step's end (the rest idle)."""
+    events = []
+    for i in range(steps):
+        t0 = 1_000.0 + i * step_ms * 1000
+        events.append(
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i + 1}", "ts": t0,
+             "dur": step_ms * 1000, "pid": 1, "tid": 1}
+        )  # fmt: skip
+        events.append(
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": t0,
+             "dur": compute_ms * 1000, "pid": 1, "tid": 1}
+        )  # fmt: skip
+        events.append(
+            {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_",
+             "ts": t0 + compute_ms * 1000, "dur": (step_ms - compute_ms - 2) * 1000,
+             "pid": 1, "tid": 1}
+        )  # fmt: skip
+    info = {"rank": rank, "world_size": 4, "backend": "gloo"}
+    return {"traceEvents": events, "distributedInfo": info}
+
+
+def _profiled_run(tmp_path: Path, computes: dict[int, float]) -> stragglers.StragglerResult:
+    """The fixture run directory (its log and run record) with four constructed rank traces."""
+    run_dir = tmp_path / "tiny-pipeline"
+    run_dir.mkdir()
+    for f in TRACE_RUN.iterdir():
+        if f.is_file():
+            (run_dir / f.name).write_bytes(f.read_bytes())
+    (run_dir / "tensorboard").mkdir()
+    for rank, ms in computes.items():
+        doc = _trace(rank, ms)
+        (run_dir / "tensorboard" / f"vm_{rank}.1.pt.trace.json").write_text(json.dumps(doc))
+    (run,) = load.discover(tmp_path)
+    return stragglers.analyze(run, tmp_path)
+
+
+def test_profiler_traces_name_the_rank_that_computes_longest(tmp_path):
+    """Rank 2 computing 60 ms of a 100 ms step against the others' 20: named on ``trace
+    compute`` (+40 ms) and, as the rank the others wait for, on ``trace wait`` (it waits 38 ms
+    against their 78)."""
+    res = _profiled_run(tmp_path, {0: 20.0, 1: 21.0, 2: 60.0, 3: 20.5})
+    by = {(v.source, v.timer): v for v in res.verdicts}
+    comp = by[("profiler", "trace compute")]
+    assert comp.ranks == 4 and comp.windows == 5 and not comp.low
+    assert comp.stragglers == (2,)
+    assert comp.excess_ms == pytest.approx(60.0 - 20.75)
+    wait = by[("profiler", "trace wait")]
+    assert wait.low and wait.stragglers == (2,)
+    assert wait.slowest_ms == pytest.approx(40.0) and wait.median_ms == pytest.approx(79.25)
+    assert [v.timer for v in res.stragglers] == ["trace compute", "trace wait"]
+
+
+def test_profiler_traces_of_even_ranks_name_none(tmp_path):
+    res = _profiled_run(tmp_path, {0: 20.0, 1: 21.0, 2: 20.2, 3: 20.5})
+    by = {(v.source, v.timer): v for v in res.verdicts}
+    assert by[("profiler", "trace compute")].stragglers == ()
+    assert by[("profiler", "trace wait")].stragglers == ()
+    assert res.stragglers == []

@@ -11,6 +11,12 @@ the parser's own launcher-prefix rule (:func:`analysis.parse.lines.split_prefix`
 
 Megatron prints its iteration line on the last rank only, so the logs hold no per-node
 iteration progress: a slow node shows in the timers of its ranks, not in iteration lines.
+
+A profiled run (``PROFILE=1``) adds every rank's profiler trace, broken down by
+:mod:`analysis.metrics.traces`: its ``trace compute`` ms per iteration (a slow node's rank
+computes longer) and, as a second view, its ``trace wait`` (exposed communication + idle: the
+others wait in their collectives for it, so the straggler is the rank that waits *least*).  Both
+go through the same rule; on ``trace wait`` the straggler's side of the median is below it.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ import numpy as np
 
 from analysis.metrics.rows import steady_state
 from analysis.metrics.timers import outside
+from analysis.metrics.traces import breakdown
 from analysis.parse.lines import split_prefix
 from analysis.parse.records import ParsedRun, blocks_of
 from analysis.runs.load import LoadedRun
+from analysis.runs.traces import run_traces
 from analysis.theory.formulas import SCATTER_FLOOR, WARMUP_K
 
 STRAGGLER_RULE = (
@@ -38,12 +46,21 @@ STRAGGLER_RULE = (
     "Iglewicz-Hoaglin: the steady-state rule's outlier cut, applied across ranks instead of "
     f"windows) and its excess over the median rank is at least {SCATTER_FLOOR:.0%} of the "
     "iteration time (less cannot slow an iteration beyond its own scatter floor); judged with "
-    f"{3} ranks or more (with two, the median lies halfway and neither stands out)"
+    f"{3} ranks or more (with two, the median lies halfway and neither stands out); on a "
+    "profiler trace's wait (exposed communication + idle) the straggler is the rank the others "
+    "wait for, so the same cut is applied below the median"
 )
 """How a straggler is told from the ranks' normal scatter (report and docs quote it)."""
 
 MIN_RANKS = 3
 """Ranks a timer needs before its slowest rank is judged."""
+
+TRACE_COMPUTE = "trace compute"
+"""Timer name of a rank's profiler-trace compute (ms per profiled iteration)."""
+TRACE_WAIT = "trace wait"
+"""Timer name of a rank's profiler-trace exposed communication + idle (ms per iteration)."""
+TRACE_SOURCE = "profiler"
+"""Source name of the per-rank profiler-trace views."""
 
 _TIMES_HEAD = "times across ranks (ms):"
 _RANK_RE = re.compile(r"^\s+rank\s+(\d+):\s+([-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*$")
@@ -129,7 +146,8 @@ class TimerVerdict:
     timer: str
     """Timer name as printed."""
     source: str
-    """``megatron`` (``times across ranks``) or ``deepspeed`` (per-rank ``time (ms)`` lines)."""
+    """``megatron`` (``times across ranks``), ``deepspeed`` (per-rank ``time (ms)`` lines) or
+    ``profiler`` (each rank's profiler trace)."""
     ranks: int
     """Ranks that printed it."""
     windows: int
@@ -153,6 +171,10 @@ class TimerVerdict:
     of at least 2% of the iteration; empty when none."""
     straggler_nodes: tuple[str | None, ...]
     """Their nodes, in the same order."""
+    low: bool = False
+    """True when the straggler's side of the median is below it (``trace wait``: the rank the
+    others wait for waits least); ``slowest_*`` is then the rank furthest below, ``excess_ms``
+    its shortfall (median - its ms) and ``bound_ms`` median - 3.5 x scatter."""
 
 
 @dataclass(frozen=True)
@@ -211,19 +233,25 @@ def judge(
     windows: int,
     iter_ms: float,
     node_of: dict[int, str],
+    low: bool = False,
 ) -> TimerVerdict:
-    """The verdict on one timer from every rank's mean (``MIN_RANKS`` or more ranks)."""
+    """The verdict on one timer from every rank's mean (``MIN_RANKS`` or more ranks); ``low``
+    judges the side below the median (see :attr:`TimerVerdict.low`)."""
+    sign = -1.0 if low else 1.0
     ranks = np.array(sorted(means), dtype=np.int64)
     ms = np.array([means[int(r)] for r in ranks], dtype=float)
     median = float(np.median(ms))
     scatter = max(1.4826 * float(np.median(np.abs(ms - median))), SCATTER_FLOOR * abs(median))
-    bound = median + WARMUP_K * scatter
-    order = np.argsort(-ms, kind="stable")
+    bound = median + sign * WARMUP_K * scatter
+    side = sign * (ms - median)  # (how far each rank lies on the straggler's side)
+    order = np.argsort(-side, kind="stable")
     slow = int(order[0])
     out = [
-        int(ranks[i]) for i in order if ms[i] > bound and ms[i] - median >= SCATTER_FLOOR * iter_ms
+        int(ranks[i])
+        for i in order
+        if side[i] > WARMUP_K * scatter and side[i] >= SCATTER_FLOOR * iter_ms
     ]
-    excess = float(ms[slow]) - median
+    excess = float(side[slow])
     return TimerVerdict(
         timer=timer,
         source=source,
@@ -238,6 +266,7 @@ def judge(
         bound_ms=bound,
         stragglers=tuple(out),
         straggler_nodes=tuple(node_of.get(r) for r in out),
+        low=low,
     )
 
 
@@ -284,6 +313,31 @@ def deepspeed_means(
         name: ({r: float(np.mean(v)) for r, v in ranks.items()}, min(map(len, ranks.values())))
         for name, ranks in sums.items()
     }
+
+
+def trace_means(run_dir: Path) -> tuple[dict[str, tuple[dict[int, float], int]], list[str]]:
+    """``trace compute`` and ``trace wait`` -> (rank -> ms per profiled iteration, fewest
+    profiled iterations of a rank) of a run directory's profiler traces (none when it has no
+    trace with a rank), and why each unusable trace was left out."""
+    traces, problems = run_traces(run_dir)
+    compute: dict[int, float] = {}
+    wait: dict[int, float] = {}
+    steps: list[int] = []
+    for trace in traces:
+        if trace.rank is None:
+            problems.append(f"{trace.path}: no distributedInfo rank")
+            continue
+        try:
+            b = breakdown(trace)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        compute[trace.rank] = b.compute_ms
+        wait[trace.rank] = b.comm_ms + b.idle_ms
+        steps.append(b.steps)
+    if not compute:
+        return {}, problems
+    return {TRACE_COMPUTE: (compute, min(steps)), TRACE_WAIT: (wait, min(steps))}, problems
 
 
 def node_names(
@@ -337,8 +391,11 @@ def analyze(run: LoadedRun, logdir: Path) -> StragglerResult:
         times = read_rank_files([p for p in paths if p.is_file()])
     mg = megatron_means(times, first, pauses)
     ds = deepspeed_means(parsed, first, pauses)
+    root = logdir if logdir.is_dir() else logdir.parent
+    pt, _unread = trace_means(root / run.path) if run.kind == "run_dir" else ({}, [])
     per_timer = [("megatron", k, v) for k, v in mg.items()]
     per_timer += [("deepspeed", k, v) for k, v in ds.items()]
+    per_timer += [(TRACE_SOURCE, k, v) for k, v in pt.items()]
     most = max((len(v[0]) for _s, _k, v in per_timer), default=0)
     if most < MIN_RANKS:
         n_mg = max((len(v[0]) for v in mg.values()), default=0)
@@ -355,7 +412,7 @@ def analyze(run: LoadedRun, logdir: Path) -> StragglerResult:
         )
     node_of, nodes_from = node_names(times, run, parsed.config.get("world_size") or most)
     verdicts = tuple(
-        judge(name, source, means, windows, iter_ms, node_of)
+        judge(name, source, means, windows, iter_ms, node_of, low=name == TRACE_WAIT)
         for source, name, (means, windows) in per_timer
         if len(means) >= MIN_RANKS
     )

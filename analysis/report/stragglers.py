@@ -19,8 +19,18 @@ def _rank(rank: int, node: str | None) -> str:
     return f"rank {rank} ({node})" if node else f"rank {rank} (node n/a)"
 
 
+def _sign(v: TimerVerdict) -> float:
+    return -1.0 if v.low else 1.0
+
+
 def _pct(v: TimerVerdict) -> str:
-    return "n/a" if v.excess_pct is None else f"{v.excess_pct:+.1f}%"
+    return "n/a" if v.excess_pct is None else f"{_sign(v) * v.excess_pct:+.1f}%"
+
+
+def _excess(v: TimerVerdict) -> str:
+    """The slowest rank's signed difference from the median rank (negative on a ``low``
+    timer: the rank the others wait for waits less)."""
+    return f"{_sign(v) * v.excess_ms:+,.2f} ms"
 
 
 def verdict_text(label: str, res: StragglerResult) -> str:
@@ -35,7 +45,7 @@ def verdict_text(label: str, res: StragglerResult) -> str:
             )
             parts.append(
                 f"{who} on {v.source} {v.timer}: {v.slowest_ms:,.2f} ms vs the median rank's "
-                f"{v.median_ms:,.2f} ms ({v.excess_ms:+,.2f} ms, {_pct(v)}; bound "
+                f"{v.median_ms:,.2f} ms ({_excess(v)}, {_pct(v)}; bound "
                 f"{v.bound_ms:,.2f} ms)"
             )
         return f"{label}: **straggler**: " + "; ".join(parts)
@@ -49,7 +59,7 @@ def verdict_text(label: str, res: StragglerResult) -> str:
         text += "no timer is 2% of the iteration or more"
     return text + (
         f"; the largest excess is {_rank(worst.slowest_rank, worst.slowest_node)} on "
-        f"{worst.source} {worst.timer}, {worst.excess_ms:+,.2f} ms over the median rank "
+        f"{worst.source} {worst.timer}, {_excess(worst)} from the median rank "
         f"(bound {worst.bound_ms:,.2f} ms, materiality floor {floor})"
     )
 
@@ -78,6 +88,10 @@ def section(rows: list[RunMetrics], results: Mapping[str, StragglerResult]) -> l
         "Every rank's steady-state mean of each timer (ms per iteration; the steady-state "
         "windows of the iteration time), from Megatron's `times across ranks` blocks "
         "(`--timing-log-option all`, `TIMERS=all`) and DeepSpeed's per-rank timer lines. "
+        "A profiled run (`PROFILE=1`) adds each rank's profiler trace: `profiler trace "
+        "compute` (ms per profiled iteration) and `profiler trace wait` (exposed communication "
+        "+ idle), where the rank the others wait for waits least (its row shows the rank "
+        "furthest below the median). "
         f"Rule: {STRAGGLER_RULE}. Megatron prints its iteration line on the last rank only: "
         "the logs hold no per-node iteration progress.",
         "",
@@ -95,7 +109,7 @@ def section(rows: list[RunMetrics], results: Mapping[str, StragglerResult]) -> l
                     f"{v.median_ms:,.2f}",
                     _rank(v.slowest_rank, v.slowest_node),
                     f"{v.slowest_ms:,.2f}",
-                    f"{v.excess_ms:+,.2f} ({_pct(v)})",
+                    f"{_excess(v)} ({_pct(v)})",
                     f"{v.bound_ms:,.2f}",
                     ", ".join(map(str, v.stragglers)) or "none",
                 ]
