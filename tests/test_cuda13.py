@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,7 +14,7 @@ import pytest
 
 from launchers.config import softmax_fusion
 from launchers.config.presets import parse_overrides, resolve_spec
-from launchers.config.project import launcher_command
+from launchers.config.project import launcher_command, script_index
 from launchers.config.spec import (
     PLACEHOLDER_PATHS,
     Cluster,
@@ -19,6 +23,7 @@ from launchers.config.spec import (
     spec_from_json,
     spec_to_json,
 )
+from launchers.config.upstream import check_upstream
 from launchers.run.render import render_launch_script
 
 FLAG = "--no-masked-softmax-fusion"
@@ -130,3 +135,34 @@ def test_a_python_not_on_this_machine_says_nothing(tmp_path: Path) -> None:
     fake_nvcc(tmp_path, "Cuda compilation tools, release 13.0, V13.0.88")
     absent = str(tmp_path / "no-venv" / "bin" / "python")
     assert softmax_fusion.compiling_toolkit(absent, {"CUDA_HOME": str(tmp_path)}) is None
+
+
+PARSE = r"""
+import json, os, sys
+sys.path.insert(0, os.environ["UPSTREAM_DIR"])
+from megatron.arguments import parse_args
+seen = []
+for argv in json.load(sys.stdin):
+    sys.argv = ["pretrain_gpt.py", *argv]
+    seen.append(parse_args(None, ignore_unknown_args=False).masked_softmax_fusion)
+print("FUSION " + json.dumps(seen))
+"""
+
+
+@pytest.mark.upstream
+def test_upstream_reads_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Upstream's own parser: the CUDA 13 spec's argv turns masked_softmax_fusion off."""
+    status = check_upstream()
+    if not status.present or importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("upstream Megatron-DeepSpeed or deepspeed missing: run `make setup`")
+    argvs = []
+    for cuda in ((12, 8), (13, 0)):
+        argv = launcher_command(resolved(monkeypatch, cuda), "/RUNS/run")
+        argvs.append(argv[script_index(argv) + 1 :])
+    env = os.environ | {"UPSTREAM_DIR": str(status.path), "DS_ACCELERATOR": "cpu",
+                        "WORLD_SIZE": "1", "RANK": "0"}  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", PARSE], input=json.dumps(argvs), text=True,
+                          capture_output=True, env=env, cwd=status.path, timeout=300)  # fmt: skip
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("FUSION ")), None)
+    assert line is not None, proc.stderr[-2000:]
+    assert json.loads(line.removeprefix("FUSION ")) == [True, False]
