@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 bench(kind, folder, ns.size_mb, not ns.skip_json, not ns.skip_report, ns.reuse)
             )
     finally:
-        if not ns.keep:
+        if not ns.keep and not ns.reuse:  # (logs measured again are kept for the next run)
             shutil.rmtree(folder, ignore_errors=True)
     print(_table(results))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
