@@ -53,11 +53,9 @@ import re
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, fields
-from itertools import chain, islice
+from itertools import chain
 from pathlib import Path
 from typing import Any, BinaryIO
-
-import numpy as np
 
 from analysis.parse.bulk import Bulk
 from analysis.parse.columns import Column
@@ -239,50 +237,9 @@ def _text_rows(blocks: list[Iterator[list[str]]]) -> Iterator[tuple[str, ...]]:
     return chain.from_iterable(zip(*b, strict=True) for b in zip(*blocks, strict=True))
 
 
-class _Taker:
-    """The texts of a column's ``json_texts`` blocks, taken a count at a time."""
-
-    def __init__(self, col: Column) -> None:
-        self.blocks = col.json_texts(1 << 15)
-        self.buf: list[str] = []
-        self.at = 0
-
-    def take(self, n: int) -> list[str]:
-        """The next ``n`` texts."""
-        out: list[str] = []
-        while n > 0:
-            if self.at >= len(self.buf):
-                self.buf, self.at = next(self.blocks), 0
-            got = self.buf[self.at : self.at + n]
-            self.at += len(got)
-            n -= len(got)
-            out += got
-        return out
-
-
-def _timer_rows(records: TimerTable, templates: list[str]) -> Iterator[list[str]]:
-    """A timer table's rows as JSON texts, in its order, a window of rows at a time: in each
-    window the rows of one group are formatted together (one template, its columns' texts)."""
-    gids = records.group_ids()
-    values = [[_Taker(c) for c in records.group_values(g)] for g in range(len(templates))]
-    common = [_Taker(records.column(c)) for c in ("rank", "iteration", "line")]
-    step = 1 << 15
-    for s in range(0, len(gids), step):
-        window = gids[s : s + step]
-        n = len(window)
-        rank, it, line = (np.array(t.take(n), dtype=object) for t in common)
-        out = np.empty(n, dtype=object)
-        for g in np.unique(window).tolist():
-            at = np.flatnonzero(window == g)
-            cols = [t.take(len(at)) for t in values[g]]
-            cols += [rank[at].tolist(), it[at].tolist(), line[at].tolist()]
-            out[at] = list(map(templates[g].__mod__, zip(*cols, strict=True)))
-        yield out.tolist()
-
-
-def _json_records(records: Any, encode: Any) -> Iterator[list[str]]:
-    """The elements of a record list as JSON texts, some at a time (column tables from their
-    columns' texts, without an object per record)."""
+def _json_records(records: Any, encode: Any) -> Iterator[str]:
+    """The elements of a record list as JSON texts (column tables row by row, without an
+    object per record)."""
     if isinstance(records, RecordTable):
         names = [json.dumps(f).replace("%", "%%") for f in records._names]
         template = "{" + ", ".join(f"{n}: %s" for n in names) + "}"
@@ -290,12 +247,8 @@ def _json_records(records: Any, encode: Any) -> Iterator[list[str]]:
             _text_blocks(records.column(n), records._codes[n] if n in records.strs else None)
             for n in records._names
         ]
-        rows = _text_rows(cols)
-        while True:
-            got = list(map(template.__mod__, islice(rows, 1 << 14)))
-            if not got:
-                break
-            yield got
+        for row in _text_rows(cols):
+            yield template % row
     elif isinstance(records, TimerTable):
         templates = []
         for source, names, shape in records.groups:
@@ -308,9 +261,21 @@ def _json_records(records: Any, encode: Any) -> Iterator[list[str]]:
                 f'{{"source": {src}, "values_ms": {{{", ".join(parts)}}}, '
                 '"rank": %s, "iteration": %s, "line": %s}'
             )
-        yield from _timer_rows(records, templates)
+        readers = [
+            _text_rows([_text_blocks(c) for c in records.group_values(g)])
+            for g in range(len(templates))
+        ]
+        gids = records.group_ids()
+        step = 1 << 16
+        for g, (rank, it, line) in zip(
+            chain.from_iterable(gids[s : s + step].tolist() for s in range(0, len(gids), step)),
+            _text_rows([_text_blocks(records.column(c)) for c in ("rank", "iteration", "line")]),
+            strict=True,
+        ):
+            yield templates[g] % (*next(readers[g]), rank, it, line)
     else:
-        yield [encode(block_dict(r) if isinstance(r, TimerBlock) else asdict(r)) for r in records]
+        for r in records:
+            yield encode(block_dict(r) if isinstance(r, TimerBlock) else asdict(r))
 
 
 def _iter_json(paths: Iterable[str]) -> Iterator[str]:
@@ -329,11 +294,15 @@ def _iter_json(paths: Iterable[str]) -> Iterator[str]:
                     yield encode(asdict(value) if f.name == "failure" and value else value)
                     continue
                 yield "["
+                chunk: list[str] = []
                 first = True
-                for chunk in _json_records(value, encode):
-                    if chunk:
+                for text in _json_records(value, encode):
+                    chunk.append(text)
+                    if len(chunk) >= 2048:
                         yield ("" if first else ",") + "\n    " + ",\n    ".join(chunk)
-                        first = False
+                        chunk, first = [], False
+                if chunk:
+                    yield ("" if first else ",") + "\n    " + ",\n    ".join(chunk)
                 yield "]"
             yield "}"
         yield "]}"
