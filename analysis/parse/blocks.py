@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.parse.extract import DIGITS, floats, matches
+from analysis.parse.extract import DIGITS, floats, floats_text, matches
 from analysis.parse.lines import MAX_LINE_CHARS, split_prefix, to_float
 from analysis.parse.rules import TIMER_LINE_RE, TIMER_NAME_RE, TIMER_RANK_RE
 
@@ -145,7 +145,9 @@ class BlockExtractor:
         rx = self.body_res.get((prefix, kind + b"+" * whole))
         if rx is None:
             p = re.escape(prefix)
-            # (Lines of other streams may come between its lines.)
+            # (Lines of other streams may come between its lines.  Each line ends at its
+            # newline, whatever way it matched: possessive repeats match what greedy ones do,
+            # without keeping a way back.)
             o = rb"(?:(?!" + p + rb")[^\n]*\n)*" if prefix and not whole else b""
             if kind == b"times":
                 line = (
@@ -157,10 +159,10 @@ class BlockExtractor:
                     + o
                     + p
                     + _RANK_LINE
-                    + rb"[ \t]*\r?\n)+)+"
+                    + rb"[ \t]*\r?\n)++)++"
                 )
             else:
-                line = rb"(?:" + o + p + _PAIR_LINE + rb"[ \t]*\r?\n)+"
+                line = rb"(?:" + o + p + _PAIR_LINE + rb"[ \t]*\r?\n)++"
             if whole:
                 line = p + re.escape(kind) + rb" across ranks \(ms\):([ \t]*\r?\n)(" + line + rb")"
             rx = self.body_res[(prefix, kind + b"+" * whole)] = re.compile(line)
@@ -307,10 +309,6 @@ class BlockExtractor:
         printed = [h.group(1).decode() for h in heads]
         if not printed:
             return None
-        if len(bodies) > 1:
-            every = b"".join(_RANK_NAMES.findall(b"\n" + b"\n".join(bodies)))
-            if len(every.translate(None, DIGITS)) != len(every):
-                return None
         counts = [
             len(
                 _RANK_VALUE.findall(
@@ -319,13 +317,19 @@ class BlockExtractor:
             )
             for i, h in enumerate(heads)
         ]
-        toks = _RANK_VALUE.findall(b"\n" + b"\n".join(bodies))
         total = sum(counts)
-        if len(toks) != total * len(bodies):
-            return None
-        got = floats(toks)
+        got = _rank_values(bodies, total) if len(bodies) > 1 else None
         if got is None:
-            return None
+            if len(bodies) > 1:
+                every = b"".join(_RANK_NAMES.findall(b"\n" + b"\n".join(bodies)))
+                if len(every.translate(None, DIGITS)) != len(every):
+                    return None
+            toks = _RANK_VALUE.findall(b"\n" + b"\n".join(bodies))
+            if len(toks) != total * len(bodies):
+                return None
+            got = floats(toks)
+            if got is None:
+                return None
         vals = got.reshape(len(bodies), total)
         # The columns of each name, in the order printed (a name printed twice: both runs).
         cols: dict[str, list[int]] = {}
@@ -365,11 +369,62 @@ def _digits_in(found: list[tuple[bytes, ...]]) -> bool:
 
 
 _RANK_VALUE = re.compile(rb"\n[ \t]+rank +\d{1,9}: *(" + _NUM + rb")")
+_RANK_FULL = re.compile(_RANK_LINE + rb"[ \t]*\r?")
+"""A rank line of a ``times across ranks`` body, without its newline."""
+
+
+def _rank_values(bodies: list[bytes], total: int) -> np.ndarray | None:
+    """The ``total`` rank values of each of ``bodies`` (of one form, each line ending in a
+    newline), (bodies, total), found with numpy over their bytes: one form has the same lines,
+    so the rank lines of the first body are those of each, and a value is the text after its
+    line's colon.  None when they are not read so for certain: a digit in a name line (a name
+    may differ), a line taken for a rank line that holds no value (``_RANK_VALUE`` reads
+    them then)."""
+    lines = bodies[0].split(b"\n")
+    if lines.pop():
+        return None
+    is_rank = np.array([_RANK_FULL.fullmatch(x) is not None for x in lines], dtype=bool)
+    if int(is_rank.sum()) != total or not total:
+        return None
+    joined = b"".join(bodies)
+    a = np.frombuffer(joined, dtype=np.uint8)
+    nl = np.flatnonzero(a == 0x0A)
+    if len(nl) != len(lines) * len(bodies) or nl[-1] != len(a) - 1:
+        return None
+    starts = np.concatenate([[0], nl[:-1] + 1])
+    rank = np.tile(is_rank, len(bodies))
+    names = b"".join(
+        map(joined.__getitem__, map(slice, starts[~rank].tolist(), nl[~rank].tolist()))
+    )
+    if len(names.translate(None, DIGITS)) != len(names):
+        return None
+    ends = nl[rank]
+    colons = np.flatnonzero(a == 0x3A)
+    c = colons[np.searchsorted(colons, ends) - 1]
+    if (c < starts[rank]).any() or (c + 1 >= ends).any():
+        return None
+    # The bytes after each rank line's colon and the newlines: the values, one per line.
+    delta = np.zeros(len(a) + 1, dtype=np.int8)
+    delta[c + 1] = 1
+    delta[ends] = -1
+    keep = np.cumsum(delta[:-1], dtype=np.int8).view(bool)
+    keep[nl] = True
+    text = a[keep].tobytes()
+    got = floats_text(text, total * len(bodies))
+    return None if got is None else got.reshape(len(bodies), total)
 
 
 def _continues(line: bytes, kind: bytes) -> bool:
     """Whether the line path reads ``line`` (a line of the block's stream) as one more line
     of an open block of ``kind`` (``Core._continue_block``)."""
+    # Text each pattern needs (the bulk path sees no NUL or escape byte, which the line path
+    # removes): ``name ....: value`` holds " ." or " :", a rank line "rank", a name line ends
+    # in ":".  Most lines that close a block hold none of them: no decoding for those.
+    if kind != b"times":
+        if b" :" not in line and b" ." not in line:
+            return False
+    elif b"rank" not in line and not line.rstrip().endswith(b":"):
+        return False
     raw = line.decode("utf-8", "replace")[:MAX_LINE_CHARS].rstrip("\r\n").replace("\x00", "")
     text = split_prefix(raw)[1]
     if kind != b"times":

@@ -123,6 +123,17 @@ def floats(tokens: list[bytes]) -> np.ndarray | None:
     return vals if np.isfinite(vals).all() else None
 
 
+def floats_text(text: bytes, n: int) -> np.ndarray | None:
+    """``floats`` of the ``n`` tokens of ``text`` (numbers between blanks), or None when it holds
+    another count of tokens or one that is not a finite number."""
+    if not text.translate(None, b"0123456789. \t\r\n"):
+        vals = _fixed_point(text, n)
+        if vals is not None:
+            return vals
+    toks = text.split()
+    return floats(toks) if len(toks) == n else None
+
+
 _NOT_VALUES = bytes(c for c in range(128) if chr(c).isalpha()) + b"_:|"
 
 
