@@ -521,8 +521,13 @@ def test_lab_healthy_nodes_pass(lab) -> None:
 
 @lab_only
 @pytest.mark.root
-def test_lab_node_with_another_deepspeed(lab, tmp_path: Path) -> None:
-    """The run's interpreter on node1 finds another deepspeed release installed."""
+def test_lab_node_with_another_deepspeed(
+    lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's interpreter on node1 finds another deepspeed release installed; with no
+    wheelhouse on this machine the fix is the pinned install (test_wheelhouse covers the offer
+    of a wheelhouse)."""
+    monkeypatch.setenv("MDS_WHEELHOUSE", str(tmp_path / "no-wheelhouse"))
     dist = importlib.metadata.distribution("deepspeed")
     real = Path(str(dist.locate_file(""))) / f"deepspeed-{dist.version}.dist-info"
     assert real.is_dir(), real
@@ -533,7 +538,10 @@ def test_lab_node_with_another_deepspeed(lab, tmp_path: Path) -> None:
     with node_sees(lab, 1, {str(real.resolve()): other}):
         cell = only_node1_fails(lab_report(lab), "deepspeed")
     assert cell.text == f"0.16.9 (here {dist.version})"
-    assert "install the pinned requirements.txt into" in cell.fix
+    assert cell.fix.startswith(
+        f"the node lacks deepspeed=={dist.version} (it has 0.16.9): `make setup` there; "
+        "without network there: `make wheelhouse`"
+    ), cell.fix
     assert lab_report(lab).ok, "the mount is gone: node1 is healthy again"
 
 
