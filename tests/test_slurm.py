@@ -38,6 +38,7 @@ from launchers.lab import cluster as labmod
 from launchers.lab import net as labnet
 from launchers.lab import slurm as lab_slurm
 from launchers.lab.cluster import Lab
+from launchers.lab.faults import Faults
 from launchers.lab.net import LabError, LinkShape, namespace_pids
 from launchers.lab.session import LabSession
 from launchers.lab.slurm import (
@@ -697,6 +698,8 @@ class _FakeLab:
 
     class shape:
         label = "100mbit"
+
+    faults = Faults()
 
 
 @pytest.mark.parametrize("launcher", ["pdsh", "no_ssh", "openmpi", "slurm"])
