@@ -265,7 +265,7 @@ def executive_summary(groups: dict[str, list[RunMetrics]]) -> list[str]:
                 + f", {best.iter_ms_mean:,.1f} ms/iteration"
                 + (f", {number(best.samples_per_s, 1)} samples/s" if best.samples_per_s else "")
             )
-            if best.speedup is not None:
+            if best.speedup is not None and best.name != best.baseline:
                 line += f", {best.speedup:.2f}x vs {best.baseline}"
             md.append(line + counts)
         elif stopped := [r for r in failed if r.iter_ms_mean is not None]:
