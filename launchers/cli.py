@@ -225,6 +225,8 @@ def _resolve(req: Request, model: str, strategy: str) -> RunSpec:
     )
     if req.timers != spec.timing_log_option:
         spec = replace(spec, timing_log_option=req.timers)
+    if req.timers == "all":  # every rank's times: the schedule's compute timers too
+        spec = replace(spec, schedule_timers=True)
     if req.profile:
         return replace(spec, profile_steps=steady_profile_steps(spec.training))
     return spec
@@ -554,7 +556,8 @@ def _options(p: argparse.ArgumentParser, execute: bool) -> None:
         choices=TIMING_LOG_OPTIONS,
         default="minmax",
         help="Megatron's --timing-log-option: minmax (default), max, or all (every rank's "
-        "timers: the report names straggler ranks and their nodes)",
+        "timers, with the schedule's forward-compute and backward-compute: the report names "
+        "straggler ranks and their nodes)",
     )
     if execute:
         p.add_argument(

@@ -71,6 +71,10 @@ upstream reads while parsing its arguments, so the script they start is
 RANK_ENV_SCRIPT = str(Path(__file__).resolve().parents[1] / "run" / "rank_env.py")
 """``launchers/run/rank_env.py`` of this checkout (the same path on every node, like the venv)."""
 
+SCHEDULE_TIMERS_SCRIPT = str(Path(__file__).resolve().parents[1] / "run" / "schedule_timers.py")
+"""``launchers/run/schedule_timers.py`` of this checkout: with the spec's ``schedule_timers`` the
+ranks start it, and it runs ``pretrain_gpt.py`` with the schedule's compute timers on."""
+
 LAUNCHER_ARGS: dict[str, str] = {"slurm": "--label", "openmpi": "--tag-output"}
 """Options DeepSpeed passes to ``srun``/``mpirun`` (``--launcher_args``): every output line
 prefixed with its rank (``0: `` from srun, ``[1,0]<stdout>:`` from mpirun), so the parser keeps
@@ -416,6 +420,8 @@ def launcher_command(
     argv += to_flag("master_port", spec.master_port, sep="_")
     if spec.launcher in RANK_ENV_LAUNCHERS:
         argv.append(RANK_ENV_SCRIPT)
+    if spec.schedule_timers:
+        argv.append(SCHEDULE_TIMERS_SCRIPT)
     argv.append(posixpath.join(spec.paths.upstream_dir, "pretrain_gpt.py"))
     args = megatron_args(spec, run_dir)
     if through_pdsh(spec) and not plain:

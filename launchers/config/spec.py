@@ -342,11 +342,20 @@ class RunSpec:
     timing_log_option: str = "minmax"
     """Megatron's ``--timing-log-option``: ``minmax`` (each timer's min and max over ranks),
     ``max``, or ``all`` (every rank's time, which the report reads to name straggler ranks)."""
+    schedule_timers: bool = False
+    """Whether the ranks start through ``launchers/run/schedule_timers.py``, which gives upstream's
+    schedule the timers it reads from the model's config: ``forward-compute`` and
+    ``backward-compute`` per rank (never timed under DeepSpeed otherwise). On with ``--timers
+    all``: between an iteration's collectives they are a rank's own work."""
 
     def __post_init__(self) -> None:
         _one_of("run", "device", self.device, DEVICES)
         _one_of("run", "launcher", self.launcher, LAUNCHER_MODES)
         _one_of("run", "timing_log_option", self.timing_log_option, TIMING_LOG_OPTIONS)
+        _require(
+            isinstance(self.schedule_timers, bool),
+            f"run: schedule_timers must be true or false, got {self.schedule_timers!r}",
+        )
         _require(
             isinstance(self.master_port, int) and 1 <= self.master_port <= 65535,
             f"run: master_port must be an integer in 1..65535, got {self.master_port!r}",
@@ -579,6 +588,8 @@ def spec_to_json(spec: RunSpec) -> dict[str, Any]:
     } | ({"profile_steps": list(spec.profile_steps)} if spec.profile_steps else {})
     if spec.timing_log_option != "minmax":  # (absent at the default: hashes stay as they were)
         doc["timing_log_option"] = spec.timing_log_option
+    if spec.schedule_timers:  # (absent when off, as above)
+        doc["schedule_timers"] = True
     return doc
 
 
@@ -644,6 +655,8 @@ class SpecDocument:
     """The profiled iterations (absent: no profiler)."""
     timing_log_option: str = "minmax"
     """Megatron's ``--timing-log-option`` (absent: ``minmax``)."""
+    schedule_timers: bool = False
+    """Whether the schedule's compute timers were on (absent: off)."""
     name: str | None = None
     """The run's name (derived: not read back)."""
     gradient_accumulation_steps: int | None = None
@@ -703,6 +716,7 @@ def spec_from_json(
         data_vocab_size=doc.data_vocab_size,
         profile_steps=doc.profile_steps,
         timing_log_option=doc.timing_log_option,
+        schedule_timers=doc.schedule_timers,
     )
 
 

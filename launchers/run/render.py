@@ -69,7 +69,7 @@ def _command_lines(argv: list[str]) -> str:
     """``exec`` command, one option (with its values) per line, joined by backslashes."""
     groups: list[list[str]] = [[argv[0]]]
     for arg in argv[1:]:
-        if arg.startswith("--") or arg.endswith(".py"):  # the scripts: pretrain_gpt.py, rank_env.py
+        if arg.startswith("--") or arg.endswith(".py"):  # pretrain_gpt.py, its wrappers
             groups.append([arg])
         else:
             groups[-1].append(arg)
@@ -128,6 +128,12 @@ def _header(spec: RunSpec) -> list[str]:
         f"({t.train_iters // t.log_interval} lines, from the last rank), Megatron timers "
         f"(--timing-log-level 2), {breakdown}."
     )
+    if spec.schedule_timers:
+        lines.append(
+            "The ranks start pretrain_gpt.py through launchers/run/schedule_timers.py: the "
+            "schedule's forward-compute and backward-compute timers on (every rank's, with "
+            "--timing-log-option all)."
+        )
     for a in spec.adjustments:
         lines.append(f"Adjusted {a.key}: {a.requested} -> {a.applied} ({a.reason}).")
     lines.append("Output goes to stdout/stderr: the executor captures it.")
