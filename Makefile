@@ -48,8 +48,9 @@ SKIP_DOCTOR ?=
 # Non-empty: record one steady-state logging window of every rank with upstream's PyTorch
 # profiler (--profile pt); Chrome traces in the run's tensorboard/ (docs/profiling.md).
 PROFILE     ?=
-# Megatron's --timing-log-option: minmax (default), max, or all (every rank's timers; the
-# report then names straggler ranks and their nodes).
+# Megatron's --timing-log-option: minmax (default), max, or all (every rank's timers, the
+# schedule's forward-compute and backward-compute switched on; the report then names straggler
+# ranks and their nodes).
 TIMERS      ?=
 # TORCH=system: `make setup` builds the venv on SYSTEM_PYTHON's own PyTorch (see setup below).
 TORCH       ?=
