@@ -24,8 +24,7 @@ from hypothesis import strategies as st
 from analysis.parse import bulk as bulk_path
 from analysis.parse import keywords
 from analysis.parse import reader as parse
-from analysis.parse.columns import Column
-from analysis.parse.encoding import json_text
+from analysis.parse.columns import Column, json_text
 from analysis.parse.rules import _LATE_CONFIG_LINES, KW
 
 REPO = Path(__file__).resolve().parents[1]
@@ -273,7 +272,7 @@ _VALUES = {
     "f": st.one_of(
         st.none(),
         st.floats(allow_nan=True, allow_infinity=True),
-        st.sampled_from([0.0, -0.0, 1.0, 84.77, 230.93, 9.747e-04, 5.866232]),
+        st.sampled_from([0.0, -0.0, 1.0, 84.77, 230.93, 9.747e-04, 5.866232, 2.5e9, 1e-7]),
         st.integers(-5, 5),
     ),
     "i": st.one_of(
@@ -292,32 +291,51 @@ def _same(a, b) -> bool:
     return type(a) is type(b) and a == b and (not isinstance(a, float) or str(a) == str(b))
 
 
-@settings(max_examples=400, deadline=None)
-@given(
-    st.sampled_from(["i", "f"]).flatmap(
-        lambda kind: st.tuples(
-            st.just(kind), st.booleans(), st.lists(st.lists(_VALUES[kind], max_size=8), max_size=6)
-        )
-    )
-)
-def test_column_gives_back_what_was_put_in(args):
-    from analysis.parse import columns
+def _add(col: Column, batch: list, bulk: bool) -> None:
+    """Add a batch one value at a time, or as an array when an array holds it (the bulk
+    path's way): floats with NaN for None, ints with a None mask."""
+    if bulk and col.kind == "f" and all(v is None or (type(v) is float and v == v) for v in batch):
+        col.add_floats(np.array([math.nan if v is None else v for v in batch], dtype=float))
+    elif bulk and col.kind == "i" and all(v is None or type(v) is int for v in batch):
+        if all(v is None or abs(v) < 2**63 for v in batch):
+            vals = np.array([0 if v is None else v for v in batch], dtype=np.int64)
+            col.add_ints(vals, np.array([v is None for v in batch], dtype=bool))
+            return
+        col.extend(batch)
+    else:
+        col.extend(batch)
 
-    kind, delta, batches = args
-    col = Column(kind, delta=delta)
+
+def _batches(kind: str, size: int, count: int) -> st.SearchStrategy:
+    """Batches of values of one kind, each with whether it is added as an array."""
+    batch = st.tuples(st.lists(_VALUES[kind], max_size=size), st.booleans())
+    return st.lists(batch, max_size=count)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(["i", "f"]).flatmap(lambda k: st.tuples(st.just(k), _batches(k, 8, 6))))
+@example(("f", [([1.25, None], True), ([0.1], False), ([1e300], True), ([-0.0], True)]))
+@example(("f", [([0.5, 0.0, -0.0, 0.0, -0.0, 0.0, None], True)]))
+@example(("i", [([1, None], True), ([300], False), ([2**40, None], True), ([2**70], True)]))
+def test_column_gives_back_what_was_put_in(args):
+    """Whatever the values (decimals kept as int32, then a value that is not one; ints
+    widened; values no array holds), added one by one or as arrays, a column gives them back
+    exactly, one by one, at some rows, as floats and as JSON texts."""
+    kind, batches = args
+    col = Column(kind)
     want = []
-    old = columns._PIECE
-    columns._PIECE = 3  # values stored a few at a time
-    try:
-        for batch in batches:
-            col.extend(batch)
-            want.extend(batch)
-    finally:
-        columns._PIECE = old
+    for batch, bulk in batches:
+        _add(col, batch, bulk)
+        want.extend(batch)
     assert len(col) == len(want)
     assert all(_same(a, b) for a, b in zip(col, want, strict=True))
     assert all(_same(col[i], want[i]) for i in range(len(want)))
-    # The JSON texts, read a few values at a time, are those of the values one by one.
+    rows = np.arange(len(want))[::-2].copy()
+    assert all(_same(a, want[i]) for a, i in zip(col.at(rows), rows.tolist(), strict=True))
+    if all(v is None or (isinstance(v, int | float) and abs(v) < 2**53) for v in want):
+        floats = np.array([math.nan if v is None else float(v) for v in want], dtype=float)
+        np.testing.assert_array_equal(col.floats(), floats)
+        np.testing.assert_array_equal(col.floats(rows), floats[rows])
     try:
         one_by_one: list[str] | type[ValueError] = [json_text(v) for v in want]
     except ValueError:
@@ -327,6 +345,65 @@ def test_column_gives_back_what_was_put_in(args):
     except ValueError:
         blocks = ValueError
     assert blocks == one_by_one
+
+
+def test_a_column_of_printed_decimals_keeps_four_bytes_a_value():
+    """Timer values printed with up to two decimals take 4 bytes each, and come back exactly;
+    a value that is not such a decimal turns the column to float64, the others unchanged."""
+    values = [round(900 + 0.37 * i, 2) for i in range(1000)]
+    col = Column("f", [12.5])  # (one decimal first: the column takes more when they come)
+    col.add_floats(np.array(values))
+    col.extend([None, 12.5])
+    assert col.nbytes <= 4 * len(col) + 8 * 2  # (the two added one by one wait as a list)
+    col.add_floats(np.array([1 / 3]))
+    assert list(col) == [12.5, *values, None, 12.5, 1 / 3]
+    assert col.nbytes == 8 * len(col)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["i", "f"]).flatmap(
+        lambda k: st.tuples(st.just(k), _batches(k, 12, 2), _batches(k, 12, 2))
+    )
+)
+@example(("f", [([0.5], True)], [([x / 100 for x in range(12)], True)]))
+@example(("f", [([0.25], True)], [([1 / 3], True)]))
+@example(("i", [([1, None], True)], [([3, None, 2**40], True)]))
+def test_column_concat_gives_back_both(args):
+    """``Column.concat`` (into an empty column or not, decimals of other scales, float64,
+    other int widths, Python values) holds the values of both, exactly."""
+    kind, first, second = args
+    a, b = Column(kind), Column(kind)
+    for col, batches in ((a, first), (b, second)):
+        for batch, bulk in batches:
+            _add(col, batch, bulk)
+    want = [v for batch, _ in first + second for v in batch]
+    a.concat(b)
+    assert len(a) == len(want)
+    assert all(_same(x, y) for x, y in zip(a, want, strict=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["i", "f"]).flatmap(
+        lambda k: st.tuples(st.just(k), _batches(k, 12, 3), st.randoms(use_true_random=False))
+    )
+)
+def test_column_take_gives_the_values_at_the_order(args):
+    """``take(order)`` holds the values at ``order``, exactly, whatever the storage."""
+    kind, batches, rnd = args
+    col = Column(kind)
+    for batch, bulk in batches:
+        _add(col, batch, bulk)
+    values = [v for batch, _ in batches for v in batch]
+    order = list(range(len(values)))
+    rnd.shuffle(order)
+    got = col.take(np.array(order, dtype=np.int64))
+    assert len(got) == len(order)
+    assert all(_same(got[k], values[i]) for k, i in enumerate(order))
+    if kind == "i" and all(v is None or (type(v) is int and abs(v) < 2**63) for v in values):
+        assert col.ints(fill=-7).tolist() == [-7 if v is None else v for v in values]
+        assert col.none_mask().tolist() == [v is None for v in values]
 
 
 def test_json_stream_equals_the_records(tmp_path):
@@ -534,36 +611,15 @@ def _check_keyword_scan(block: bytes, data) -> None:
             assert kw.first(block, step, end, pipe) == _first_by_anchor(block, anchors, step, end)
 
 
-# -- finishing a run: attribution in pieces, timer tables joined and sorted -------------------
+# -- finishing a run: timer tables joined and sorted -----------------------------------------
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(0, 4), max_size=60), st.integers(1, 7))
-def test_pieces_cover_the_keys_without_cutting_a_run(keys, piece):
-    from analysis.parse import storage
-
-    arr = np.array(sorted(keys), dtype=np.int64)
-    old = storage._PIECE
-    storage._PIECE = piece
-    try:
-        got = list(storage._pieces(arr))
-    finally:
-        storage._PIECE = old
-    assert [a for a, _b in got] == [0, *[b for _a, b in got[:-1]]][: len(got)]
-    assert (got[-1][1] if got else 0) == len(arr)
-    for a, b in got:
-        assert b > a
-        assert b == len(arr) or arr[b] != arr[b - 1]  # no run is cut
-        assert b - a <= piece or len(set(arr[a + piece - 1 : b].tolist())) == 1
-
-
-def test_attribution_in_pieces_equals_one_piece(tmp_path, monkeypatch):
-    """DeepSpeed blocks attributed a few at a time (runs of blocks between two iteration lines
-    kept whole) give the runs attributed in one piece; so do timer tables joined value by value
-    (not by a copy of the storage into empty columns, nor by joining differences)."""
+def test_tables_joined_value_by_value_equal_tables_joined_by_arrays(tmp_path, monkeypatch):
+    """Timer tables joined value by value give the runs that tables joined by their arrays
+    (shared, of other scales and int widths) give."""
     import loggen
 
-    from analysis.parse import columns, storage
+    from analysis.parse import columns
 
     logs = [*_logs(LAB_LOGS), *_logs(EXTERNAL), tmp_path / "ranks.log"]
     loggen.write_ranks(logs[-1], 0.3)
@@ -571,9 +627,7 @@ def test_attribution_in_pieces_equals_one_piece(tmp_path, monkeypatch):
     loggen.write_dense(logs[-1], 0.5, LAB_LOGS)
     fast = [[r.to_dict() for r in parse.parse_file(p)] for p in logs]
 
-    monkeypatch.setattr(storage, "_PIECE", 3)
-
-    def concat(self, other):  # value by value: no copy of storage, no join of differences
+    def concat(self, other):  # value by value: no arrays shared
         for v in other:
             self.append(v)
 
@@ -659,207 +713,6 @@ def test_iteration_heads_the_line_path_reads_otherwise(tmp_path, monkeypatch, ch
     assert len(run["iterations"]) > n // 2
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    st.sampled_from(["i", "f"]).flatmap(
-        lambda kind: st.tuples(
-            st.just(kind),
-            st.tuples(st.booleans(), st.booleans()),
-            st.lists(_VALUES[kind], max_size=12),
-            st.lists(_VALUES[kind], max_size=12),
-        )
-    )
-)
-@example(("i", (False, True), [1, 2], list(range(1, 13))))
-@example(("i", (True, False), [1, None], [3, None, *range(10)]))
-@example(("f", (False, False), [0.5], [x / 100 for x in range(12)]))
-def test_column_concat_gives_back_both(args):
-    """``Column.concat`` (into an empty column, delta columns by their differences, any other
-    way) holds the values of both, exactly."""
-    from analysis.parse import columns
-
-    kind, delta, first, second = args
-    a, b = Column(kind, delta=delta[0]), Column(kind, delta=delta[1])
-    a.extend(first)
-    b.extend(second)
-    old = columns._PIECE
-    columns._PIECE = 5  # read a few values at a time
-    try:
-        a.concat(b)
-    finally:
-        columns._PIECE = old
-    want = first + second
-    assert len(a) == len(want)
-    assert all(_same(x, y) for x, y in zip(a, want, strict=True))
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.sampled_from(["i", "f"]).flatmap(
-        lambda kind: st.tuples(
-            st.just(kind),
-            st.booleans(),
-            st.lists(_VALUES[kind], max_size=40),
-            st.lists(st.integers(0, 39), max_size=20),
-            st.integers(-130, 130),
-        )
-    )
-)
-@example(("i", False, [1, 2, None, 2, 300], [4, 1, 3], 2))
-@example(("f", False, [0.25, None, 1.5, 0.25], [3, 0, 1], 0))
-def test_column_reads_of_some_rows_equal_the_whole_column_read(args):
-    """``floats_at(rows)`` is ``floats()[rows]`` and ``rows_equal(v)`` the positions of ``v``
-    in ``ints()``, whatever the storage (narrow, scaled, delta, const, objects)."""
-    import numpy as np
-
-    kind, delta, values, rows, probe = args
-    col = Column(kind, delta=delta)
-    col.extend(values)
-    idx = np.array([r for r in rows if r < len(values)], dtype=np.int64)
-    if kind == "f" or all(v is None or isinstance(v, int) for v in values):
-        np.testing.assert_array_equal(col.floats_at(idx), col.floats()[idx])
-        want = np.array([math.nan if v is None else float(v) for v in values], dtype=float)
-        np.testing.assert_array_equal(col.floats(), want)
-    if kind == "i" and all(v is None or (isinstance(v, int) and abs(v) < 2**63) for v in values):
-        want = [i for i, v in enumerate(values) if v == probe and not isinstance(v, float)]
-        assert col.rows_equal(probe).tolist() == want
-    # ``pieces``: the values at some positions of each piece, as ``col[i]`` gives them.
-    size = 1 + probe % 7
-    wanted = set(rows)
-    got = []
-    for a, read in zip(range(0, len(values), size), col.pieces(size), strict=True):
-        at = np.array([j for j in range(size) if a + j in wanted and a + j < len(values)])
-        got += read(at.astype(np.int64))
-    assert all(
-        _same(x, col[i]) for x, i in zip(got, sorted(wanted & set(range(len(values)))), strict=True)
-    )
-    assert len(got) == len(wanted & set(range(len(values))))
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(st.one_of(st.none(), st.integers(-(2**62), 2**62), st.integers(-5, 300)), max_size=30),
-    st.lists(st.one_of(st.none(), st.integers(-5, 300)), max_size=30),
-    st.booleans(),
-)
-@example([None, 1, 2], [3, None], True)
-@example([], [None, None], True)
-@example([None, 300, -5, None, 2], [None], False)
-def test_column_ints_with_a_none_mask_hold_what_extend_holds(first, second, delta):
-    """``extend_ints_masked`` (into an empty column, or after other values) holds what
-    ``extend`` of the same values holds, given as int64 or in the narrowest width that holds
-    them (as the attribution gives int32)."""
-    import numpy as np
-
-    from analysis.parse import columns
-
-    a, b = Column("i", delta=delta), Column("i", delta=delta)
-    old = columns._PIECE
-    columns._PIECE = 4  # a few values at a time after the first batch
-    try:
-        for batch in (first, second):
-            vals = np.array([0 if v is None else v for v in batch], dtype=np.int64)
-            if len(vals) and vals.min() > -(2**31) and vals.max() < 2**31:
-                vals = vals.astype(np.min_scalar_type(-int(np.abs(vals).max()) - 1))
-            a.extend_ints_masked(vals, np.array([v is None for v in batch], dtype=bool))
-            b.extend(batch)
-    finally:
-        columns._PIECE = old
-    assert list(a) == list(b) == first + second
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.sampled_from(["i", "f"]).flatmap(
-        lambda kind: st.tuples(
-            st.just(kind),
-            st.booleans(),
-            st.lists(
-                _VALUES[kind]
-                if kind == "f"
-                else st.one_of(st.integers(-300, 300), st.none(), st.integers(-(2**40), 2**40)),
-                max_size=30,
-            ),
-            st.randoms(use_true_random=False),
-            st.integers(1, 5),
-        )
-    )
-)
-@example(("i", True, [5, 9, 2**31 - 2, 1], None, 2))
-@example(("i", True, [5, 9, -3, 1, 0, 7], None, 2))
-def test_column_take_gives_the_values_at_the_order(args):
-    """``take(order)`` holds the values at ``order``, exactly, whatever the storage (delta
-    columns whose running sums fit int32 are taken a few at a time)."""
-    import numpy as np
-
-    from analysis.parse import columns
-
-    kind, delta, values, rnd, piece = args
-    if kind == "i" and delta:
-        values = [v for v in values if v is not None]  # (a delta column holds no None)
-    col = Column(kind, values, delta=delta)
-    order = list(range(len(values)))
-    if rnd is not None:
-        rnd.shuffle(order)
-    else:
-        order.reverse()
-    old = columns._PIECE
-    columns._PIECE = piece
-    try:
-        got = col.take(np.array(order, dtype=np.int32))
-    finally:
-        columns._PIECE = old
-    assert len(got) == len(order)
-    assert all(_same(got[k], values[i]) for k, i in enumerate(order))
-    assert got.storage == col.storage or col.storage.startswith("delta") or len(values) < 2
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(
-        st.one_of(st.none(), st.integers(-300, 300), st.integers(-(2**40), 2**40)), max_size=40
-    ),
-    st.booleans(),
-    st.integers(1, 5),
-)
-@example([5, 6, 7, 2**31 - 1, 2**31 + 9], True, 2)
-@example([None, None], False, 3)
-def test_small_ints_are_the_ints_in_fewer_bytes(values, delta, piece):
-    """``small_ints(fill)`` holds what ``ints(fill)`` holds, whatever the storage, also when
-    running sums are taken a few at a time."""
-
-    from analysis.parse import columns
-
-    col = Column("i", delta=delta)
-    col.extend(values)
-    old = columns._PIECE
-    columns._PIECE = piece
-    try:
-        small = col.small_ints(fill=-7)
-    finally:
-        columns._PIECE = old
-    assert small.tolist() == col.ints(fill=-7).tolist()
-    assert small.dtype.itemsize <= 8
-    if all(v is not None and abs(v) < 2**31 for v in values):
-        assert small.dtype.itemsize <= 4
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.booleans(), max_size=60), st.integers(1, 7))
-def test_rows_of_a_mask_found_in_pieces(mask, piece):
-    import numpy as np
-
-    from analysis.parse import storage
-
-    old = storage._PIECE
-    storage._PIECE = piece
-    try:
-        rows = storage._rows(np.array(mask, dtype=bool))
-    finally:
-        storage._PIECE = old
-    assert rows.tolist() == [i for i, m in enumerate(mask) if m]
-
-
 def test_blocks_of_one_source_read_in_pieces(monkeypatch):
     """``TimerTable.blocks_of`` converts a few blocks at a time: the blocks of the source,
     in order, with their values, for one group and for several."""
@@ -882,33 +735,6 @@ def test_blocks_of_one_source_read_in_pieces(monkeypatch):
         assert list(table.blocks_of(source)) == [b for b in blocks if b.source == source]
     only = TimerTable([b for b in blocks if b.source == "megatron" and "bwd" in b.values_ms])
     assert list(only.blocks_of("megatron")) == list(only)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(st.integers(0, 12), max_size=25),
-    st.lists(st.integers(0, 12), max_size=25),
-    st.booleans(),
-    st.integers(1, 4),
-)
-@example([1, 5, 5, 9], [0, 5, 9, 9], True, 2)
-def test_sort_order_of_two_sorted_runs_is_the_stable_argsort(first, second, sort_runs, piece):
-    """``_merge_order`` (two sorted runs merged a few at a time, or anything else) gives the
-    order of a stable ``np.argsort``."""
-    import numpy as np
-
-    from analysis.parse import records
-
-    keys = np.array((sorted(first) + sorted(second)) if sort_runs else first + second)
-    old = records._BLOCKS_AT_A_TIME
-    records._BLOCKS_AT_A_TIME = piece
-    try:
-        order = records._merge_order(keys, np.int32)
-    finally:
-        records._BLOCKS_AT_A_TIME = old
-    want = np.argsort(keys, kind="stable")
-    assert order.dtype == np.int32
-    assert order.tolist() == want.tolist()
 
 
 _ALLOC_LINES = [

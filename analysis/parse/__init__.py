@@ -12,6 +12,8 @@ Inside, imports point one way (a module imports only those below it):
 - ``machine`` (``Core``): the line state machine (runs, set-up, blocks, streams), with
   ``failures`` (how a failure is recorded), ``merge`` (a run finished; per-node files joined),
   ``rules`` (patterns, keywords, per-run and per-stream state) and ``keywords`` (the scan);
-- ``records``, ``tables``, ``storage``, ``columns``, ``encoding``: the records and the typed
-  columns that hold them; ``lines``: launcher prefixes and value readers.
+- ``records``, ``tables``, ``storage``, ``columns``: the records and the numpy columns that
+  hold them; ``lines``: launcher prefixes and value readers.
+
+docs/parsing.md says what each module owns.
 """

@@ -1,792 +1,360 @@
-"""Typed columns of optional numbers: what the parser keeps per record, in compact arrays.
+"""Typed columns of optional numbers: what the parser keeps per record, in numpy arrays.
 
-A ``Column`` holds ints or floats, each possibly None, and gives back exactly what was put in
-(same value, same type, ``-0.0`` stays ``-0.0``).  It picks the smallest exact storage:
+A ``Column`` holds ints (``kind="i"``) or floats (``kind="f"``), each possibly None, and gives
+back exactly what was put in (same value, same type, ``-0.0`` stays ``-0.0``):
 
-- a run of one repeated value (``loss scale: 1.0`` on every line) is one value and a count;
-- ints: a signed array of 1, 2, 4 or 8 bytes, widened when a value does not fit; with
-  ``delta=True`` (line numbers, iteration numbers) the differences are stored instead;
-- floats: a printed decimal such as ``230.93`` is stored as the integer 23093 with the column's
-  scale 10**2, in 1 to 8 bytes, only when dividing back gives the very same double (checked for
-  every value); else 8-byte doubles;
-- anything else (ints beyond 64 bits, a NaN, an int in a float column) keeps the Python objects.
+- ints: the narrowest signed numpy int that holds every value, None as that type's smallest
+  value (widened when a value does not fit);
+- floats: float64, None as NaN; a column of printed decimals (``1234.56``: every value ``k /
+  10**d`` for one ``d`` up to 6, ``|k| < 2**31``, checked value by value) keeps ``k`` as int32
+  instead, half the bytes (a 64-rank log prints 9 million timer lines per GB), and goes over to
+  float64 when a value is not such a decimal;
+- anything else (an int beyond 64 bits, a NaN or infinity, an int in a float column, a float
+  in an int column) turns the column into a list of the Python values.
 
-None is stored as the array type's smallest value (ints, scaled floats) or NaN (doubles).
+Values added one at a time wait in a short list and are stored a batch at a time; arrays added
+in bulk are stored as they come, and the pieces are joined into one array when read.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
-from analysis.parse.encoding import (
-    CODES,
-    MAX,
-    MIN,
-    as_bytes,
-    code_for,
-    diff_from,
-    json_text,
-    present_range,
-    repeat_value,
-    running_sum,
-    scale_of,
-)
+_BATCH = 4096
+"""Values added one at a time that wait before they are stored as an array."""
 
-_PIECE = 1 << 18
-"""Values ``concat`` reads at a time."""
+_INTS = (np.int8, np.int16, np.int32, np.int64)
+
+_MAX_SCALE = 6
+"""Most decimals a float column is kept to as int32."""
+
+
+def none_of(dtype: np.dtype) -> Any:
+    """The stored value that means None."""
+    return math.nan if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+def _int_type(lo: int, hi: int) -> type:
+    """The narrowest signed int type holding [lo, hi] above its smallest value (None)."""
+    return next(t for t in _INTS if np.iinfo(t).min < lo and hi <= np.iinfo(t).max)
+
+
+def _scaled(values: np.ndarray, d: int) -> np.ndarray | None:
+    """``values`` (float64, NaN = None) as int32 ``k`` with ``k / 10**d`` giving each value
+    back exactly (None as int32's smallest), or None when one is not such a decimal."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        k = np.rint(values * 10.0**d)
+        none = np.isnan(values)
+        ok = (k / 10.0**d == values) | none
+        ok &= (np.abs(k) < 2**31 - 1) | none
+    if not ok.all() or (np.signbit(values) & (values == 0)).any():
+        return None
+    out = k.astype(np.int32) if not none.any() else np.where(none, 0, k).astype(np.int32)
+    out[none] = none_of(out.dtype)
+    return out
+
+
+def json_text(v: Any) -> str:
+    """One value as JSON, as ``json`` writes it (a float that is not finite raises)."""
+    if v is None:
+        return "null"
+    if type(v) is float:
+        if not math.isfinite(v):
+            raise ValueError(f"out of range float value in the JSON output: {v!r}")
+        return float.__repr__(v)
+    if type(v) is int:
+        return int.__repr__(v)
+    return json.dumps(v, allow_nan=False, default=str)
 
 
 class Column:
-    """A column of optional ints (``kind="i"``) or floats (``kind="f"``) (module doc)."""
+    """A column of optional ints or floats (module doc)."""
 
-    __slots__ = (
-        "_arr",
-        "_const",
-        "_delta",
-        "_last",
-        "_list",
-        "_n",
-        "_pend",
-        "_prefix",
-        "_scale",
-        "kind",
-    )
+    __slots__ = ("_objs", "_parts", "_scale", "_tail", "kind")
 
-    def __init__(self, kind: str, values: Iterable[Any] = (), delta: bool = False) -> None:
+    def __init__(self, kind: str, values: Iterable[Any] = ()) -> None:
         if kind not in ("i", "f"):
             raise ValueError(f"kind({kind!r}) must be 'i' or 'f'")
         self.kind = kind
-        self._delta = delta and kind == "i"
-        self._arr: array[Any] | None = None
-        self._list: list[Any] | None = None
-        self._const: Any = None
-        self._n = 0
-        self._scale = -1  # floats: decimals of the scaled ints, -1 = doubles
-        self._last = 0  # delta mode: the last value
-        self._prefix: np.ndarray | None = None  # delta mode: cached running sums
-        self._pend: list[Any] = []  # values appended, not yet stored
-        for v in values:
-            self.append(v)
-
-    # -- size -------------------------------------------------------------------------------
-
-    def __len__(self) -> int:
-        if self._arr is not None:
-            return len(self._arr) + len(self._pend)
-        if self._list is not None:
-            return len(self._list) + len(self._pend)
-        return self._n + len(self._pend)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the stored values (not counting the fixed size of the objects)."""
-        if self._pend:
-            self._sync()
-        if self._arr is not None:
-            return len(self._arr) * self._arr.itemsize
-        if self._list is not None:
-            return 8 * len(self._list) + sum(32 for x in self._list if x is not None)
-        return 0
-
-    @property
-    def storage(self) -> str:
-        """How the values are stored, in words (``const``, ``int16``, ``x100 int16``, ...)."""
-        if self._pend:
-            self._sync()
-        if self._list is not None:
-            return "objects"
-        if self._arr is None:
-            return "const"
-        width = f"int{8 * self._arr.itemsize}" if self._arr.typecode in CODES else "float64"
-        if self._delta:
-            width = "delta " + width
-        return f"x1e{self._scale} {width}" if self._scale > 0 else width
-
-    # -- reading ----------------------------------------------------------------------------
-
-    def _decode(self, x: Any) -> Any:
-        arr = self._arr
-        assert arr is not None
-        if self.kind == "f":
-            if self._scale < 0:
-                return None if x != x else x
-            if x == MIN[arr.typecode]:
-                return None
-            return x / 10.0**self._scale if self._scale else float(x)
-        return None if x == MIN[arr.typecode] else x
-
-    def __getitem__(self, i: int) -> Any:
-        if self._pend:
-            self._sync()
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("column index out of range")
-        if self._list is not None:
-            return self._list[i]
-        if self._arr is None:
-            return self._const
-        if self._delta:
-            if self._prefix is None or len(self._prefix) != n:
-                self._prefix = np.cumsum(
-                    np.frombuffer(self._arr, dtype=self._arr.typecode), dtype=np.int64
-                )
-            return int(self._prefix[i])
-        return self._decode(self._arr[i])
-
-    def __iter__(self) -> Iterator[Any]:
-        if self._pend:
-            self._sync()
-        if self._list is not None:
-            return iter(self._list)
-        if self._arr is None:
-            return (
-                iter([self._const] * self._n)
-                if self._n < 4096
-                else repeat_value(self._const, self._n)
-            )
-        if self._delta:
-            return running_sum(self._arr)
-        if self.kind == "i":
-            low = MIN[self._arr.typecode]
-            return (None if x == low else x for x in self._arr)
-        if self._scale < 0:
-            return (None if x != x else x for x in self._arr)
-        low = MIN[self._arr.typecode]
-        f = 10.0**self._scale
-        if self._scale == 0:
-            return (None if x == low else float(x) for x in self._arr)
-        return (None if x == low else x / f for x in self._arr)
-
-    def pieces(self, size: int) -> Iterator[Callable[[np.ndarray], list[Any]]]:
-        """For each ``size`` values in order, a function that gives the values at some
-        positions of that piece (``at``, ascending), as ``self[i]`` gives them: only those are
-        converted, and a delta column's running sums are taken a piece at a time."""
-        if self._pend:
-            self._sync()
-        n = len(self)
-        if self._list is not None:
-            for a in range(0, n, size):
-                yield lambda at, p=self._list[a : a + size]: [p[j] for j in at.tolist()]
-            return
-        if self._arr is None:
-            for _a in range(0, n, size):
-                yield lambda at, c=self._const: [c] * len(at)
-            return
-        raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
-        total = 0
-        for a in range(0, n, size):
-            part = raw[a : a + size]
-            if self._delta:
-                sums = np.cumsum(part, dtype=np.int64) + total
-                total = int(sums[-1])
-                yield lambda at, v=sums: v[at].tolist()
-            else:
-                yield lambda at, p=part: list(map(self._decode, p[at].tolist()))
-
-    def floats(self) -> np.ndarray:
-        """The values as float64 (None as NaN); ints exact up to 2**53."""
-        if self._pend:
-            self._sync()
-        n = len(self)
-        if self._list is not None:
-            return np.array([math.nan if x is None else float(x) for x in self._list], dtype=float)
-        if self._arr is None:
-            fill = math.nan if self._const is None else float(self._const)
-            return np.full(n, fill, dtype=float)
-        raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
-        if self._delta:
-            return np.cumsum(raw, dtype=np.int64).astype(float)
-        return self._floats_of(raw.copy() if self._arr.typecode == "d" else raw)
-
-    def _floats_of(self, raw: np.ndarray) -> np.ndarray:
-        """Stored values (of a plain array: doubles, or ints with ``MIN`` for None, scaled)
-        as float64."""
-        assert self._arr is not None
-        if self._arr.typecode == "d":
-            return raw
-        out = raw.astype(float)
-        out[raw == MIN[self._arr.typecode]] = math.nan
-        if self._scale > 0:
-            out /= 10.0**self._scale
-        return out
-
-    def floats_at(self, rows: np.ndarray) -> np.ndarray:
-        """``floats()[rows]``, converting only those values (a plain stored array is indexed
-        first: no float64 copy of the whole column)."""
-        if self._pend:
-            self._sync()
-        if self._list is not None or self._arr is None or self._delta:
-            return self.floats()[rows]
-        return self._floats_of(np.frombuffer(self._arr, dtype=self._arr.typecode)[rows])
-
-    def rows_equal(self, value: int) -> np.ndarray:
-        """Positions (int64, ascending) of the values equal to the int ``value``, read from the
-        stored array as it is (no int64 copy of the whole column)."""
-        if self._pend:
-            self._sync()
-        if self.kind == "i" and self._list is None and self._arr is None:  # one value repeated
-            return np.arange(len(self) if self._const == value else 0, dtype=np.int64)
-        if self.kind != "i" or self._list is not None or self._arr is None or self._delta:
-            return np.flatnonzero(self.ints(fill=value - 1) == value)
-        code = self._arr.typecode
-        if not MIN[code] < value <= MAX[code]:
-            return np.zeros(0, dtype=np.int64)
-        return np.flatnonzero(np.frombuffer(self._arr, dtype=code) == value)
-
-    def ints(self, fill: int = 0) -> np.ndarray:
-        """The values as int64, None as ``fill`` (int columns only)."""
-        if self._pend:
-            self._sync()
-        if self.kind != "i":
-            raise TypeError("ints() of a float column")
-        n = len(self)
-        if self._list is not None:
-            return np.array([fill if x is None else x for x in self._list], dtype=np.int64)
-        if self._arr is None:
-            return np.full(n, fill if self._const is None else self._const, dtype=np.int64)
-        raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
-        if self._delta:
-            return np.cumsum(raw, dtype=np.int64)
-        out = raw.astype(np.int64)
-        out[raw == MIN[self._arr.typecode]] = fill
-        return out
-
-    def small_ints(self, fill: int = 0) -> np.ndarray:
-        """``ints(fill)``, in the stored array's width when it holds no None (a copy of it),
-        else as int32 when the values fit: no int64 copy of a long column where none is
-        needed."""
-        if self._pend:
-            self._sync()
-        if self.kind != "i":
-            raise TypeError("small_ints() of a float column")
-        n = len(self)
-        if self._list is None and self._arr is None:  # one value repeated (or none at all)
-            c = fill if self._const is None else self._const
-            return np.full(n, c, dtype=code_for(c, c) or "q")
-        if self._list is None and self._arr is not None and n:
-            code = self._arr.typecode
-            raw = np.frombuffer(self._arr, dtype=code)
-            if not self._delta and int(raw.min()) != MIN[code]:
-                return raw.copy()
-            if self._delta:  # running sums a piece at a time, kept as int32 while they fit
-                out = np.empty(n, dtype=np.int32)
-                total = 0
-                for a in range(0, n, _PIECE):
-                    part = np.cumsum(raw[a : a + _PIECE], dtype=np.int64) + total
-                    if part.min() < -(2**31) or part.max() >= 2**31:
-                        return self.ints(fill)
-                    out[a : a + len(part)] = part
-                    total = int(part[-1])
-                return out
-        values = self.ints(fill)
-        if len(values) and values.min() >= -(2**31) and values.max() < 2**31:
-            return values.astype(np.int32)
-        return values
-
-    def json_texts(self, size: int = 4096) -> Iterator[list[str]]:
-        """The values as JSON texts (``null``, ``repr`` of the int or float), ``size`` at a
-        time, converted column-wise; a float that is not finite raises ``ValueError``."""
-        if self._pend:
-            self._sync()
-        n = len(self)
-        if self._list is not None or self._arr is None:
-            values = self._list if self._list is not None else None
-            const = json_text(self._const) if values is None and n else ""
-            for s in range(0, n, size):
-                if values is None:
-                    yield [const] * min(size, n - s)
-                else:
-                    yield [json_text(v) for v in values[s : s + size]]
-            return
-        text = int.__repr__ if self.kind == "i" else float.__repr__
-        for vals, none in self._pieces(size):
-            if self._arr is not None and self._arr.typecode == "d" and np.isinf(vals).any():
-                bad = float(vals[np.isinf(vals)][0])
-                raise ValueError(f"out of range float value in the JSON output: {bad!r}")
-            texts = list(map(text, vals.tolist()))
-            if none.any():
-                for i in np.flatnonzero(none).tolist():
-                    texts[i] = "null"
-            yield texts
-
-    def _pieces(self, size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The values of array storage, ``size`` at a time: (int64 or float64 values, None
-        mask); a None's value is 0 (ints) or NaN (floats)."""
-        assert self._arr is not None and not self._pend
-        code = self._arr.typecode
-        raw = np.frombuffer(self._arr, dtype=code)
-        total = 0
-        for s in range(0, len(raw), size):
-            part = raw[s : s + size]
-            if self._delta:
-                vals = np.cumsum(part, dtype=np.int64) + total
-                total = int(vals[-1])
-                yield vals, np.zeros(len(vals), dtype=bool)
-            elif code == "d":
-                yield part, np.isnan(part)
-            else:
-                none = part == MIN[code]
-                if self.kind == "i":
-                    yield np.where(none, 0, part).astype(np.int64), none
-                    continue
-                vals = part.astype(float)
-                if self._scale > 0:
-                    vals /= 10.0**self._scale
-                vals[none] = math.nan
-                yield vals, none
+        self._parts: list[np.ndarray] = []  # the stored arrays, in order
+        self._scale: int | None = None  # floats kept as int32 k / 10**scale, else float64
+        self._tail: list[Any] = []  # values added one at a time, not yet stored
+        self._objs: list[Any] | None = None  # the values, when an array cannot hold them
+        self.extend(values)
 
     # -- writing ----------------------------------------------------------------------------
 
-    def append(self, v: Any) -> None:
-        """Add one value (None, an int for ``kind="i"``, a float for ``kind="f"``); values
-        are gathered and stored a few hundred at a time."""
-        pend = self._pend
-        pend.append(v)
-        if len(pend) >= 256:
-            self._sync()
-
-    def _sync(self) -> None:
-        """Store the gathered values."""
-        vals = self._pend
-        if not vals:
-            return
-        self._pend = []
-        if self.kind == "f":
-            if all(type(v) is float and v == v for v in vals):
-                self.extend_floats(np.array(vals, dtype=float))
-                return
-        elif all(type(v) is int for v in vals) and MIN["q"] < min(vals) and max(vals) <= MAX["q"]:
-            self.extend_ints(np.array(vals, dtype=np.int64))
-            return
-        for v in vals:
-            self._append_one(v)
-
-    def _append_one(self, v: Any) -> None:
-        arr = self._arr
-        if arr is not None:
-            if self._put(arr, v):
-                return
-            self._widen([v])
-            return
-        if self._list is not None:
-            self._list.append(v)
-            return
-        if self._n == 0:
-            self._const, self._n = v, 1
-        elif v is self._const or (
-            type(v) is type(self._const)
-            and v == self._const
-            and (v != 0 or math.copysign(1, v) == math.copysign(1, self._const))
-        ):
-            self._n += 1
-        else:
-            self._widen([v])
-
-    def _put(self, arr: array[Any], v: Any) -> bool:
-        """Append ``v`` to the array if it is exactly representable there."""
-        code = arr.typecode
-        if self.kind == "i":
-            if type(v) is not int:
-                if v is None and not self._delta:
-                    arr.append(MIN[code])
-                    return True
-                return False
-            if self._delta:
-                d = v - self._last
-                if MIN[code] < d <= MAX[code] and -(2**62) < v < 2**62:
-                    arr.append(d)
-                    self._last = v
-                    return True
-                return False
-            if MIN[code] < v <= MAX[code]:
-                arr.append(v)
-                return True
-            return False
-        if v is None:
-            arr.append(math.nan if code == "d" else MIN[code])
-            return True
-        if type(v) is not float or v != v:
-            return False
-        if code == "d":
-            arr.append(v)
-            return True
-        f = 10.0**self._scale
-        x = v * f
-        if not -9e18 < x < 9e18:
-            return False
-        s = round(x)
-        if MIN[code] < s <= MAX[code] and s / f == v and (s != 0 or math.copysign(1, v) > 0):
-            arr.append(s)
-            return True
-        return False
-
-    def _current(self) -> tuple[np.ndarray, np.ndarray]:
-        """Current values as (float64 or int64 array, None mask), from array or const storage."""
-        if self._pend:
-            self._sync()
-        n = len(self)
-        if self._arr is None:
-            none = np.full(n, self._const is None)
-            if self.kind == "f":
-                return np.full(n, math.nan if self._const is None else self._const), none
-            return np.full(n, 0 if self._const is None else self._const, dtype=np.int64), none
-        raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
-        if self._delta:
-            return np.cumsum(raw, dtype=np.int64), np.zeros(n, dtype=bool)
-        if self._arr.typecode == "d":
-            return raw.copy(), np.isnan(raw)
-        none = raw == MIN[self._arr.typecode]
-        if self.kind == "i":
-            return raw.astype(np.int64), none
-        out = raw.astype(float)
-        if self._scale > 0:
-            out /= 10.0**self._scale
-        out[none] = math.nan
-        return out, none
-
     def _fits(self, v: Any) -> bool:
-        """Whether ``v`` (not None) can live in an array of this column."""
-        if self.kind == "i":
-            return type(v) is int and MIN["q"] < v <= MAX["q"]
-        return type(v) is float and v == v
+        """Whether an array holds ``v`` exactly."""
+        if v is None:
+            return True
+        if self.kind == "f":
+            return type(v) is float and math.isfinite(v)
+        return type(v) is int and -(2**63) < v < 2**63
 
-    def _widen(self, new: list[Any]) -> None:
-        """Rebuild the storage so that it holds the current values and ``new``."""
-        if self._pend:
-            self._sync()
-        if self._list is not None:
-            self._list.extend(new)
+    def append(self, v: Any) -> None:
+        """Add one value."""
+        if self._objs is None and not self._fits(v):
+            self._objs = list(self)  # Python values from now on
+            self._parts, self._tail, self._scale = [], [], None
+        if self._objs is not None:
+            self._objs.append(v)
             return
-        const_ok = self._arr is not None or self._const is None or self._fits(self._const)
-        if not const_ok or not all(v is None or self._fits(v) for v in new):
-            values = [*self, *new]
-            self._reset()
-            self._list = values
-            return
-        cur, none = self._current()
-        if self._delta and (None in new or none.any()):
-            self._delta = False  # a None: plain values from now on
-        if self.kind == "i":
-            add = np.array([0 if v is None else v for v in new], dtype=np.int64)
-        else:
-            add = np.array([math.nan if v is None else v for v in new], dtype=float)
-        vals = np.concatenate([cur, add])
-        mask = np.concatenate([none, np.array([v is None for v in new], dtype=bool)])
-        self._reset()
-        self._store_np(vals, mask)
-
-    def _reset(self) -> None:
-        self._arr, self._list, self._prefix = None, None, None
-        self._n, self._const, self._scale, self._last = 0, None, -1, 0
-
-    def _store_np(self, vals: np.ndarray, none: np.ndarray) -> None:
-        """Store values (None where ``none``) in the most compact exact array (column empty);
-        ints may come in any signed width (no int64 copy of an int32 array is made)."""
-        if self.kind == "i":
-            if self._delta and len(vals) and not -(2**62) < vals.min() <= vals.max() < 2**62:
-                self._delta = False  # differences could overflow: plain values
-            if self._delta:  # the differences, a piece at a time (no int64 copy of them all)
-                if self._store_deltas(
-                    lambda: (vals[a : a + _PIECE] for a in range(0, len(vals), _PIECE))
-                ):
-                    return
-                self._delta = False  # differences too large: plain values
-            lo, hi = present_range(vals, none, _PIECE)
-            code = code_for(lo, hi)
-            assert code is not None  # values are int64 or narrower here
-            self._arr = array(code)
-            for a in range(0, len(vals), _PIECE):  # (no whole-length copy in between)
-                out = vals[a : a + _PIECE].astype(code)
-                out[none[a : a + _PIECE]] = MIN[code]
-                self._arr.frombytes(as_bytes(out))
-            return
-        present = vals[~none] if none.any() else vals
-        d = scale_of(present)
-        if d is not None:
-            scaled = np.rint(present * 10.0**d)
-            code = code_for(int(scaled.min(initial=0)), int(scaled.max(initial=0)))
-            if code is not None:
-                out = np.full(len(vals), MIN[code], dtype=code)
-                out[~none] = scaled.astype(code)
-                self._arr = array(code)
-                self._arr.frombytes(as_bytes(out))
-                self._scale = d
-                return
-        self._arr = array("d")
-        self._arr.frombytes(as_bytes(np.where(none, math.nan, vals).astype(float)))
+        self._tail.append(v)
+        if len(self._tail) >= _BATCH:
+            self._store_tail()
 
     def extend(self, values: Iterable[Any]) -> None:
         """Add several values."""
         for v in values:
             self.append(v)
 
-    def extend_const(self, v: Any, n: int) -> None:
+    def _store_tail(self) -> None:
+        tail, self._tail = self._tail, []
+        if not tail:
+            return
+        if self.kind == "f":
+            self._add_floats(np.array([math.nan if v is None else v for v in tail]))
+            return
+        present = [v for v in tail if v is not None] or [0]
+        t = _int_type(min(present), max(present))
+        self._add(np.array([np.iinfo(t).min if v is None else v for v in tail], dtype=t))
+
+    def _add(self, arr: np.ndarray) -> None:
+        """Store an int array (None as its type's smallest value), widening the column's."""
+        if self._parts and self._parts[0].dtype != arr.dtype:
+            wide = np.promote_types(self._parts[0].dtype, arr.dtype)
+            self._parts = [_widened(p, wide) for p in self._parts]
+            arr = _widened(arr, wide)
+        self._parts.append(arr)
+
+    def _add_floats(self, v: np.ndarray) -> None:
+        """Store finite floats (NaN = None), as scaled int32 while the column can."""
+        if not len(v):
+            return
+        if self._scale is None and not self._parts:  # the first: the fewest decimals that do
+            fit = (d for d in range(_MAX_SCALE + 1) if _scaled(v, d) is not None)
+            self._scale = next(fit, None)
+        k = _scaled(v, self._scale) if self._scale is not None else None
+        if k is None and self._scale is not None:
+            k = self._rescaled(v)
+        if k is not None:
+            self._parts.append(k)
+            return
+        if self._scale is not None:  # float64 from now on
+            self._parts = [self._decode(p) for p in self._parts]
+            self._scale = None
+        self._parts.append(v)
+
+    def _rescaled(self, v: np.ndarray) -> np.ndarray | None:
+        """``v`` as int32 with more decimals than the column's, the stored values taken to
+        them too; None when no scale holds them all."""
+        assert self._scale is not None
+        for d in range(self._scale + 1, _MAX_SCALE + 1):
+            k = _scaled(v, d)
+            parts = [_scaled(self._decode(p), d) for p in self._parts] if k is not None else []
+            if k is not None and all(p is not None for p in parts):
+                self._parts, self._scale = parts, d  # type: ignore[assignment]
+                return k
+        return None
+
+    def add_floats(self, values: np.ndarray) -> None:
+        """Add floats in bulk (``kind="f"``; NaN is None)."""
+        v = np.array(values, dtype=np.float64)  # (a copy: the caller's array may be a view)
+        if self._objs is not None or np.isinf(v).any():
+            self.extend(None if x != x else x for x in v.tolist())
+            return
+        self._store_tail()
+        self._add_floats(v)
+
+    def add_ints(self, values: np.ndarray, none: np.ndarray | None = None) -> None:
+        """Add ints in bulk (``kind="i"``), None where ``none`` is true."""
+        v = np.asarray(values)
+        if v.dtype.kind != "i":
+            v = v.astype(np.int64)
+        if not len(v):
+            return
+        some = None if none is None else ~none  # (min and max of those: no copy of them)
+        info = np.iinfo(v.dtype)
+        lo = int(v.min(where=some, initial=info.max)) if some is not None else int(v.min())
+        hi = int(v.max(where=some, initial=info.min)) if some is not None else int(v.max())
+        lo, hi = (lo, hi) if lo <= hi else (0, 0)
+        if self._objs is not None or lo == -(2**63):
+            marks = [False] * len(v) if none is None else none.tolist()
+            self.extend(None if m else x for x, m in zip(v.tolist(), marks, strict=True))
+            return
+        self._store_tail()
+        t = _int_type(lo, hi)
+        arr = v.astype(t)
+        if none is not None:
+            arr[none] = np.iinfo(t).min
+        self._add(arr)
+
+    def add_const(self, v: Any, n: int) -> None:
         """Add ``n`` copies of ``v``."""
-        if self._pend:
-            self._sync()
-        if n <= 0:
-            return
-        if self._arr is None and self._list is None:
-            c = self._const
-            if (
-                self._n == 0
-                or v is c
-                or (
-                    type(v) is type(c)
-                    and v == c
-                    and (v != 0 or math.copysign(1, v) == math.copysign(1, c))
-                )
-            ):
-                self._const = v if self._n == 0 else c
-                self._n += n
-                return
-        if v is None and self._arr is not None and not self._delta:
-            code = self._arr.typecode
-            self._arr.extend(array(code, [math.nan if code == "d" else MIN[code]]) * n)
-            return
-        if self.kind == "f" and type(v) is float and v == v:
-            self.extend_floats(np.full(n, v))
-        elif self.kind == "i" and type(v) is int and MIN["q"] < v <= MAX["q"]:
-            self.extend_ints(np.full(n, v, dtype=np.int64))
+        if self._objs is not None or not self._fits(v) or n < 16:
+            self.extend([v] * max(n, 0))
+        elif self.kind == "f":
+            self.add_floats(np.full(n, math.nan if v is None else v))
         else:
-            for _ in range(n):
-                self.append(v)
-
-    def extend_floats(self, values: array[float] | np.ndarray) -> None:
-        """Add finite doubles in bulk (``kind="f"``; NaN is taken as None)."""
-        if self._pend:
-            self._sync()
-        v = np.asarray(values, dtype=float)
-        if not len(v):
-            return
-        negzero = bool((np.signbit(v) & (v == 0)).any())
-        if self._arr is None and self._list is None and not negzero:
-            first = float(v[0])
-            if first == first and (v == first).all():
-                if self._n == 0:
-                    self._const, self._n = first, len(v)
-                    return
-                c = self._const
-                if (
-                    type(c) is float
-                    and c == first
-                    and math.copysign(1, c) == math.copysign(1, first)
-                ):
-                    self._n += len(v)
-                    return
-        arr = self._arr
-        if arr is not None and not negzero and not np.isnan(v).any():
-            if arr.typecode == "d":
-                arr.frombytes(as_bytes(v))
-                return
-            f = 10.0**self._scale
-            with np.errstate(over="ignore"):  # (a value past the doubles: inf, not stored so)
-                scaled = np.rint(v * f)
-            code = arr.typecode
-            if scaled.min() > MIN[code] and scaled.max() <= MAX[code] and (scaled / f == v).all():
-                arr.frombytes(as_bytes(scaled.astype(code)))
-                return
-        if self._list is None and (
-            self._arr is not None or self._const is None or self._fits(self._const)
-        ):
-            cur, none = self._current()
-            vals = np.concatenate([cur.astype(float), v])
-            mask = np.concatenate([none, np.isnan(v)])
-            self._reset()
-            self._store_np(vals, mask)
-            return
-        self._widen([None if x != x else x for x in v.tolist()])
-
-    def extend_ints(self, values: Sequence[int] | np.ndarray) -> None:
-        """Add ints in bulk (``kind="i"``, no None)."""
-        if self._pend:
-            self._sync()
-        v = np.asarray(values, dtype=np.int64)
-        if not len(v):
-            return
-        if (
-            self._arr is None
-            and self._list is None
-            and (self._n == 0 or type(self._const) is int)
-            and (v == v[0]).all()
-            and (self._n == 0 or int(v[0]) == self._const)
-        ):
-            self._const = int(v[0])
-            self._n += len(v)
-            return
-        arr = self._arr
-        if arr is not None:
-            code = arr.typecode
-            if self._delta:
-                if min(v.min(), self._last) > -(2**62) and max(v.max(), self._last) < 2**62:
-                    d = diff_from(v, self._last)
-                    if d.min() > MIN[code] and d.max() <= MAX[code]:
-                        arr.frombytes(as_bytes(d.astype(code)))
-                        self._last = int(v[-1])
-                        self._prefix = None
-                        return
-            elif v.min() > MIN[code] and v.max() <= MAX[code]:
-                arr.frombytes(as_bytes(v.astype(code)))
-                return
-        if (
-            self._list is None
-            and (self._arr is not None or self._const is None or self._fits(self._const))
-            and v.min() > MIN["q"]
-        ):
-            if len(self):
-                cur, none = self._current()
-                vals = np.concatenate([cur, v])
-                mask = np.concatenate([none, np.zeros(len(v), dtype=bool)])
-            else:  # empty: the values as given (no copy)
-                vals, mask = v, np.zeros(len(v), dtype=bool)
-            delta = self._delta
-            self._reset()
-            self._delta = delta and not mask.any()
-            self._store_np(vals, mask)
-            return
-        self._widen(v.tolist())
-
-    def extend_ints_masked(self, values: np.ndarray, none: np.ndarray) -> None:
-        """Add ints in bulk, None where ``none`` is true (``kind="i"``): into an empty column
-        in one step (no Python value per element), else a piece at a time."""
-        none = np.asarray(none, dtype=bool)
-        if not none.any():
-            self.extend_ints(values)
-            return
-        if self._pend:
-            self._sync()
-        if not len(self):
-            self._reset()
-            self._delta = False  # (a delta column holds no None)
-            vals = np.asarray(values)
-            if vals.dtype.kind != "i":  # (signed ints are stored from their own width)
-                vals = vals.astype(np.int64)
-            self._store_np(vals, none)
-            return
-        if self._list is None and (
-            self._arr is not None or self._const is None or self._fits(self._const)
-        ):
-            v = np.asarray(values, dtype=np.int64)
-            arr = self._arr
-            if arr is not None and not self._delta:  # appended as they are when they fit
-                code = arr.typecode
-                present = v[~none]
-                if not len(present) or (present.min() > MIN[code] and present.max() <= MAX[code]):
-                    arr.frombytes(as_bytes(np.where(none, MIN[code], v).astype(code)))
-                    return
-            cur, cur_none = self._current()  # else stored anew, plain (a None: no deltas)
-            vals, mask = np.concatenate([cur, v]), np.concatenate([cur_none, none])
-            del cur, cur_none
-            self._reset()
-            self._delta = False
-            self._store_np(vals, mask)
-            return
-        for a in range(0, len(values), _PIECE):
-            vals, marks = values[a : a + _PIECE].tolist(), none[a : a + _PIECE].tolist()
-            self.extend(None if m else int(v) for v, m in zip(vals, marks, strict=True))
-
-    def clear(self) -> None:
-        """Drop every value (the storage goes with them); the kind stays."""
-        self._pend = []
-        self._reset()
-
-    def take(self, order: np.ndarray) -> Column:
-        """A new column with the values at ``order`` (indices), exactly."""
-        if self._pend:
-            self._sync()
-        out = Column(self.kind, delta=self._delta)
-        if self._list is not None:
-            out._list = [self._list[i] for i in order.tolist()]
-        elif self._arr is None:
-            out._const, out._n = self._const, len(order)
-        elif self._delta:
-            full = self.small_ints()  # the running sums, once
-
-            def taken() -> Iterator[np.ndarray]:
-                return (full[order[a : a + _PIECE]] for a in range(0, len(order), _PIECE))
-
-            # (int32 values: their differences fit 64 bits; else the checks of ``_store_np``)
-            if full.dtype != np.int32 or not out._store_deltas(taken):
-                out._store_np(full[order], np.zeros(len(order), dtype=bool))
-        else:
-            raw = np.frombuffer(self._arr, dtype=self._arr.typecode)
-            out._arr = array(self._arr.typecode)
-            for a in range(0, len(order), _PIECE):  # (no whole-length copy in between)
-                out._arr.frombytes(as_bytes(raw[order[a : a + _PIECE]]))
-            out._scale = self._scale
-        return out
-
-    def _store_deltas(self, pieces: Callable[[], Iterator[np.ndarray]]) -> bool:
-        """Store (empty delta column) the differences of the values ``pieces()`` gives, in
-        order, a piece at a time (two passes: their range, then the bytes; no whole-length
-        copy); False when one needs more than 8 bytes."""
-        lo = hi = before = 0
-        for part in pieces():
-            d = diff_from(part, before)
-            lo, hi, before = min(lo, int(d.min())), max(hi, int(d.max())), int(part[-1])
-        code = code_for(lo, hi)
-        if code is None:
-            return False
-        self._arr = array(code)
-        before = 0
-        for part in pieces():
-            self._arr.frombytes(as_bytes(diff_from(part, before).astype(code)))
-            before = int(part[-1])
-        self._last = before
-        return True
+            self.add_ints(np.full(n, 0 if v is None else v, dtype=np.int64), np.full(n, v is None))
 
     def concat(self, other: Column) -> None:
         """Append every value of ``other`` (same kind)."""
-        if self._pend:
-            self._sync()
-        if other._pend:
-            other._sync()
-        if not len(self) and self.kind == other.kind and self._delta == other._delta:
-            # Empty: take a copy of the other's storage (the same values, exactly).
-            self._arr = None if other._arr is None else array(other._arr.typecode, other._arr)
-            self._list = None if other._list is None else list(other._list)
-            self._const, self._n = other._const, other._n
-            self._scale, self._last, self._prefix = other._scale, other._last, None
-            return
-        if self._try_join_deltas(other):
-            return
-        plain = other._list is None and (
-            other._arr is not None or other._const is None or other._fits(other._const)
-        )
-        if not plain or other.kind != self.kind:
+        if self._objs is not None or other._objs is not None or other.kind != self.kind:
             self.extend(other)
-        elif other._arr is None:
-            self.extend_const(other._const, other._n)
+        elif self.kind == "i":
+            self._store_tail()
+            for p in other._parts:
+                self._add(p)  # (arrays are never changed in place: shared, not copied)
+            self._tail = list(other._tail)
         else:
-            for vals, none in other._pieces(_PIECE):  # a piece at a time: no whole-length copy
-                if self.kind == "f":
-                    self.extend_floats(vals)  # None travels as NaN
+            self._store_tail()
+            if not self._parts:
+                self._scale = other._scale
+            for p in other._parts:
+                if self._scale == other._scale:
+                    self._parts.append(p)
                 else:
-                    self.extend_ints_masked(vals, none)
+                    self._add_floats(other._decode(p))
+            self._tail = list(other._tail)
 
-    def _try_join_deltas(self, other: Column) -> bool:
-        """``concat`` of two delta columns by their differences (no running sums): only the
-        first difference of ``other`` changes; False when that does not fit."""
-        mine, theirs = self._arr, other._arr
-        if not (self._delta and other._delta and mine is not None and theirs is not None):
-            return False
-        code = mine.typecode
-        if not len(theirs) or CODES.index(theirs.typecode) > CODES.index(code):
-            return False
-        raw = np.frombuffer(theirs, dtype=theirs.typecode)
-        first = int(raw[0]) - self._last  # other's first value minus this one's last
-        if not (MIN[code] < first <= MAX[code]) or not -(2**62) < other._last < 2**62:
-            return False
-        diffs = raw.astype(code)
-        diffs[0] = first
-        mine.frombytes(as_bytes(diffs))
-        self._last = other._last
-        self._prefix = None
-        return True
+    def take(self, order: np.ndarray) -> Column:
+        """A new column with the values at ``order`` (indices)."""
+        out = Column(self.kind)
+        if self._objs is not None:
+            out._objs = [self._objs[i] for i in order.tolist()]
+        elif len(order):
+            out._parts, out._scale = [self._stored()[order]], self._scale
+        return out
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _stored(self) -> np.ndarray:
+        """The stored values as one array (not to be changed)."""
+        assert self._objs is None
+        self._store_tail()
+        if len(self._parts) != 1:
+            self._parts = [np.concatenate(self._parts) if self._parts else np.zeros(0, np.int8)]
+        return self._parts[0]
+
+    def _decode(self, raw: np.ndarray) -> np.ndarray:
+        """Stored values as the column reads them: floats as float64 (None as NaN), ints as
+        stored (None as their type's smallest value)."""
+        if self._scale is None:
+            return raw
+        out = raw / 10.0**self._scale
+        out[raw == none_of(raw.dtype)] = math.nan
+        return out
+
+    def array(self) -> np.ndarray:
+        """The values of an int column as stored (narrowest type, None as its smallest)."""
+        if self.kind != "i":
+            raise TypeError("array() of a float column")
+        return self._stored()
+
+    def none_mask(self) -> np.ndarray:
+        """Where the values are None."""
+        if self._objs is not None:
+            return np.array([v is None for v in self._objs], dtype=bool)
+        a = self._stored()
+        return a == none_of(a.dtype) if a.dtype.kind == "i" else np.isnan(a)
+
+    def __len__(self) -> int:
+        if self._objs is not None:
+            return len(self._objs)
+        return sum(map(len, self._parts)) + len(self._tail)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored values."""
+        if self._objs is not None:
+            return 8 * len(self._objs)
+        return sum(p.nbytes for p in self._parts) + 8 * len(self._tail)
+
+    def _python(self, raw: np.ndarray) -> list[Any]:
+        """Stored values as Python values."""
+        vals = self._decode(raw).tolist()
+        if self.kind == "f":
+            return [None if x != x else x for x in vals]
+        none = none_of(raw.dtype)
+        return [None if x == none else x for x in vals]
+
+    def at(self, rows: np.ndarray) -> list[Any]:
+        """The values at ``rows`` (indices), as Python values."""
+        if self._objs is not None:
+            return [self._objs[i] for i in rows.tolist()]
+        return self._python(self._stored()[rows])
+
+    def __getitem__(self, i: int) -> Any:
+        if self._objs is not None:
+            return self._objs[i]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("column index out of range")
+        return self._python(self._stored()[i : (i + 1) or None])[0]
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._objs is not None:
+            return iter(self._objs)
+        a = self._stored()
+        return (v for s in range(0, len(a), 1 << 16) for v in self._python(a[s : s + (1 << 16)]))
+
+    def floats(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """The values (at ``rows``, when given) as a new float64 array (None as NaN); ints
+        exact up to 2**53."""
+        if self._objs is not None:
+            vals = self._objs if rows is None else self.at(rows)
+            return np.array([math.nan if v is None else float(v) for v in vals], dtype=float)
+        raw = self._stored() if rows is None else self._stored()[rows]
+        out = self._decode(raw).astype(np.float64)  # (a copy)
+        if self.kind == "i":
+            out[raw == none_of(raw.dtype)] = math.nan
+        return out
+
+    def ints(self, fill: int = 0) -> np.ndarray:
+        """The values of an int column as int64, None as ``fill`` (``OverflowError`` when one
+        does not fit 64 bits)."""
+        if self.kind != "i":
+            raise TypeError("ints() of a float column")
+        if self._objs is not None:
+            return np.array([fill if v is None else v for v in self._objs], dtype=np.int64)
+        a = self._stored()
+        out = a.astype(np.int64)
+        out[a == none_of(a.dtype)] = fill
+        return out
+
+    def _texts(self, raw: np.ndarray) -> list[str]:
+        """Stored values as JSON texts."""
+        text = int.__repr__ if self.kind == "i" else float.__repr__
+        return ["null" if x is None else text(x) for x in self._python(raw)]
+
+    def json_texts(self, size: int = 4096) -> Iterator[list[str]]:
+        """The values as JSON texts (``null``, ``repr`` of the int or float), ``size`` at a
+        time; a float that is not finite raises ``ValueError``.  Where values repeat (timer
+        values printed to 2 decimals, loss scales), each one is written once."""
+        if self._objs is not None:
+            for s in range(0, len(self._objs), size):
+                yield [json_text(v) for v in self._objs[s : s + size]]
+            return
+        a = self._stored()
+        for s in range(0, len(a), size):
+            raw = a[s : s + size]
+            bits = raw.view(np.int64) if raw.dtype == np.float64 else raw  # (-0.0 is not 0.0)
+            distinct, at = np.unique(bits, return_inverse=True)
+            if 2 * len(distinct) < len(raw):
+                yield list(map(self._texts(distinct.view(raw.dtype)).__getitem__, at.tolist()))
+            else:
+                yield self._texts(raw)
+
+
+def _widened(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """An int array in a wider type, its None values kept None."""
+    out = arr.astype(dtype)
+    out[arr == none_of(arr.dtype)] = none_of(dtype)
+    return out

@@ -1,6 +1,6 @@
 """The keyword scan of the line path: the first line of a chunk holding one of the keywords
 that wake the parser, found with ``bytes.find`` anchored on a rare byte of each keyword (see
-``analysis.parse.reader``).
+docs/parsing.md).
 """
 
 from __future__ import annotations

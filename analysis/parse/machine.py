@@ -1,5 +1,5 @@
 """The log parser's state machine: one ``Core`` per log, fed line by line (or by the bulk
-scanner), keeping one stream state per rank/node prefix. See ``analysis.parse.reader``.
+scanner), keeping one stream state per rank/node prefix. See docs/parsing.md.
 """
 
 from __future__ import annotations

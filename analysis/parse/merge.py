@@ -21,7 +21,7 @@ def finished_run(run: RunState) -> ParsedRun:
     ds_blocks, attr_problems = attribute_ds_blocks(run, is_pipeline(config, bool(run.steps)))
     had_ds_blocks = bool(run.ds_blocks)
     timers = run.megatron_blocks
-    timers.extend(ds_blocks, move=True)
+    timers.extend(ds_blocks)
     del ds_blocks
     run.ds_blocks = DeepSpeedBlocks()  # they are in ``timers`` now: let the rest go
     timers.sort_by_line()

@@ -1,48 +1,11 @@
 """Parse Megatron / Megatron-DeepSpeed / DeepSpeed training logs into typed records.
 
-``parse_lines`` is the core; ``parse_text`` and ``parse_file`` (streaming, chunked, fast path
-for noise) wrap it; ``merge_runs`` joins the per-node files of one run.  Nothing here raises on
-log content: what cannot be read becomes a line in ``ParsedRun.problems``.
-
-How a file is read
-  Until a run's training starts (first iteration, ``steps:`` or DeepSpeed timer line, or
-  Megatron's ``training ...``), after it ends (final iteration, launcher exit, failure), and
-  while a multi-line block is open (argument dump, traceback, JSON dump), every line is
-  parsed.  In between, only lines holding a keyword (``analysis.parse.rules``) are parsed; a
-  line without one of a stream (launcher prefix) whose Megatron timer block is open only
-  continues or closes that block.  ``iteration`` is a keyword of
-  its own (``iteration=N`` lines have no ``|``) only until the run's first iteration line:
-  once that line holds ``|``, the run's iteration lines are found by ``|``.  A new run that
-  starts in the middle of training output without any of those lines is still split off
-  when the iteration counter goes back.  ``drive_file`` reads a file: it finds keyword lines
-  with ``bytes.find`` over whole chunks (``analysis.parse.keywords``: what makes a 1 GB log of
-  NCCL chatter cheap), and ``analysis.parse.bulk`` reads the frequent lines of a training
-  phase in bulk, with the same result.
-
-Attribution of DeepSpeed ``wall_clock_breakdown`` lines to iterations
-  The plain engine prints one line per optimizer step and per timer group, before Megatron's
-  iteration line of that step; with ``--log-interval L``, the L blocks of one group printed
-  before ``iteration N`` are iterations N-L+1..N.  When the count of blocks between two
-  iteration lines does not match the difference of their numbers, the blocks stay
-  unattributed (and a problem says so).  PipelineEngine timers are printed every
-  ``steps_per_print`` steps as totals: ``pipe_*`` groups right after the ``steps: N`` line
-  (attributed to N), the others before it (attributed to the next ``steps:`` line).
-
-Interleaved nodes (pdsh, srun, torchrun prefixes)
-  Lines are told apart by their launcher prefix (``split_prefix``'s stream key), and what
-  depends on the order of lines is kept per stream: a stream's set-up lines end when that
-  stream's training output begins, a boundary line (argument dump, ``using world size``,
-  launcher command) starts a new run only when its own stream already trained, failed or
-  printed the same kind of line, and timer blocks are placed among the iteration lines of
-  their own stream. Rank 0's set-up lines may come after the last rank's first iteration
-  line: while the argument dump is missing, every line is read for up to
-  ``_LATE_CONFIG_LINES`` lines after training began.
-
-Records that are not one line
-  A hard-wrapped iteration or timer record is joined back (see ``join_wrapped``), timers
-  glued after an iteration record are read as a ``time (ms)`` line, and a traceback printed
-  as a Python list (``['Traceback (most recent call last):\n', ...]``) fails the run with the
-  list's last exception. ``strict()`` makes a handler's exception propagate (tests).
+``parse_lines`` is the core; ``parse_text`` and ``parse_file`` (streaming, chunked) wrap it;
+``merge_runs`` joins the per-node files of one run.  Nothing here raises on log content: what
+cannot be read becomes a line in ``ParsedRun.problems``.  How a file is read, how DeepSpeed
+timers find their iteration, interleaved nodes and records that are not one line:
+docs/parsing.md ("The line machine").  ``strict()`` makes a handler's exception propagate
+(tests).
 """
 
 from __future__ import annotations
@@ -58,8 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from analysis.parse.bulk import Bulk
-from analysis.parse.columns import Column
-from analysis.parse.encoding import json_text
+from analysis.parse.columns import Column, json_text
 from analysis.parse.extract import line_end
 from analysis.parse.keywords import Keywords
 from analysis.parse.lines import MAX_LINE_CHARS, Demux, demux_tagged, strip_prefix

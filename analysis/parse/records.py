@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from analysis.parse.columns import Column
+from analysis.parse.columns import Column, none_of
 from analysis.parse.tables import RecordTable, Rows
 
 _BLOCKS_AT_A_TIME = 1 << 16
@@ -307,8 +307,8 @@ class TimerTable(Rows[TimerBlock]):
         self._gindex: dict[tuple[Any, ...], int] = {}
         self._gid = Column("i")
         self._rank = Column("i")
-        self._iteration = Column("i", delta=True)
-        self._line = Column("i", delta=True)
+        self._iteration = Column("i")
+        self._line = Column("i")
         for b in items:
             self.append(b)
 
@@ -329,12 +329,8 @@ class TimerTable(Rows[TimerBlock]):
         return [(g.source, g.names, g.shape) for g in self._groups]
 
     def group_ids(self) -> np.ndarray:
-        """Group index of every block (int64)."""
-        return self._gid.ints()
-
-    def small_group_ids(self) -> np.ndarray:
-        """``group_ids`` in the narrowest width that holds them."""
-        return self._gid.small_ints()
+        """Group index of every block (the stored array, in the narrowest int type)."""
+        return self._gid.array() if len(self._gid) else np.zeros(0, dtype=np.int8)
 
     def group_values(self, g: int) -> list[Column]:
         """The value columns of group ``g`` (one per number, pairs give two), in block order."""
@@ -351,49 +347,30 @@ class TimerTable(Rows[TimerBlock]):
         values = block.values_ms
         g = self.group(block.source, tuple(values), timer_shape(values))
         cols = self._groups[g].cols
-        j = 0
-        for v in values.values():
-            if isinstance(v, tuple):
-                for x in v:
-                    cols[j].append(x)
-                    j += 1
-            else:
-                cols[j].append(v)
-                j += 1
+        flat = [x for v in values.values() for x in (v if isinstance(v, tuple) else (v,))]
+        for col, x in zip(cols, flat, strict=True):
+            col.append(x)
         self._gid.append(g)
         self._rank.append(block.rank)
         self._iteration.append(block.iteration)
         self._line.append(block.line)
 
-    def extend(self, items: Iterable[TimerBlock], move: bool = False) -> None:
-        """Add blocks (another table's are copied column-wise; ``move``: the value columns of
-        its groups new here are taken over, not copied: that table is not used again)."""
+    def extend(self, items: Iterable[TimerBlock]) -> None:
+        """Add blocks (another table's column-wise: its arrays are shared, not copied)."""
         if not isinstance(items, TimerTable):
             for b in items:
                 self.append(b)
             return
         remap = [self.group(g.source, g.names, g.shape) for g in items._groups]
         for g_other, g in zip(items._groups, remap, strict=True):
-            grp = self._groups[g]
-            if move and not any(len(c) for c in grp.cols):
-                grp.cols = g_other.cols
-                g_other.cols = []
-                continue
-            for mine, theirs in zip(grp.cols, g_other.cols, strict=True):
+            for mine, theirs in zip(self._groups[g].cols, g_other.cols, strict=True):
                 mine.concat(theirs)
-        gid = items.small_group_ids()
-        to = np.array(remap, dtype=np.int64)
-        for a in range(0, len(gid), _BLOCKS_AT_A_TIME):  # (no int64 copy of millions of ids)
-            self._gid.extend_ints(to[gid[a : a + _BLOCKS_AT_A_TIME]])
-        del gid
-        for mine, theirs in (
-            (self._rank, items._rank),
-            (self._iteration, items._iteration),
-            (self._line, items._line),
-        ):
-            mine.concat(theirs)
-            if move:
-                theirs.clear()  # one column of both tables at a time
+        if remap == list(range(len(remap))):
+            self._gid.concat(items._gid)
+        else:
+            self._gid.add_ints(np.array(remap, dtype=np.int64)[items.group_ids()])
+        for name in ("rank", "iteration", "line"):
+            self.column(name).concat(items.column(name))
 
     def add_rows(
         self,
@@ -409,14 +386,14 @@ class TimerTable(Rows[TimerBlock]):
         if not n:
             return
         for j, col in enumerate(self._groups[g].cols):
-            col.extend_floats(values[:, j])
-        self._gid.extend_const(g, n)
+            col.add_floats(values[:, j])
+        self._gid.add_const(g, n)
         for col, v in ((self._rank, rank), (self._iteration, iteration)):
             if isinstance(v, np.ndarray):
-                col.extend_ints(v)
+                col.add_ints(v)
             else:
-                col.extend_const(v, n)
-        self._line.extend_ints(line)
+                col.add_const(v, n)
+        self._line.add_ints(line)
 
     def set_source(self, g: int, source: str) -> None:
         """Change the source of a group (the merge re-sources DeepSpeed blocks of a pipeline
@@ -430,45 +407,34 @@ class TimerTable(Rows[TimerBlock]):
         else:
             self._gindex[key] = g
 
-    def set_iterations(
-        self, values: list[int | None] | np.ndarray, none: np.ndarray | None = None
-    ) -> None:
-        """Replace the iteration of every block (``none`` marks None when an array)."""
-        col = Column("i", delta=True)
-        if isinstance(values, np.ndarray):
-            if none is not None:
-                col.extend_ints_masked(values, none)
-            else:
-                col.extend_ints(values)
-        else:
-            col.extend(values)
-        self._iteration = col
+    def set_iterations(self, values: np.ndarray, none: np.ndarray) -> None:
+        """Replace the iteration of every block (None where ``none``)."""
+        self._iteration = Column("i")
+        self._iteration.add_ints(values, none)
 
     def sort_by_line(self) -> None:
-        """Order the blocks by line (stable), as the log printed them."""
-        n = len(self)
-        if n < 2:
+        """Order the blocks by line (stable; a block without a line sorts as line 0), as the
+        log printed them."""
+        if len(self) < 2:
             return
-        lines = self._line.small_ints(fill=0)  # None sorts as 0, as before
+        lines = self._line.array()
+        lines = np.where(lines == none_of(lines.dtype), 0, lines)
         if (lines[1:] >= lines[:-1]).all():
             return
-        index = np.int32 if n < 2**31 else np.int64  # half the bytes of the whole-length arrays
-        order = _merge_order(lines, index)
+        order = np.argsort(lines, kind="stable")
         del lines
-        gid = self.small_group_ids()
+        if len(order) < 2**31:
+            order = order.astype(np.int32)  # (half the bytes while the columns are taken)
+        gid = self.group_ids()
         moved = gid[order]  # the group of each block in the new order
-        del gid
         for g, grp in enumerate(self._groups):
-            if not _in_order(order, moved, g):  # else the group's values keep their order
-                rows = order[moved == g]  # its blocks' old places, in the new order
-                within = np.searchsorted(self._gid.rows_equal(g), rows)
+            rows = order[moved == g]  # its blocks' old places, in the new order
+            if len(rows) > 1 and not (rows[1:] > rows[:-1]).all():
+                within = np.searchsorted(np.flatnonzero(gid == g), rows)
                 grp.cols = [c.take(within) for c in grp.cols]
-                del rows, within
-        del moved
-        self._gid = self._gid.take(order)
-        self._rank = self._rank.take(order)
-        self._iteration = self._iteration.take(order)
-        self._line = self._line.take(order)
+        del moved, gid
+        for name in ("_gid", "_rank", "_iteration", "_line"):
+            setattr(self, name, getattr(self, name).take(order))
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -476,13 +442,9 @@ class TimerTable(Rows[TimerBlock]):
         return len(self._gid)
 
     def __iter__(self) -> Iterator[TimerBlock]:
-        readers = [zip(*grp.cols, strict=True) for grp in self._groups]
-        groups = self._groups
-        for g, rank, it, line in zip(
-            self._gid, self._rank, self._iteration, self._line, strict=True
-        ):
-            grp = groups[g]
-            yield TimerBlock(grp.source, grp.values(next(readers[g])), rank, it, line)  # type: ignore[arg-type]
+        for g, values, rank, it, line in self.rows():
+            grp = self._groups[g]
+            yield TimerBlock(grp.source, grp.values(values), rank, it, line)  # type: ignore[arg-type]
 
     def _row(self, i: int) -> TimerBlock:
         g = self._gid[i]
@@ -509,18 +471,13 @@ class TimerTable(Rows[TimerBlock]):
         gs = [g for g, grp in enumerate(self._groups) if grp.source == source]
         if not gs:
             return
-        gid = self.small_group_ids()  # (int8 for a few groups: no int64 copy of millions)
+        gid = self.group_ids()
+        hit = np.flatnonzero(np.isin(gid, gs))
         readers = {g: zip(*self._groups[g].cols, strict=True) for g in gs}
-        # Rank, iteration and line of the blocks read a piece at a time, in step with ``gid``.
-        columns = [c.pieces(_BLOCKS_AT_A_TIME) for c in (self._rank, self._iteration, self._line)]
-        for start in range(0, len(gid), _BLOCKS_AT_A_TIME):
-            part = gid[start : start + _BLOCKS_AT_A_TIME]
-            at = [next(c) for c in columns]
-            hit = np.flatnonzero(part == gs[0] if len(gs) == 1 else np.isin(part, gs))
-            if not len(hit):
-                continue
-            ranks, its, lines = (f(hit) for f in at)
-            for g, rank, it, line in zip(part[hit].tolist(), ranks, its, lines, strict=True):
+        for s in range(0, len(hit), _BLOCKS_AT_A_TIME):
+            part = hit[s : s + _BLOCKS_AT_A_TIME]
+            ranks, its, lines = (c.at(part) for c in (self._rank, self._iteration, self._line))
+            for g, rank, it, line in zip(gid[part].tolist(), ranks, its, lines, strict=True):
                 grp = self._groups[g]
                 yield TimerBlock(grp.source, grp.values(next(readers[g])), rank, it, line)
 
@@ -529,19 +486,13 @@ class TimerTable(Rows[TimerBlock]):
     ) -> list[TimerGroupView]:
         """The blocks of one source as column groups (``timer_groups``); values are read when
         asked for."""
-        gs = [
-            g
-            for g, grp in enumerate(self._groups)
-            if grp.source == source and (names is None or names(grp.names))
-        ]
-        if not gs:
-            return []
         out = []
-        for g in gs:  # (a long run has millions of blocks: no full-length copy of a column)
-            grp = self._groups[g]
-            rows = self._gid.rows_equal(g)
-            its = self._iteration.floats_at(rows)
-            out.append(TimerGroupView(grp.names, grp.shape, rows, its, _LazyValues(grp)))
+        gid = self.group_ids()
+        for g, grp in enumerate(self._groups):
+            if grp.source == source and (names is None or names(grp.names)):
+                rows = np.flatnonzero(gid == g)
+                its = self._iteration.floats(rows)
+                out.append(TimerGroupView(grp.names, grp.shape, rows, its, _LazyValues(grp)))
         return out
 
     @property
@@ -550,44 +501,6 @@ class TimerTable(Rows[TimerBlock]):
         cols = [self._gid, self._rank, self._iteration, self._line]
         cols += [c for g in self._groups for c in g.cols]
         return sum(c.nbytes for c in cols)
-
-
-def _merge_order(keys: np.ndarray, index: type) -> np.ndarray:
-    """The stable sort of ``keys`` (the old place of each key in the new order), in ``index``
-    ints.  Keys in two sorted runs (the Megatron blocks, then the DeepSpeed ones, each in file
-    order) are merged by binary search a piece at a time; others go through ``np.argsort``,
-    whose stable sort of millions of keys needs several int64 arrays of their length."""
-    n = len(keys)
-    falls = np.flatnonzero(keys[1:] < keys[:-1])
-    if len(falls) != 1:
-        return np.argsort(keys, kind="stable").astype(index)
-    m = int(falls[0]) + 1
-    first, second = keys[:m], keys[m:]
-    order = np.empty(n, dtype=index)
-    # A key of the first run goes after the second run's smaller keys, one of the second
-    # after the first run's keys up to its own (ties keep the file order).
-    for a in range(0, m, _BLOCKS_AT_A_TIME):
-        part = first[a : a + _BLOCKS_AT_A_TIME]
-        at = np.searchsorted(second, part, "left") + np.arange(a, a + len(part))
-        order[at] = np.arange(a, a + len(part), dtype=index)
-    for b in range(0, n - m, _BLOCKS_AT_A_TIME):
-        part = second[b : b + _BLOCKS_AT_A_TIME]
-        at = np.searchsorted(first, part, "right") + np.arange(b, b + len(part))
-        order[at] = np.arange(m + b, m + b + len(part), dtype=index)
-    return order
-
-
-def _in_order(order: np.ndarray, moved: np.ndarray, g: int) -> bool:
-    """Whether the blocks of group ``g`` keep their relative order under ``order`` (``moved``:
-    the group of each block in the new order), looked at a piece at a time."""
-    last = -1
-    for a in range(0, len(order), _BLOCKS_AT_A_TIME):
-        rows = order[a : a + _BLOCKS_AT_A_TIME][moved[a : a + _BLOCKS_AT_A_TIME] == g]
-        if len(rows):
-            if rows[0] < last or (len(rows) > 1 and not (rows[1:] > rows[:-1]).all()):
-                return False
-            last = int(rows[-1])
-    return True
 
 
 # -- column views for consumers (tables and plain lists alike) -------------------------------
@@ -665,30 +578,5 @@ def timer_groups(
 ) -> list[TimerGroupView]:
     """The blocks of one source as column groups (one per set of names, blocks in order);
     ``names``: only the groups whose names it accepts."""
-    if isinstance(timers, TimerTable):
-        return timers.group_views(source, names)
-    by: dict[tuple[Any, ...], list[tuple[int, TimerBlock]]] = {}
-    for i, b in enumerate(timers):
-        if b.source == source and (names is None or names(tuple(b.values_ms))):
-            by.setdefault((tuple(b.values_ms), timer_shape(b.values_ms)), []).append((i, b))
-    out = []
-    for (names, shape), items in by.items():
-        values = {
-            n: np.array(
-                [
-                    np.nan if v is None else float(max(v) if isinstance(v, tuple) else v)
-                    for v in (b.values_ms[n] for _i, b in items)
-                ]
-            )
-            for n in names
-        }
-        out.append(
-            TimerGroupView(
-                names,
-                shape,
-                np.array([i for i, _b in items], dtype=np.int64),
-                np.array([np.nan if b.iteration is None else b.iteration for _i, b in items]),
-                values,
-            )
-        )
-    return out
+    table = timers if isinstance(timers, TimerTable) else TimerTable(timers)
+    return table.group_views(source, names)

@@ -1,6 +1,6 @@
 """What the log parser recognises: the keywords that wake it, the record patterns, the
 iteration-field table, the per-prefix stream and per-run state, and the helpers that join
-wrapped records and classify failures. See ``analysis.parse.reader``.
+wrapped records and classify failures. See docs/parsing.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ records, by a few bytes each, not with the lines of the log.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,8 +62,8 @@ class DeepSpeedBlocks:
 
     def __init__(self) -> None:
         self.table = TimerTable()
-        self.n_iter = Column("i", delta=True)
-        self.n_steps = Column("i", delta=True)
+        self.n_iter = Column("i")
+        self.n_steps = Column("i")
         self.stream = Column("i")
         self.keys: dict[str, int] = {}
         """Stream key (launcher prefixes) -> the id stored in ``stream``."""
@@ -92,9 +92,9 @@ class DeepSpeedBlocks:
         """Add blocks of one set of names column-wise (the file reader's bulk path)."""
         g = self.table.group("deepspeed", names, (0,) * len(names))
         self.table.add_rows(g, values, rank, None, line)
-        self.n_iter.extend_ints(n_iter)
-        self.n_steps.extend_ints(n_steps)
-        self.stream.extend_ints(stream)
+        self.n_iter.add_ints(n_iter)
+        self.n_steps.add_ints(n_steps)
+        self.stream.add_ints(stream)
 
     def __len__(self) -> int:
         return len(self.table)
@@ -116,47 +116,6 @@ def _runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     run_id = np.repeat(np.arange(len(starts)), lengths)
     k = np.arange(n) - starts[run_id] + 1
     return k, lengths[run_id]
-
-
-_PIECE = 1 << 18
-"""Blocks attributed at a time (``attribute_blocks``)."""
-
-
-def _rows(mask: np.ndarray) -> np.ndarray:
-    """``np.flatnonzero(mask)`` as int32 when the positions fit, found ``_PIECE`` at a time
-    (no int64 array of millions of positions in between)."""
-    if len(mask) >= 2**31:
-        return np.flatnonzero(mask)
-    out = np.empty(int(np.count_nonzero(mask)), dtype=np.int32)
-    k = 0
-    for a in range(0, len(mask), _PIECE):
-        part = np.flatnonzero(mask[a : a + _PIECE])
-        out[k : k + len(part)] = part + a
-        k += len(part)
-    return out
-
-
-def _pieces(keys: np.ndarray) -> Iterator[tuple[int, int]]:
-    """[a, b) ranges of about ``_PIECE`` elements that cover ``keys`` and do not cut a run of
-    equal keys."""
-    n = len(keys)
-    a = 0
-    while a < n:
-        b = a + _PIECE
-        if b >= n:
-            yield a, n
-            return
-        # Move b forward to the start of the next run.
-        j, key = b, keys[b - 1]
-        b = n
-        while j < n:
-            other = np.flatnonzero(keys[j : j + _PIECE] != key)
-            if len(other):
-                b = j + int(other[0])
-                break
-            j += _PIECE
-        yield a, b
-        a = b
 
 
 def _attribute_piece(
@@ -196,7 +155,8 @@ def attribute_blocks(
     steps: np.ndarray,
     pipeline: bool,
 ) -> tuple[TimerTable, list[str]]:
-    """The DeepSpeed blocks with their iteration (``analysis.parse.reader`` module doc), as a table.
+    """The DeepSpeed blocks with their iteration, as a table (docs/parsing.md, "The line
+    machine").
 
     Positions count only within one stream (``iter_numbers``: stream -> the numbers of the
     iteration lines it printed): blocks of one timer group (same names) and one stream between
@@ -214,23 +174,19 @@ def attribute_blocks(
     if not n:
         return table, problems
     # (Pipeline blocks go by step, the others by iteration line: only one of the two is read.)
-    n_iter = blocks.n_iter.small_ints() if not pipeline else np.zeros(0, dtype=np.int32)
-    n_steps = blocks.n_steps.small_ints() if pipeline else None
-    stream = blocks.stream.small_ints()
+    n_iter = blocks.n_iter.array() if not pipeline else np.zeros(0, dtype=np.int32)
+    n_steps = blocks.n_steps.array() if pipeline else None
+    stream = blocks.stream.array()
     numbers_of = {
         blocks.keys[k]: np.asarray(v, dtype=np.int64)
         for k, v in iter_numbers.items()
         if k in blocks.keys
     }
     last = max((int(max(v)) for v in iter_numbers.values() if len(v)), default=None)
-    gid = table.small_group_ids()
+    gid = table.group_ids()
     # Every iteration written below is a printed number (or a step's), or one of the n blocks
     # counted on from one: int32 holds them when that sum does (half the bytes).
-    top = n + max(
-        [abs(int(x)) for v in numbers_of.values() if len(v) for x in (v.min(), v.max())]
-        + [int(np.abs(steps).max(initial=0))]
-        + [abs(last or 0)]
-    )
+    top = n + max([int(np.abs(v).max()) for v in [*numbers_of.values(), steps] if len(v)] or [0])
     out = np.zeros(n, dtype=np.int32 if top < 2**31 else np.int64)
     none = np.ones(n, dtype=bool)
     mismatch = False
@@ -238,22 +194,21 @@ def attribute_blocks(
     rows = ni = in_group = np.zeros(0, dtype=np.int64)
     for g, (_source, names, _shape) in enumerate(table.groups):
         if n_steps is not None:
-            for a in range(0, n, _PIECE):  # (a piece of the blocks at a time: no whole-length
-                rows = np.flatnonzero(gid[a : a + _PIECE] == g) + a  # array of the group's)
-                ns = n_steps[rows]
-                if names and names[0].startswith("pipe_"):
-                    ok = ns > 0
-                    out[rows[ok]] = steps_arr[ns[ok] - 1]
-                else:
-                    ok = ns < len(steps_arr)
-                    out[rows[ok]] = steps_arr[ns[ok]]
-                none[rows[ok]] = False
+            rows = np.flatnonzero(gid == g)
+            ns = n_steps[rows].astype(np.int64)
+            if names and names[0].startswith("pipe_"):
+                ok = ns > 0
+                out[rows[ok]] = steps_arr[ns[ok] - 1]
+            else:
+                ok = ns < len(steps_arr)
+                out[rows[ok]] = steps_arr[ns[ok]]
+            none[rows[ok]] = False
             continue
         in_group = gid == g
         for sid in np.unique(stream[in_group]).tolist():
-            rows = _rows(in_group & (stream == sid))
+            rows = np.flatnonzero(in_group & (stream == sid))
             numbers = numbers_of.get(sid, np.zeros(0, dtype=np.int64))
-            ni = n_iter[rows]
+            ni = n_iter[rows].astype(np.int64)
             if not len(numbers):
                 # Another stream prints the iteration lines: one block per iteration 1..N.
                 k, m = _runs(ni)
@@ -266,9 +221,7 @@ def attribute_blocks(
                         "iterations printed by another stream; left unattributed"
                     )
                 continue
-            # A piece at a time (whole runs of equal ``ni``): the arrays of a piece stay small.
-            for a, b in _pieces(ni):
-                mismatch |= _attribute_piece(ni[a:b], rows[a:b], numbers, out, none)
+            mismatch |= _attribute_piece(ni, rows, numbers, out, none)
     if mismatch:
         problems.append(
             "some DeepSpeed timer blocks could not be matched to iterations (their count "
@@ -310,7 +263,7 @@ def merge_attribution(timers: TimerTable, last: int | None, pipeline: bool) -> l
     gid = timers.group_ids()
     it_col = timers.column("iteration")
     its = it_col.ints(fill=0)
-    unset = np.array([v is None for v in it_col], dtype=bool)
+    unset = it_col.none_mask()
     by_names: dict[tuple[str, ...], list[int]] = {}
     for g, (source, names, _shape) in enumerate(groups):
         if source == "deepspeed":

@@ -66,16 +66,13 @@ class RecordTable(Rows[R]):
     """The dataclass stored."""
     ints: ClassVar[frozenset[str]] = frozenset()
     """Fields holding ints."""
-    delta: ClassVar[frozenset[str]] = frozenset()
-    """Int fields stored as differences (line numbers, counters)."""
     strs: ClassVar[frozenset[str]] = frozenset()
     """Fields holding a few distinct strings (stored as an index)."""
 
     def __init__(self, items: Iterable[R] = ()) -> None:
         self._names = [f.name for f in fields(self.record)]
         self._cols = {
-            n: Column("i" if n in self.ints or n in self.strs else "f", delta=n in self.delta)
-            for n in self._names
+            n: Column("i" if n in self.ints or n in self.strs else "f") for n in self._names
         }
         self._codes: dict[str, list[Any]] = {n: [] for n in self.strs}
         self._index: dict[str, dict[Any, int]] = {n: {} for n in self.strs}
@@ -122,15 +119,15 @@ class RecordTable(Rows[R]):
             v = values.get(name)
             if isinstance(v, np.ndarray):
                 if col.kind == "f":
-                    col.extend_floats(v)
+                    col.add_floats(v)
                 else:
-                    col.extend_ints(v)
+                    col.add_ints(v)
             elif isinstance(v, list):
                 col.extend(self.code(name, x) for x in v) if name in self.strs else col.extend(v)
             else:
                 if name in self.strs:
                     v = self.code(name, v)
-                col.extend_const(v, n)
+                col.add_const(v, n)
 
     def column(self, name: str) -> Column:
         """The typed column of one field (read it, do not change it)."""
