@@ -11,6 +11,8 @@ the parser's own launcher-prefix rule (:func:`analysis.parse.lines.split_prefix`
 
 Megatron prints its iteration line on the last rank only, so the logs hold no per-node
 iteration progress: a slow node shows in the timers of its ranks, not in iteration lines.
+With ``TIMERS=all`` the block holds the schedule's ``forward-compute`` and ``backward-compute``
+too (the spec's ``schedule_timers``); every timer of a block is judged, by name.
 
 A profiled run (``PROFILE=1``) adds every rank's profiler trace, broken down by
 :mod:`analysis.metrics.traces`: its ``trace compute`` ms per iteration (a slow node's rank
@@ -51,6 +53,20 @@ STRAGGLER_RULE = (
     "wait for, so the same cut is applied below the median"
 )
 """How a straggler is told from the ranks' normal scatter (report and docs quote it)."""
+
+COLLECTIVE_ENDS = (
+    "Timers that end in a collective hide a slow rank: the others wait for it inside the "
+    "collective, so its lost time is theirs too, and such a timer is expected to name no "
+    "straggler: `forward-backward` (the gradient all-reduce, or ZeRO's reduce), "
+    "`forward-compute` (pretrain_gpt.py's loss all-reduce over the data-parallel ranks: there "
+    "the rank the others wait for is the fastest), ZeRO-1/2's `optimizer` (the parameter "
+    "all-gather) and `backward-compute` under ZeRO-2/3 (the gradients are reduced after every "
+    "micro-batch). Under ZeRO-0/1 only the last micro-batch's backward ends in the reduce, so "
+    "with two micro-batches or more `backward-compute` holds backward passes that no "
+    "collective ends: the timer that names a slow rank there"
+)
+"""Which Megatron timers can name a slow rank under DeepSpeed and which cannot (report and
+docs quote it)."""
 
 MIN_RANKS = 3
 """Ranks a timer needs before its slowest rank is judged."""

@@ -11,7 +11,12 @@ from collections.abc import Mapping
 
 from analysis.metrics import repeats
 from analysis.metrics.rows import RunMetrics
-from analysis.metrics.stragglers import STRAGGLER_RULE, StragglerResult, TimerVerdict
+from analysis.metrics.stragglers import (
+    COLLECTIVE_ENDS,
+    STRAGGLER_RULE,
+    StragglerResult,
+    TimerVerdict,
+)
 from analysis.report.markdown import md_table
 
 
@@ -92,8 +97,8 @@ def section(rows: list[RunMetrics], results: Mapping[str, StragglerResult]) -> l
         "compute` (ms per profiled iteration) and `profiler trace wait` (exposed communication "
         "+ idle), where the rank the others wait for waits least (its row shows the rank "
         "furthest below the median). "
-        f"Rule: {STRAGGLER_RULE}. Megatron prints its iteration line on the last rank only: "
-        "the logs hold no per-node iteration progress.",
+        f"Rule: {STRAGGLER_RULE}. {COLLECTIVE_ENDS}. Megatron prints its iteration line on the "
+        "last rank only: the logs hold no per-node iteration progress.",
         "",
     ]
     table = []
