@@ -5,7 +5,10 @@ stream up to the stream's next other line, which closes it (``Core._continue_blo
 A block is taken when it is printed in one piece in a form that is read for certain as the
 line path reads it (other streams' lines may come between its lines); its values are read a
 form (the body without its digits) at a time.  Any other block is left where it is, and the
-bulk step ends at its header, so the line path reads it.
+bulk step ends at its header, so the line path reads it.  The blocks of a stretch that are
+of its first block's stream and kind, printed without other lines among theirs, are found by
+one pattern and closed with array operations where an iteration line of their stream follows
+them; only the others are looked at one by one.
 """
 
 from __future__ import annotations
@@ -15,15 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from analysis.parse.extract import DIGITS, floats, floats_text, matches
+from analysis.parse.extract import DIGITS, floats, floats_text, matches, spans_text
 from analysis.parse.lines import MAX_LINE_CHARS, split_prefix, to_float
 from analysis.parse.rules import TIMER_LINE_RE, TIMER_NAME_RE, TIMER_RANK_RE
 
 _NUM = rb"-?\d+(?:\.\d+)?"
 """A plain decimal: ``float()`` reads it as ``lines.to_float`` does."""
-HEAD_RE = re.compile(rb" across ranks \(ms\):[ \t]*\r?\n")
+HEAD_RE = re.compile(rb" across ranks \(ms\):([ \t]*\r?\n)")
 """A Megatron timer block's header, after its kind, to its newline."""
+_ACROSS = b" across ranks (ms):"
+_HEAD_FIXED = len(_ACROSS)
 KINDS = (b"(min, max) time", b"max time", b"times")
+"""The kinds of block, as their headers name them."""
 _NAME = rb"[A-Za-z_][A-Za-z0-9_-]*(?: [A-Za-z0-9_-]+)*"
 _PAIR_LINE = rb"[ \t]+" + _NAME + rb" \.+: (?:\(" + _NUM + rb", " + _NUM + rb"\)|" + _NUM + rb")"
 _PAIR_VALUES = re.compile(
@@ -34,31 +40,40 @@ _RANK_LINE = rb"[ \t]+rank +\d{1,9}: *" + _NUM
 _RANK_NAMES = re.compile(rb"\n {1,3}(" + _NAME + rb"):[ \t]*\r?\n")
 
 
-class Block:
-    """A Megatron timer block read whole."""
+class Blocks:
+    """Megatron timer blocks read whole, in file order, as columns."""
 
-    __slots__ = ("body", "close", "end", "key", "names", "nums", "shape", "spans", "start")
-
-    def __init__(
-        self,
-        start: int,
-        body: int,
-        end: int,
-        close: int,
-        key: str,
-        names: tuple[str, ...],
-        shape: tuple[int, ...],
-        nums: list[float],
-        spans: list[tuple[int, int]],
-    ) -> None:
-        self.spans = spans
-        """Its lines past the header: (start, end) of each run of them."""
-        self.start, self.body, self.end, self.close = start, body, end, close
+    def __init__(self) -> None:
+        none = np.zeros(0, dtype=np.int64)
+        self.start, self.body, self.end, self.close = none, none, none, none
         """Header start, body start, body end, start of the stream's line that closes it."""
-        self.key = key
-        """Its stream."""
-        self.names, self.shape, self.nums = names, shape, nums
-        """Timer names, 2 for a (min, max) pair or 0 for one value each, the values flat."""
+        self.keys: list[str] = []
+        """Stream of each."""
+        self.own_s, self.own_e = none, none
+        """Their lines past the header: (start, end) of each run of them."""
+        self.groups: list[tuple[tuple[str, ...], tuple[int, ...], np.ndarray, np.ndarray]] = []
+        """(timer names, 2 for a (min, max) pair or 0 for one value each, the blocks, their
+        values: blocks x numbers), by names and shape in the order of their first block."""
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def head(self, n: int) -> Blocks:
+        """The first ``n`` blocks."""
+        if n >= len(self):
+            return self
+        out = Blocks()
+        out.start, out.body, out.end, out.close = (
+            self.start[:n], self.body[:n], self.end[:n], self.close[:n]
+        )  # fmt: skip
+        out.keys = self.keys[:n]
+        mine = self.own_s < (self.start[n] if n < len(self) else 0)
+        out.own_s, out.own_e = self.own_s[mine], self.own_e[mine]
+        for names, shape, idx, vals in self.groups:
+            k = idx < n
+            if k.any():
+                out.groups.append((names, shape, idx[k], vals[k]))
+        return out
 
 
 class BlockExtractor:
@@ -69,74 +84,125 @@ class BlockExtractor:
         self.host = host
         self.body_res: dict[tuple[bytes, bytes], re.Pattern[bytes]] = {}
         """(launcher prefix, block kind) -> the pattern of such a block's body."""
-        self.names: dict[tuple[str, ...], tuple[str, ...]] = {}
-        """Timer names, one tuple for equal ones."""
 
     def timer_blocks(
-        self, block: bytes, pos: int, T: int, nl: np.ndarray, its: dict[int, str]
-    ) -> tuple[int, list[Block], bool]:
+        self, block: bytes, pos: int, T: int, nl: np.ndarray, its: Any
+    ) -> tuple[int, Blocks, bool]:
         """Megatron timer blocks of [pos, T) printed in one piece (the header, then each line of
         the block, its stream's lines one after another), closed by the stream's next line
         before T.  Returns (T, the blocks, whether T moved to a block open at T); T moves to
-        the header of the first block not read (the line path reads it).  ``its``: the start
-        of each iteration line of [pos, T) the bulk path reads -> its stream (such a line
-        closes a block of its stream)."""
-        heads = []
-        for m in HEAD_RE.finditer(block, pos, T):
-            q = m.start()
-            kind = next((k for k in KINDS if block.startswith(k, q - len(k), q)), None)
-            if kind is None:
-                break  # (the line path reads it)
-            heads.append((q - len(kind), m.end(), kind))
-        if not heads:
-            return T, [], False
-        at = np.array([h[0] for h in heads], dtype=np.int64)
-        hs_l = self.host.extract.starts(block, pos, nl, at).tolist()
-        # Most blocks are of one stream and kind: one search reads their bodies.
-        prefix0, kind0 = block[hs_l[0] : heads[0][0]], heads[0][2]
-        fixed = len(prefix0) + len(kind0) + len(b" across ranks (ms):")
-        ws, we, (tails, _b) = matches(self._rx(prefix0, kind0, True), block, pos, T, fixed)
-        j = np.minimum(np.searchsorted(ws, hs_l), max(len(ws) - 1, 0))
-        hit = (ws[j] == hs_l) if len(ws) else np.zeros(len(hs_l), dtype=bool)
+        the header of the first block not read (the line path reads it).  ``its``: the
+        iteration lines of [pos, T) the bulk path reads (``extract.Lines``; such a line closes
+        a block of its stream)."""
+        # Most blocks are of one stream and kind, printed in one piece: one search reads
+        # their bodies (and, when it finds every header, their headers), and an iteration
+        # line of the stream right after one closes it.
+        first = block.find(_ACROSS, pos, T)
+        if first < 0:
+            return T, Blocks(), False
+        q0, k0 = _kinds(block, pos, np.array([first]))
+        h0 = block.rfind(b"\n", pos, first) + 1 or pos
+        p0, k0 = block[h0 : int(q0[0])] if len(q0) else b"", k0[0] if k0 else b"times"
+        fixed = len(p0) + len(k0) + len(_ACROSS)
+        ws, we, (tails, texts) = matches(self._rx(p0, k0, True), block, pos, T, fixed)
         lens = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
-        body_l = (ws + fixed + lens)[j].tolist() if len(ws) else [0] * len(hs_l)
-        end_l = we[j].tolist() if len(ws) else [0] * len(hs_l)
-        found: list[Any] = []
+        a = np.frombuffer(block, dtype=np.uint8)
+        if len(ws) == block.count(_ACROSS, pos, T) and (a[np.maximum(ws - 1, 0)] == 10).all():
+            hs, at, hend, kinds = ws, ws + len(p0), ws + fixed + lens, [k0] * len(ws)
+        else:
+            at, hend, _nl = matches(HEAD_RE, block, pos, T, _HEAD_FIXED)
+            at, kinds = _kinds(block, pos, at)
+            hend = hend[: len(at)]
+            hs = self.host.extract.starts(block, pos, nl, at)
+            if len(at) and (block[int(hs[0]) : int(at[0])], kinds[0]) != (p0, k0):
+                p0, k0 = block[int(hs[0]) : int(at[0])], kinds[0]
+                fixed = len(p0) + len(k0) + len(_ACROSS)
+                ws, we, (tails, texts) = matches(self._rx(p0, k0, True), block, pos, T, fixed)
+                lens = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
+        n = len(at)
+        if not n:
+            return T, Blocks(), False
+        key0 = self.host.extract.head_key(p0, b"(")
+        hit = np.zeros(n, dtype=bool)
+        body, end, close = (np.full(n, -3, dtype=np.int64) for _ in range(3))
+        if len(ws) and key0 is not None:
+            j = np.minimum(np.searchsorted(ws, hs), len(ws) - 1)
+            hit = ws[j] == hs
+            body, end = (ws + fixed + lens)[j], we[j]
+            close = np.full(n, -3, dtype=np.int64)
+            if len(its):
+                k = np.minimum(np.searchsorted(its.ls, end), len(its) - 1)
+                mine = np.array([x == key0 for x in its.keys], dtype=bool)
+                by_it = hit & (its.ls[k] == end) & mine[k]
+                close[by_it] = end[by_it]
+                # Else the stream's next iteration line, when no line of the stream comes
+                # before it: its pattern finds none, the line after the block is another's.
+                ls = its.ls[mine]
+                if key0 and len(ls):
+                    k = np.searchsorted(ls, end)
+                    nxt = ls[np.minimum(k, len(ls) - 1)].tolist()
+                    pat, key_of = self.host.stream_re(key0), self.host.line_key
+                    for i in np.flatnonzero(hit & ~by_it & (k < len(ls))).tolist():
+                        e = int(end[i])
+                        if pat.search(block, e - 1, nxt[i]) is not None or (
+                            key_of(block, e, block.find(b"\n", e, T))[0] == key0
+                        ):
+                            break  # (the stream prints other lines: one by one)
+                        close[i] = nxt[i]
+        its_at = dict(zip(its.ls.tolist(), its.keys, strict=True))
+        fast = (close >= 0) & (end - hs <= MAX_LINE_CHARS)
+        slow: dict[int, tuple[int, int, int, str, bytes, list[tuple[int, int]]]] = {}
         stop, is_open = T, False
-        for i, (hs, (q, head_end, kind)) in enumerate(zip(hs_l, heads, strict=True)):
-            prefix = block[hs:q]
+        for i in np.flatnonzero(~fast).tolist():
+            h, q, kind = int(hs[i]), int(at[i]), kinds[i]
+            prefix = block[h:q]
             key = self.host.extract.head_key(prefix, b"(")
             if key is None:
-                stop = hs
+                stop = h
                 break
-            close = -3
-            if hit[i] and kind == kind0 and prefix == prefix0:  # (printed in one piece)
-                body, end = body_l[i], end_l[i]
-                close = end if its.get(end) == key else self._close(block, key, kind, end, T)
-            if close == -3 or (close == -2 and prefix):  # (other streams' lines among it)
-                b = self._rx(prefix, kind, False).match(block, head_end, T)
-                if b is None:
-                    stop, is_open = hs, head_end >= T
+            c, b, e = int(close[i]), int(body[i]), int(end[i])
+            if hit[i] and c < 0:
+                c = self._close(block, key, kind, e, T)
+            if c == -3 or (c == -2 and prefix):  # (other streams' lines among it)
+                m = self._rx(prefix, kind, False).match(block, int(hend[i]), T)
+                if m is None:
+                    stop, is_open = h, bool(hend[i] >= T)
                     break
-                body, end = b.start(), b.end()
-                close = end if its.get(end) == key else self._close(block, key, kind, end, T)
-            if close < 0:
-                stop, is_open = hs, close == -1
+                b, e = m.start(), m.end()
+                c = e if its_at.get(e) == key else self._close(block, key, kind, e, T)
+            if c < 0:
+                stop, is_open = h, c == -1
                 break
-            if (
-                end - hs > MAX_LINE_CHARS
-                and max(map(len, block[hs:end].split(b"\n"))) > MAX_LINE_CHARS
-            ):
-                stop = hs
+            if e - h > MAX_LINE_CHARS and max(map(len, block[h:e].split(b"\n"))) > MAX_LINE_CHARS:
+                stop = h
                 break
-            spans = self._own_lines(block, key, prefix, body, end)
+            spans = self._own_lines(block, key, prefix, b, e)
             if spans is None:
-                stop = hs
+                stop = h
                 break
-            found.append((hs, body, end, close, key, kind, prefix, spans))
-        out = self._values(block, found)
-        if len(out) < len(found):
-            return found[len(out)][0], out, False
+            slow[i] = (b, e, c, key, prefix, spans)
+        else:
+            i = n
+        if not i:
+            return stop, Blocks(), is_open
+        out = Blocks()
+        out.start, out.body, out.end, out.close = hs[:i], body[:i], end[:i], close[:i]
+        out.keys = [key0] * i  # type: ignore[list-item]
+        own = ~fast[:i]
+        out.own_s, out.own_e = out.body[~own], out.end[~own]
+        texts = list(map(texts.__getitem__, j[:i].tolist())) if hit.any() else [b""] * i
+        prefixes, kinds = [p0] * i, kinds[:i]
+        for r, (b, e, c, key, prefix, spans) in slow.items():
+            out.body[r], out.end[r], out.close[r] = b, e, c
+            out.keys[r], prefixes[r] = key, prefix
+            texts[r] = b"".join(block[x:y] for x, y in spans)
+        if slow:
+            every = [x for s in slow.values() for x in s[5]]
+            out.own_s = np.concatenate([out.own_s, [x[0] for x in every]]).astype(np.int64)
+            out.own_e = np.concatenate([out.own_e, [x[1] for x in every]]).astype(np.int64)
+        ok, out.groups = self._values(texts, kinds, prefixes)
+        if ok < i:
+            return int(hs[ok]), out.head(ok), False
         return stop, out, is_open
 
     def _rx(self, prefix: bytes, kind: bytes, whole: bool) -> re.Pattern[bytes]:
@@ -213,159 +279,151 @@ class BlockExtractor:
             q = e
         return spans
 
-    def _values(self, block: bytes, found: list[Any]) -> list[Block]:
-        """The blocks of ``found`` with their names and values, read a form (the body without
-        its digits) at a time; up to the first the line path must read (a name twice)."""
-        if not found:
-            return []
-        bodies = [
-            block[f[7][0][0] : f[7][0][1]]
-            if len(f[7]) == 1
-            else b"".join(block[a:b] for a, b in f[7])
-            for f in found
-        ]
-        prefixes = [f[6] for f in found]
-        if prefixes.count(prefixes[0]) == len(prefixes):
-            p = prefixes[0]
-            if p:
-                bodies = [(b"\n" + x).replace(b"\n" + p, b"\n")[1:] for x in bodies]
-        else:
-            bodies = [
+    @staticmethod
+    def _values(
+        texts: list[bytes], kinds: list[bytes], prefixes: list[bytes]
+    ) -> tuple[int, list[tuple[tuple[str, ...], tuple[int, ...], np.ndarray, np.ndarray]]]:
+        """The names and values of the blocks with these bodies, read a form (the body without
+        its digits) at a time: how many are read before the first the line path must read (a
+        name twice), and their groups (``Blocks.groups``)."""
+        if prefixes.count(prefixes[0]) != len(prefixes):
+            texts = [
                 (b"\n" + x).replace(b"\n" + p, b"\n")[1:] if p else x
-                for x, p in zip(bodies, prefixes, strict=True)
+                for x, p in zip(texts, prefixes, strict=True)
             ]
-        kinds = [f[5] for f in found]
-        forms = b"\x00".join(bodies).translate(None, DIGITS).split(b"\x00")
+        joined = b"\x00".join(texts)
+        if prefixes.count(prefixes[0]) == len(prefixes) and prefixes[0]:
+            # (the prefix at the start of each line: after a newline or a block's start)
+            p = prefixes[0]
+            joined = (b"\x00" + joined).replace(b"\n" + p, b"\n").replace(b"\x00" + p, b"\x00")[1:]
+            texts = joined.split(b"\x00")
+        forms = joined.translate(None, DIGITS).split(b"\x00")
         if kinds.count(kinds[0]) != len(kinds):
             forms = [k + b"\n" + x for k, x in zip(kinds, forms, strict=True)]
-        groups: dict[bytes, list[int]] = {}
+        by_form: dict[bytes, list[int]] = {}
         for i, f in enumerate(forms):
-            groups.setdefault(f, []).append(i)
-        got: list[tuple[tuple[str, ...], tuple[int, ...], list[float]] | None] = [None] * len(found)
-        for idx in groups.values():
-            kind = found[idx[0]][5]
-            mine = [bodies[i] for i in idx]
-            rows = (self._rank_rows if kind == b"times" else self._pair_rows)(mine)
-            if rows is None:  # a digit in a name, a name twice: block by block
-                rows = []
-                for x in mine:
-                    one = (self._rank_rows if kind == b"times" else self._pair_rows)([x])
-                    rows.append(one[0] if one else None)
-            for i, r in zip(idx, rows, strict=True):
-                got[i] = r
+            by_form.setdefault(f, []).append(i)
+        ok = len(texts)
+        got: dict[tuple[Any, ...], list[tuple[list[int], np.ndarray]]] = {}
+        for idx in by_form.values():
+            rows = _rank_rows if kinds[idx[0]] == b"times" else _pair_rows
+            mine = list(map(texts.__getitem__, idx))
+            r = rows(mine)
+            if r is not None:
+                got.setdefault(r[:2], []).append((idx, r[2]))
+                continue
+            for i, x in zip(idx, mine, strict=True):  # a digit in a name: block by block
+                r = rows([x])
+                if r is None:
+                    ok = min(ok, i)
+                else:
+                    got.setdefault(r[:2], []).append(([i], r[2]))
         out = []
-        for f, g in zip(found, got, strict=True):
-            if g is None:
-                break
-            names = self.names.setdefault(g[0], g[0])
-            out.append(Block(f[0], f[1], f[2], f[3], f[4], names, g[1], g[2], f[7]))
-        return out
+        for (names, shape), parts in got.items():
+            idx = np.concatenate([np.asarray(x, dtype=np.int64) for x, _ in parts])
+            vals = np.concatenate([v for _, v in parts])
+            order = np.argsort(idx, kind="stable")
+            idx, vals = idx[order], vals[order]
+            k = idx < ok
+            if k.any():
+                out.append((names, shape, idx[k], vals[k]))
+        out.sort(key=lambda g: int(g[2][0]))
+        return ok, out
 
-    @staticmethod
-    def _pair_rows(bodies: list[bytes]) -> list[Any] | None:
-        """(names, shape, values) of bodies of one form of ``name ....: (min, max)`` lines, or
-        None when their names differ or one repeats."""
-        first = _PAIR_VALUES.findall(bodies[0])
-        n = len(first)
-        names = tuple(v[0].decode() for v in first)
-        shape = tuple(0 if v[3] else 2 for v in first)
-        if len(bodies) > 1 and len(set(names)) == n and not _digits_in(first):
-            # The same form: the same names when none holds a digit (the digits of the
-            # bodies are those of their values).
-            joined = b"".join(bodies)
-            if all(shape):  # (pairs only: found by their literal text)
-                toks = [x for pair in _PAIRS.findall(joined) for x in pair]
-            else:
-                toks = _PAIR_NUMS.findall(joined)
-            w = sum(max(k, 1) for k in shape)
-            if len(toks) == w * len(bodies):
-                digits = len(joined) - len(joined.translate(None, DIGITS))
-                text = b" ".join(toks)
-                if len(text.translate(None, b"-. ")) == digits:
-                    nums = floats(toks)
-                    if nums is not None:
-                        return [(names, shape, r) for r in nums.reshape(len(bodies), w).tolist()]
-        vals = _PAIR_VALUES.findall(b"".join(bodies))
-        names = tuple(v[0].decode() for v in vals[:n])
-        if len(set(names)) != n or n * len(bodies) != len(vals):
-            return None
-        every = b"".join(v[0] for v in vals)
-        if len(every.translate(None, DIGITS)) != len(every) and len(bodies) > 1:
-            return None
-        shape = tuple(0 if v[3] else 2 for v in vals[:n])
-        toks = [x for v in vals for x in ((v[3],) if v[3] else (v[1], v[2]))]
-        nums = floats(toks)
-        if nums is None:
-            return None
-        w = len(toks) // len(bodies)
-        return [(names, shape, r) for r in nums.reshape(len(bodies), w).tolist()]
 
-    @staticmethod
-    def _rank_rows(bodies: list[bytes]) -> list[Any] | None:
-        """(names, shape, values) of ``times across ranks`` bodies of one form (a name line,
-        then a line per rank): each name's (min, max) over its ranks."""
-        first = b"\n" + bodies[0]
-        heads = list(_RANK_NAMES.finditer(first))
-        printed = [h.group(1).decode() for h in heads]
-        if not printed:
-            return None
-        counts = [
-            len(
-                _RANK_VALUE.findall(
-                    first, h.end() - 1, heads[i + 1].start() if i + 1 < len(heads) else len(first)
-                )
+def _kinds(block: bytes, pos: int, q: np.ndarray) -> tuple[np.ndarray, list[bytes]]:
+    """Where the kind of each header found at ``q`` starts, and the kind, up to the first
+    header of no known kind (the line path reads it)."""
+    a = np.frombuffer(block, dtype=np.uint8)
+    which = np.full(len(q), len(KINDS))
+    for i, k in reversed(list(enumerate(KINDS))):
+        ok = q - len(k) >= pos
+        for t, c in enumerate(k):
+            ok &= a[np.maximum(q - len(k) + t, 0)] == c
+        which[ok] = i
+    n = int(np.argmax(which == len(KINDS))) if (which == len(KINDS)).any() else len(q)
+    kinds = list(map(KINDS.__getitem__, which[:n].tolist()))
+    lens = np.array([len(k) for k in KINDS], dtype=np.int64)
+    return q[:n] - lens[which[:n]], kinds
+
+
+def _pair_rows(bodies: list[bytes]) -> tuple[Any, Any, np.ndarray] | None:
+    """(names, shape, values) of bodies of one form of ``name ....: (min, max)`` lines (a
+    value is the text after its line's last colon), or None when a name repeats or, in more
+    than one body, holds a digit (the names may then differ)."""
+    first = _PAIR_VALUES.findall(bodies[0])
+    names = tuple(v[0].decode() for v in first)
+    shape = tuple(0 if v[3] else 2 for v in first)
+    if len(set(names)) != len(names) or (len(bodies) > 1 and any(map(str.isdigit, "".join(names)))):
+        return None
+    joined = b"".join(bodies)
+    a = np.frombuffer(joined, dtype=np.uint8)
+    nl = np.flatnonzero(a == 0x0A)
+    text = _after_colons(a, np.concatenate([[0], nl[:-1] + 1]), nl)
+    if text is None:
+        return None
+    text = text.translate(_PARENS)
+    digits = len(joined) - len(joined.translate(None, DIGITS))
+    if len(bodies) > 1 and len(text) - len(text.translate(None, DIGITS)) != digits:
+        return None
+    w = sum(max(k, 1) for k in shape)
+    nums = floats_text(text, w * len(bodies))
+    return None if nums is None else (names, shape, nums.reshape(len(bodies), w))
+
+
+def _rank_rows(bodies: list[bytes]) -> tuple[Any, Any, np.ndarray] | None:
+    """(names, shape, values) of ``times across ranks`` bodies of one form (a name line,
+    then a line per rank): each name's (min, max) over its ranks."""
+    first = b"\n" + bodies[0]
+    heads = list(_RANK_NAMES.finditer(first))
+    printed = [h.group(1).decode() for h in heads]
+    if not printed:
+        return None
+    counts = [
+        len(
+            _RANK_VALUE.findall(
+                first, h.end() - 1, heads[i + 1].start() if i + 1 < len(heads) else len(first)
             )
-            for i, h in enumerate(heads)
-        ]
-        total = sum(counts)
-        got = _rank_values(bodies, total) if len(bodies) > 1 else None
+        )
+        for i, h in enumerate(heads)
+    ]
+    total = sum(counts)
+    got = _rank_values(bodies, total) if len(bodies) > 1 else None
+    if got is None:
+        if len(bodies) > 1:
+            every = b"".join(_RANK_NAMES.findall(b"\n" + b"\n".join(bodies)))
+            if len(every.translate(None, DIGITS)) != len(every):
+                return None
+        toks = _RANK_VALUE.findall(b"\n" + b"\n".join(bodies))
+        if len(toks) != total * len(bodies):
+            return None
+        got = floats(toks)
         if got is None:
-            if len(bodies) > 1:
-                every = b"".join(_RANK_NAMES.findall(b"\n" + b"\n".join(bodies)))
-                if len(every.translate(None, DIGITS)) != len(every):
-                    return None
-            toks = _RANK_VALUE.findall(b"\n" + b"\n".join(bodies))
-            if len(toks) != total * len(bodies):
-                return None
-            got = floats(toks)
-            if got is None:
-                return None
-        vals = got.reshape(len(bodies), total)
-        # The columns of each name, in the order printed (a name printed twice: both runs).
-        cols: dict[str, list[int]] = {}
-        at = 0
-        for name, k in zip(printed, counts, strict=True):
-            cols.setdefault(name, []).extend(range(at, at + k))
-            at += k
-        out = np.empty((len(bodies), 2 * len(cols)))
-        for j, c in enumerate(cols.values()):
-            mine = vals[:, c]
-            out[:, 2 * j], out[:, 2 * j + 1] = mine.min(axis=1), mine.max(axis=1)
-        rows = out.tolist()
-        for r in np.flatnonzero((vals == 0).any(axis=1)).tolist():
-            # (min and max of zeros of both signs as Python's keep them: the first)
-            row: list[float] = []
-            for c in cols.values():
-                lo_v = hi_v = float(vals[r, c[0]])
-                for v in vals[r, c[1:]].tolist():
-                    lo_v, hi_v = min(lo_v, v), max(hi_v, v)
-                row += [lo_v, hi_v]
-            rows[r] = row
-        names = tuple(cols)
-        shape = (2,) * len(names)
-        return [(names, shape, r) for r in rows]
+            return None
+    vals = got.reshape(len(bodies), total)
+    # The columns of each name, in the order printed (a name printed twice: both runs).
+    cols: dict[str, list[int]] = {}
+    at = 0
+    for name, k in zip(printed, counts, strict=True):
+        cols.setdefault(name, []).extend(range(at, at + k))
+        at += k
+    out = np.empty((len(bodies), 2 * len(cols)))
+    for j, c in enumerate(cols.values()):
+        mine = vals[:, c]
+        out[:, 2 * j], out[:, 2 * j + 1] = mine.min(axis=1), mine.max(axis=1)
+    for r in np.flatnonzero((vals == 0).any(axis=1)).tolist():
+        # (min and max of zeros of both signs as Python's keep them: the first)
+        row: list[float] = []
+        for c in cols.values():
+            lo_v = hi_v = float(vals[r, c[0]])
+            for v in vals[r, c[1:]].tolist():
+                lo_v, hi_v = min(lo_v, v), max(hi_v, v)
+            row += [lo_v, hi_v]
+        out[r] = row
+    return tuple(cols), (2,) * len(cols), out
 
 
-_PAIRS = re.compile(rb": \((" + _NUM + rb"), (" + _NUM + rb")\)")
-"""The numbers of ``name ....: (min, max)`` lines, in order."""
-_PAIR_NUMS = re.compile(rb"(?<=[:,] )\(?(" + _NUM + rb")")
-"""The numbers of ``name ....: (min, max)`` and ``name ....: value`` lines, in order."""
-
-
-def _digits_in(found: list[tuple[bytes, ...]]) -> bool:
-    """Whether a name of ``_PAIR_VALUES``' matches holds a digit."""
-    every = b"".join(v[0] for v in found)
-    return len(every.translate(None, DIGITS)) != len(every)
+_PARENS = bytes.maketrans(b"(),", b"   ")
 
 
 _RANK_VALUE = re.compile(rb"\n[ \t]+rank +\d{1,9}: *(" + _NUM + rb")")
@@ -393,25 +451,23 @@ def _rank_values(bodies: list[bytes], total: int) -> np.ndarray | None:
         return None
     starts = np.concatenate([[0], nl[:-1] + 1])
     rank = np.tile(is_rank, len(bodies))
-    names = b"".join(
-        map(joined.__getitem__, map(slice, starts[~rank].tolist(), nl[~rank].tolist()))
-    )
+    names = spans_text(a, starts[~rank], nl[~rank])
     if len(names.translate(None, DIGITS)) != len(names):
         return None
-    ends = nl[rank]
-    colons = np.flatnonzero(a == 0x3A)
-    c = colons[np.searchsorted(colons, ends) - 1]
-    if (c < starts[rank]).any() or (c + 1 >= ends).any():
-        return None
-    # The bytes after each rank line's colon and the newlines: the values, one per line.
-    delta = np.zeros(len(a) + 1, dtype=np.int8)
-    delta[c + 1] = 1
-    delta[ends] = -1
-    keep = np.cumsum(delta[:-1], dtype=np.int8).view(bool)
-    keep[nl] = True
-    text = a[keep].tobytes()
-    got = floats_text(text, total * len(bodies))
+    # The bytes after each rank line's colon: the values, one per line.
+    text = _after_colons(a, starts[rank], nl[rank])
+    got = None if text is None else floats_text(text, total * len(bodies))
     return None if got is None else got.reshape(len(bodies), total)
+
+
+def _after_colons(a: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> bytes | None:
+    """The bytes after the last colon of each line [starts, ends) of ``a``, each followed by
+    the byte at its end; None when a line holds no colon."""
+    colons = np.flatnonzero(a == 0x3A)
+    at = np.searchsorted(colons, ends) - 1
+    if not len(colons) or (at < 0).any() or (colons[at] < starts).any():
+        return None
+    return spans_text(a, colons[at] + 1, ends)
 
 
 def _continues(line: bytes, kind: bytes) -> bool:

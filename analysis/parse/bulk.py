@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.parse.blocks import Block, BlockExtractor
+from analysis.parse.blocks import BlockExtractor, Blocks
 from analysis.parse.extract import PREFIXES_RE, Extractors, Lines, line_end
 from analysis.parse.keywords import Keywords
 from analysis.parse.lines import MAX_LINE_CHARS, split_prefix
@@ -47,19 +47,11 @@ _MEM_IDLE = 2
 """Steps in a row without a Megatron memory report after which they are not looked for."""
 
 
-class _Spans:
-    """Spans of bytes that do not overlap (the lines timer blocks took: a line each, or the
-    lines of a block printed in one piece), as starts and ends in any order."""
-
-    def __init__(self, starts: np.ndarray, ends: np.ndarray) -> None:
-        order = np.argsort(starts, kind="stable")
-        self.starts, self.ends = starts[order], ends[order]
-
-    def holds(self, at: Any) -> np.ndarray:
-        """Whether each position of ``at`` falls in a span."""
-        at = np.asarray(at, dtype=np.int64)
-        i = np.searchsorted(self.starts, at, side="right") - 1
-        return (i >= 0) & (at < self.ends[np.maximum(i, 0)])
+def holds(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Whether each position of ``at`` falls in one of the spans [starts, ends) (sorted by
+    start, not overlapping)."""
+    i = np.searchsorted(starts, at, side="right") - 1
+    return (i >= 0) & (at < ends[np.maximum(i, 0)])
 
 
 class Bulk:
@@ -119,24 +111,25 @@ class Bulk:
             got = self.line_keys[line] = (k, c - s if c >= 0 else -1)
         return got
 
+    def stream_re(self, key: str) -> re.Pattern[bytes]:
+        """A newline and the launcher prefix of a line of stream ``key`` (not empty), or of
+        another stream with the same first label."""
+        pat = self.stream_res.get(key)
+        if pat is None:
+            label = re.escape(key.split("|")[0].encode())
+            forms = (rb"\s{0,4}%s:\s", rb"\[%s\]:", rb"\[\d{1,9},%s\]<std(?:out|err)>:")
+            pat = self.stream_res[key] = re.compile(
+                rb"\n(?:" + b"|".join(f % label for f in forms) + rb")"
+            )
+        return pat
+
     def next_of_stream(
         self, block: bytes, key: str, q: int, end: int
     ) -> tuple[int, int, int] | None:
         """The next line at or after ``q`` (a line start) of stream ``key``: (start, end,
         start of its content, or -1 when not plain ASCII); None if none before ``end``."""
         if key:
-            pat = self.stream_res.get(key)
-            if pat is None:
-                label = re.escape(key.split("|")[0].encode())
-                pat = self.stream_res[key] = re.compile(
-                    rb"\n(?:\s{0,4}"
-                    + label
-                    + rb":\s|\["
-                    + label
-                    + rb"\]:|\[\d{1,9},"
-                    + label
-                    + rb"\]<std(?:out|err)>:)"
-                )
+            pat = self.stream_re(key)
             p = q - 1
             while True:
                 m = pat.search(block, p, end)
@@ -243,9 +236,7 @@ class Bulk:
         # then read only up to there.
         # Iteration lines first: one of a block's stream right after the block closes it.
         its = ex.iteration_lines(block, pos, limit, nl)
-        T, blocks, self.open_at_limit = self.blocks.timer_blocks(
-            block, pos, limit, nl, dict(zip(its.ls.tolist(), its.keys, strict=True))
-        )
+        T, blocks, self.open_at_limit = self.blocks.timer_blocks(block, pos, limit, nl, its)
         if self.open_at_limit and can_grow and pos >= T:
             return None  # look at more bytes (nothing was added)
         self.open_block = T if self.open_at_limit else -1
@@ -263,24 +254,19 @@ class Bulk:
         # PipelineEngine step lines, once the line path read one (a run with them).
         steps = ex.steps_lines(block, pos, T, nl) if len(run.steps) else Lines.empty()
         alloc = ex.alloc_lines(block, pos, T, nl)
-        b_start = np.array([b.start for b in blocks], dtype=np.int64)
-        b_close = np.array([b.close for b in blocks], dtype=np.int64)
-        own = [x for b in blocks for x in b.spans]
-        own_s = np.array([x[0] for x in own], dtype=np.int64)
-        own_e = np.array([x[1] for x in own], dtype=np.int64)
-        if blocks:  # lines a timer block took are not read as anything else
-            taken = _Spans(own_s, own_e)
-            ds.keep &= ~taken.holds(ds.ls)
-            mem = mem.select(~taken.holds(mem.ls))
-            steps = steps.select(~taken.holds(steps.ls))
-            its = its.select(~taken.holds(its.ls))
-            alloc = alloc.select(~taken.holds(alloc.ls))
+        b_start, b_close, own_s, own_e = blocks.start, blocks.close, blocks.own_s, blocks.own_e
+        if len(blocks):  # lines a timer block took are not read as anything else
+            order = np.argsort(own_s, kind="stable")
+            held = own_s[order], own_e[order]
+            ds.keep &= ~holds(*held, ds.ls)
+            mem, steps, its, alloc = (
+                x.select(~holds(*held, x.ls)) for x in (mem, steps, its, alloc)
+            )
 
         # The first line the line path must read: one holding a keyword among the others.
         k = ds.keep
-        b_body = np.array([b.body for b in blocks], dtype=np.int64)
         span_s = np.concatenate([ds.ls[k], mem.ls, its.ls, steps.ls, alloc.ls, b_start, own_s])
-        span_e = np.concatenate([ds.le[k], mem.le, its.le, steps.le, alloc.le, b_body, own_e])
+        span_e = np.concatenate([ds.le[k], mem.le, its.le, steps.le, alloc.le, blocks.body, own_e])
         R = self._first_keyword(block, pos, T, span_s, span_e)
         if R is not None:
             T = min(T, R)
@@ -326,9 +312,8 @@ class Bulk:
         if len(new_its) and new_its.ls[-1] >= T:
             new_its = new_its.select(new_its.ls < T)
         if len(b_start) and b_start[-1] >= T:
-            kept = b_start < T
-            blocks = [b for b, x in zip(blocks, kept.tolist(), strict=True) if x]
-            b_start, b_close = b_start[kept], b_close[kept]
+            blocks = blocks.head(int(np.searchsorted(b_start, T)))
+            b_start, b_close = blocks.start, blocks.close
         mem = mem.select(mem.ls < T)
         steps = steps.select(steps.ls < T)
         alloc = alloc.select(alloc.ls < T)
@@ -382,15 +367,14 @@ class Bulk:
         if len(mem):
             cols_m: dict[str, Any] = {"kind": "megatron", "line": lines_at(mem.ls), **mem.cols}
             run.memory.add_columns(len(mem), cols_m)
-        if blocks:
+        if len(blocks):
             # The line path keeps a state per stream, created on its first block: the order
             # in which open blocks are closed at the end of the file.
-            for key in dict.fromkeys(b.key for b in blocks):
+            for key in dict.fromkeys(blocks.keys):
                 if key not in self.core.streams:
                     self.core.streams[key] = StreamState(key=key)
             self._add_blocks(
                 blocks,
-                b_close,
                 lines_at(b_start),
                 (it_pos, it_num, it_sid, it_ids),
                 last_of,
@@ -481,24 +465,24 @@ class Bulk:
 
     def _add_blocks(
         self,
-        blocks: list[Block],
-        closes: np.ndarray,
+        blocks: Blocks,
         hlines: np.ndarray,
         its: tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]],
         last_of: dict[str, int],
         last_before: int | None,
     ) -> None:
-        """Add Megatron timer blocks (``closes``, ``hlines``: their closes and header line
-        numbers): the iteration is the last one of the block's stream read when it closed,
-        else the last one of the run (``Core._last_iter``)."""
+        """Add Megatron timer blocks (``hlines``: their header line numbers): the iteration is
+        the last one of the block's stream read when it closed, else the last one of the run
+        (``Core._last_iter``)."""
         it_pos, it_num, it_sid, it_ids = its
+        closes = blocks.close
         table = self.core.run.megatron_blocks
         # The last iteration of the run before each close (-1 with none: last_before).
         kb = np.searchsorted(it_pos, closes)
         it_of = np.where(kb > 0, it_num[np.maximum(kb - 1, 0)], -1) if len(it_num) else kb * 0 - 1
         known = kb > 0
-        streams = {k: i for i, k in enumerate(dict.fromkeys(b.key for b in blocks))}
-        sid = np.fromiter((streams[b.key] for b in blocks), dtype=np.int64, count=len(blocks))
+        streams = {k: i for i, k in enumerate(dict.fromkeys(blocks.keys))}
+        sid = np.fromiter(map(streams.__getitem__, blocks.keys), dtype=np.int64, count=len(closes))
         for key, i in streams.items():
             if key not in it_ids and key not in last_of:
                 continue
@@ -513,14 +497,9 @@ class Bulk:
             if key in last_of and len(rows):
                 it_of[rows] = last_of[key]
                 known[rows] = True
-        by_group: dict[tuple[Any, ...], list[int]] = {}
-        for i, b in enumerate(blocks):
-            by_group.setdefault((b.names, b.shape), []).append(i)
-        for (names, shape), idx in by_group.items():
-            at = np.array(idx, dtype=np.int64)
-            nums = np.array([blocks[i].nums for i in idx], dtype=float)
+        for names, shape, at, nums in blocks.groups:
             if last_before is None and not known[at].all():
-                for row, it, i in zip(nums.tolist(), it_of[at].tolist(), idx, strict=True):
+                for row, it, i in zip(nums.tolist(), it_of[at].tolist(), at.tolist(), strict=True):
                     values: dict[str, Any] = {}
                     j = 0
                     for name, w in zip(names, shape, strict=True):
@@ -534,7 +513,7 @@ class Bulk:
                 continue
             table.add_rows(
                 table.group("megatron", names, shape),
-                nums.reshape(len(idx), -1),
+                nums,
                 None,
                 np.where(known[at], it_of[at], last_before if last_before is not None else 0),
                 hlines[at],

@@ -14,7 +14,6 @@ with its digits removed): the values of all lines of one form are then converted
 
 from __future__ import annotations
 
-import contextlib
 import re
 import warnings
 from itertools import repeat
@@ -48,17 +47,18 @@ DS_FORM = re.compile(rb"(?: [A-Za-z_]+: +[-+.eE]* *\|)* [A-Za-z_]+: +[-+.eE]*[ \
 that is read in bulk (each value then a number ``float()`` reads, each name without digits)."""
 DS_PLAIN = re.compile(rb"(?: [A-Za-z_]+: +[-+.]* *\|)* [A-Za-z_]+: +[-+.]*[ \t]*\r?\Z")
 """A ``DS_FORM`` of plain decimals (no exponent): its values are read by ``_plain_values``."""
-IT_RE = re.compile(rb"iteration( +)(\d{1,18})/( *)(\d{1,18})( *)\|([^\n]*)\n")
-_IT_FIXED = len(b"iteration/|\n")
-"""A Megatron iteration line from ``iteration``: number, total, the rest of the line
+IT_RE = re.compile(rb"iteration( +\d{1,18}/ *\d{1,18} *)\|([^\n]*)\n")
+_IT_FIXED = len(b"iteration|\n")
+"""A Megatron iteration line from ``iteration``: `` number/ total `` and the rest of the line
 (``IT_FORM``)."""
 IT_FORM = re.compile(rb"(?: *[A-Za-z][A-Za-z _/().,%'-]*: +[-+.eE]* *\|)+[ \t]*\r?\Z")
 """The form of the ``| key: value |`` pieces of an iteration line that is read in bulk."""
 STEPS_RE = re.compile(
     rb"steps: (\d{1,18}) loss: (" + _NUM + rb") iter time \(s\): (" + _NUM + rb")"
-    rb"(?: samples/sec: (" + _NUM + rb"))?[ \t]*\r?\n"
+    rb"((?: samples/sec: " + _NUM + rb")?)([ \t]*\r?)\n"
 )
-"""A PipelineEngine step line: step, loss, seconds, samples/s (maybe absent)."""
+"""A PipelineEngine step line: step, loss, seconds, `` samples/sec: S`` (maybe absent)."""
+_STEPS_FIXED = len(b"steps:  loss:  iter time (s): \n")
 MEM_RE = re.compile(
     rb"\[Rank (\d{1,9})\] \(after (\d{1,18}) iterations\) memory \(MB\) \|([^\n]*)\n"
 )
@@ -108,30 +108,26 @@ _POWERS = 10.0 ** np.arange(16)
 
 
 def floats(tokens: list[bytes]) -> np.ndarray | None:
-    """``float()`` of each token as float64, or None when one is not a finite number."""
-    if not tokens:
-        return np.zeros(0)
-    text = b" ".join(tokens)
-    if not text.translate(None, b"0123456789. \t\r\n"):
-        vals = _fixed_point(text, len(tokens))
-        if vals is not None:
-            return vals
-    try:
-        vals = np.fromiter(map(float, tokens), dtype=float, count=len(tokens))
-    except ValueError:
-        return None
-    return vals if np.isfinite(vals).all() else None
+    """``float()`` of each token (without blanks) as float64, or None when one is not a finite
+    number."""
+    return floats_text(b" ".join(tokens), len(tokens)) if tokens else np.zeros(0)
 
 
 def floats_text(text: bytes, n: int) -> np.ndarray | None:
-    """``floats`` of the ``n`` tokens of ``text`` (numbers between blanks), or None when it holds
-    another count of tokens or one that is not a finite number."""
+    """``float()`` of the ``n`` tokens of ``text`` (numbers between blanks) as float64, or None
+    when it holds another count of tokens or one that is not a finite number."""
     if not text.translate(None, b"0123456789. \t\r\n"):
         vals = _fixed_point(text, n)
         if vals is not None:
             return vals
     toks = text.split()
-    return floats(toks) if len(toks) == n else None
+    if len(toks) != n:
+        return None
+    try:
+        vals = np.fromiter(map(float, toks), dtype=float, count=n)
+    except ValueError:
+        return None
+    return vals if np.isfinite(vals).all() else None
 
 
 _NOT_VALUES = bytes(c for c in range(128) if chr(c).isalpha()) + b"_:|"
@@ -186,13 +182,65 @@ def matches(
     return ends - width, ends, [parts[g :: k + 1] for g in range(1, k + 1)]
 
 
-def _each_float(tokens: list[bytes]) -> np.ndarray:
-    """``float()`` of each token, NaN where it does not read one."""
-    out = np.full(len(tokens), np.nan)
-    for i, t in enumerate(tokens):
-        with contextlib.suppress(ValueError):
-            out[i] = float(t)
-    return out
+def spans_text(a: np.ndarray, s: np.ndarray, e: np.ndarray) -> bytes:
+    """The bytes of ``a`` in the spans [s, e), in order, each followed by the byte at its end
+    (a separator)."""
+    lens = e - s + 1
+    at = np.repeat(s - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+    return a[at].tobytes()
+
+
+def piece_values(joined: bytes, n: int, k: int, cols: list[int]) -> np.ndarray | None:
+    """The values of pieces ``cols`` of ``n`` lines joined by newlines, each of ``k``
+    ``name: value`` pieces between bars, names without colons: (n, len(cols)) as ``float()``
+    reads them; None when a value is not one finite number or a name holds a digit."""
+    a = np.frombuffer(joined + b"\n", dtype=np.uint8)
+    colon = np.flatnonzero(a == 0x3A)
+    if len(colon) != n * k:
+        return None
+    stops = np.flatnonzero((a == 0x7C) | (a == 0x0A))
+    ends = stops[np.searchsorted(stops, colon)]
+    # The values of a piece are of one form (integers, decimals, ...): read a form at a time.
+    first = spans_text(a, colon[:k] + 1, ends[:k]).replace(b"|", b" ").split()
+    if len(first) != k:
+        return None
+    forms: dict[bytes, list[int]] = {}
+    for c, tok in enumerate(first):
+        forms.setdefault(tok.translate(None, DIGITS), []).append(c)
+    out = np.empty((n, k))
+    digits = 0
+    for part in forms.values():
+        sel = np.zeros(k, dtype=bool)
+        sel[part] = True
+        sel = np.tile(sel, n)
+        text = spans_text(a, colon[sel] + 1, ends[sel]).replace(b"|", b" ")
+        digits += len(text) - len(text.translate(None, DIGITS))
+        vals = floats_text(text, n * len(part))
+        if vals is None:
+            return None
+        out[:, part] = vals.reshape(n, len(part))
+    if digits != len(joined) - len(joined.translate(None, DIGITS)):
+        return None  # (a digit outside the values)
+    return out[:, cols]
+
+
+def piece_rows(texts: list[bytes], k: int, cols: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``piece_values`` of each of ``texts`` (all at once, else one by one): the values (NaN
+    in a row not read) and which rows were read."""
+    vals = piece_values(b"\n".join(texts), len(texts), k, cols)
+    if vals is not None:
+        return vals, np.ones(len(texts), dtype=bool)
+    rows = [piece_values(x, 1, k, cols) for x in texts]
+    good = np.array([r is not None for r in rows], dtype=bool)
+    vals = np.full((len(texts), len(cols)), np.nan)
+    if good.any():
+        vals[good] = np.concatenate([r for r in rows if r is not None])
+    return vals, good
+
+
+def int_tokens(tokens: list[bytes]) -> np.ndarray:
+    """The integers of ``tokens`` (digits, at most 18 each) as int64."""
+    return np.fromstring(b" ".join(tokens), dtype=np.int64, sep=" ")
 
 
 def _digits(names: list[bytes]) -> bool:
@@ -473,16 +521,15 @@ class Extractors:
         something else (a name twice, a word of another record) or it is not of ``DS_FORM``."""
         if any(w in body for w in (b"iteration", b"steps", b"iter", b"outcome")):
             return None
-        if not DS_FORM.match(body.translate(None, DIGITS)) or _digits(
-            body.replace(b":", b"|").split(b"|")[0::2]
-        ):
+        if not DS_FORM.match(body.translate(None, DIGITS)):
             return None
         names = tuple(p.partition(b":")[0].strip().decode() for p in body.split(b"|"))
-        return names if len(set(names)) == len(names) else None
+        ok = len(set(names)) == len(names) and not any(map(str.isdigit, "".join(names)))
+        return names if ok else None
 
     def iteration_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
         """Megatron ``iteration N/ M | key: value | ... |`` lines of [pos, T)."""
-        at, le, (_s1, nums, _s2, tots, _s3, rests) = matches(IT_RE, block, pos, T, _IT_FIXED)
+        at, le, (counters, rests) = matches(IT_RE, block, pos, T, _IT_FIXED)
         if not len(at):
             return Lines.empty()
         n = len(at)
@@ -517,57 +564,41 @@ class Extractors:
             if fields is None:
                 keep[idx] = False
                 continue
-            parts = b"".join(map(rests.__getitem__, idx.tolist())).replace(b":", b"|").split(b"|")
-            width = (len(parts) - 1) // len(idx)
-            if _digits(parts[0::2]):  # (a key with a digit: read by the line path)
-                bad_key = [
-                    _digits(r.replace(b":", b"|").split(b"|")[0::2])
-                    for r in map(rests.__getitem__, idx.tolist())
-                ]
-                keep[idx[np.array(bad_key, dtype=bool)]] = False
+            k, pieces = form.count(b":"), sorted(f[0] for f in fields)
+            vals, good = piece_rows(list(map(rests.__getitem__, idx.tolist())), k, pieces)
+            keep[idx[~good]] = False
             for piece, f, is_int, factor in fields:
-                toks = parts[piece * 2 + 1 : -1 : width]
-                got = floats(toks)
-                vals = _each_float(toks) if got is None else got
-                bad = ~np.isfinite(vals)
+                v = vals[:, pieces.index(piece)]
+                bad = ~np.isfinite(v)
                 if is_int:
-                    bad |= (vals != np.floor(vals)) | (np.abs(vals) >= 2**53)
+                    bad |= (v != np.floor(v)) | (np.abs(v) >= 2**53)
                     ints.add(f)
                 elif factor != 1.0:
-                    vals = vals * factor
+                    v = v * factor
                 keep[idx[bad]] = False
                 col = cols.get(f)
                 if col is None:
                     col = cols[f] = np.full(n, np.nan)
-                col[idx] = vals
-        cols["iteration"] = np.fromiter(map(int, nums), dtype=np.int64, count=n)
-        cols["train_iters"] = np.fromiter(map(int, tots), dtype=np.int64, count=n)
+                col[idx] = v
+        both = int_tokens([b" ".join(counters).replace(b"/", b" ")]).reshape(n, 2)
+        cols["iteration"], cols["train_iters"] = both.T.copy()
         return Lines(ls, le, keys, cols, frozenset(ints)).select(keep)
 
     def steps_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
         """PipelineEngine ``steps: N loss: L iter time (s): T samples/sec: S`` lines of
         [pos, T)."""
-        found = [m.span() + m.groups() for m in STEPS_RE.finditer(block, pos, T)]
-        if not found:
+        at, le, (step, loss, secs, sps, _end) = matches(STEPS_RE, block, pos, T, _STEPS_FIXED)
+        if not len(at):
             return Lines.empty()
-        n = len(found)
-        at_l, end_l, step, loss, secs, sps = zip(*found, strict=True)
-        at = np.array(at_l, dtype=np.int64)
         ls = self.starts(block, pos, nl, at)
         keys = self.keys(block, ls, at, b"steps:")
-        le = np.array(end_l, dtype=np.int64)
         keep = np.array([k is not None for k in keys], dtype=bool) & (le - ls <= MAX_LINE_CHARS)
-        return Lines(
-            ls,
-            le,
-            keys,
-            {
-                "step": np.fromiter(map(int, step), dtype=np.int64, count=n),
-                "loss": floats(list(loss)),
-                "iter_ms": floats(list(secs)) * 1000.0,
-                "samples_per_s": np.array([float(x) if x else np.nan for x in sps], dtype=float),
-            },
-        ).select(keep)
+        per_s = np.full(len(at), np.nan)
+        given = np.flatnonzero(np.fromiter(map(len, sps), dtype=np.int64, count=len(at)))
+        if len(given):
+            per_s[given] = floats([sps[i][len(b" samples/sec: ") :] for i in given.tolist()])
+        cols = {"step": int_tokens(step), "loss": floats(loss), "iter_ms": floats(secs) * 1000.0}
+        return Lines(ls, le, keys, {**cols, "samples_per_s": per_s}).select(keep)
 
     def mem_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
         """Megatron ``[Rank N] (after K iterations) memory (MB) | ...`` reports of [pos, T)."""
