@@ -331,26 +331,40 @@ class Column:
 
     def _texts(self, raw: np.ndarray) -> list[str]:
         """Stored values as JSON texts."""
-        text = int.__repr__ if self.kind == "i" else float.__repr__
-        return ["null" if x is None else text(x) for x in self._python(raw)]
+        vals = self._decode(raw)
+        texts = list(map(int.__repr__ if self.kind == "i" else float.__repr__, vals.tolist()))
+        for i in np.flatnonzero(
+            vals != vals if vals.dtype.kind == "f" else raw == none_of(raw.dtype)
+        ).tolist():
+            texts[i] = "null"
+        return texts
 
     def json_texts(self, size: int = 4096) -> Iterator[list[str]]:
         """The values as JSON texts (``null``, ``repr`` of the int or float), ``size`` at a
-        time; a float that is not finite raises ``ValueError``.  Where values repeat (timer
-        values printed to 2 decimals, loss scales), each one is written once."""
+        time; a float that is not finite raises ``ValueError``.  Values stored as ints (ints,
+        printed decimals) whose range is shorter than the column (timer values to 2 decimals,
+        ranks, iteration numbers) are written from a table of the texts of that range."""
         if self._objs is not None:
             for s in range(0, len(self._objs), size):
                 yield [json_text(v) for v in self._objs[s : s + size]]
             return
         a = self._stored()
+        table: list[str] = []
+        if a.dtype.kind == "i" and len(a):
+            none = none_of(a.dtype)
+            some = a != none
+            lo = int(a.min(where=some, initial=np.iinfo(a.dtype).max))
+            hi = int(a.max(where=some, initial=none))
+            if 0 <= hi - lo < min(len(a), 1 << 20):
+                table = [*self._texts(np.arange(lo, hi + 1).astype(a.dtype)), "null"]
         for s in range(0, len(a), size):
             raw = a[s : s + size]
-            bits = raw.view(np.int64) if raw.dtype == np.float64 else raw  # (-0.0 is not 0.0)
-            distinct, at = np.unique(bits, return_inverse=True)
-            if 2 * len(distinct) < len(raw):
-                yield list(map(self._texts(distinct.view(raw.dtype)).__getitem__, at.tolist()))
-            else:
+            if not table:
                 yield self._texts(raw)
+                continue
+            at = raw.astype(np.int64) - lo
+            at[raw == none] = len(table) - 1
+            yield list(map(table.__getitem__, at.tolist()))
 
 
 def _widened(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
