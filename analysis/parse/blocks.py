@@ -142,13 +142,15 @@ class BlockExtractor:
                     k = np.searchsorted(ls, end)
                     nxt = ls[np.minimum(k, len(ls) - 1)].tolist()
                     pat, key_of = self.host.stream_re(key0), self.host.line_key
+                    tried = failed = 0
                     for i in np.flatnonzero(hit & ~by_it & (k < len(ls))).tolist():
-                        e = int(end[i])
-                        if pat.search(block, e - 1, nxt[i]) is not None or (
-                            key_of(block, e, block.find(b"\n", e, T))[0] == key0
+                        e, tried = int(end[i]), tried + 1
+                        if pat.search(block, e - 1, nxt[i]) is None and (
+                            key_of(block, e, block.find(b"\n", e, T))[0] != key0
                         ):
-                            break  # (the stream prints other lines: one by one)
-                        close[i] = nxt[i]
+                            close[i] = nxt[i]
+                        elif (failed := failed + 1) * 2 > tried:
+                            break  # (the stream prints other lines between: one by one)
         its_at = dict(zip(its.ls.tolist(), its.keys, strict=True))
         fast = (close >= 0) & (end - hs <= MAX_LINE_CHARS)
         slow: dict[int, tuple[int, int, int, str, bytes, list[tuple[int, int]]]] = {}
