@@ -20,6 +20,7 @@ started and stopped where upstream's schedule starts and stops them, printed by 
 
 from __future__ import annotations
 
+import importlib
 import os
 import runpy
 import sys
@@ -76,8 +77,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     script = os.path.abspath(sys.argv[0])
     sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` would have it
-    import importlib
-
     schedules = importlib.import_module(SCHEDULES_MODULE)
     global_vars = importlib.import_module("megatron.global_vars")
     switch_on(schedules, global_vars.get_timers)
