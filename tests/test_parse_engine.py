@@ -317,6 +317,7 @@ def _batches(kind: str, size: int, count: int) -> st.SearchStrategy:
 @example(("f", [([1.25, None], True), ([0.1], False), ([1e300], True), ([-0.0], True)]))
 @example(("f", [([0.5, 0.0, -0.0, 0.0, -0.0, 0.0, None], True)]))
 @example(("i", [([1, None], True), ([300], False), ([2**40, None], True), ([2**70], True)]))
+@example(("i", [([2**63 - 1, 2**63 - 1], True)]))
 def test_column_gives_back_what_was_put_in(args):
     """Whatever the values (decimals kept as int32, then a value that is not one; ints
     widened; values no array holds), added one by one or as arrays, a column gives them back

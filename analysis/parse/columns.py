@@ -6,9 +6,9 @@ back exactly what was put in (same value, same type, ``-0.0`` stays ``-0.0``):
 - ints: the narrowest signed numpy int that holds every value, None as that type's smallest
   value (widened when a value does not fit);
 - floats: float64, None as NaN; a column of printed decimals (``1234.56``: every value ``k /
-  10**d`` for one ``d`` up to 6, ``|k| < 2**31``, checked value by value) keeps ``k`` as int32
-  instead, half the bytes (a 64-rank log prints 9 million timer lines per GB), and goes over to
-  float64 when a value is not such a decimal;
+  10**d`` for one ``d`` up to 6, ``|k| < 2**31``, checked value by value) keeps ``k`` instead,
+  in the narrowest int as above (a 64-rank log prints 9 million timer lines per GB), and goes
+  over to float64 when a value is not such a decimal;
 - anything else (an int beyond 64 bits, a NaN or infinity, an int in a float column, a float
   in an int column) turns the column into a list of the Python values.
 
@@ -31,7 +31,10 @@ _BATCH = 4096
 _INTS = (np.int8, np.int16, np.int32, np.int64)
 
 _MAX_SCALE = 6
-"""Most decimals a float column is kept to as int32."""
+"""Most decimals a float column is kept to as ints."""
+
+_TEXT_TABLE = 1 << 16
+"""Most texts ``json_texts`` formats ahead, for a column of a short range of ints."""
 
 
 def none_of(dtype: np.dtype) -> Any:
@@ -45,8 +48,9 @@ def _int_type(lo: int, hi: int) -> type:
 
 
 def _scaled(values: np.ndarray, d: int) -> np.ndarray | None:
-    """``values`` (float64, NaN = None) as int32 ``k`` with ``k / 10**d`` giving each value
-    back exactly (None as int32's smallest), or None when one is not such a decimal."""
+    """``values`` (float64, NaN = None) as ints ``k`` (the narrowest type, int32 at most)
+    with ``k / 10**d`` giving each value back exactly (None as the type's smallest), or None
+    when one is not such a decimal."""
     with np.errstate(invalid="ignore", over="ignore"):
         k = np.rint(values * 10.0**d)
         none = np.isnan(values)
@@ -54,7 +58,9 @@ def _scaled(values: np.ndarray, d: int) -> np.ndarray | None:
         ok &= (np.abs(k) < 2**31 - 1) | none
     if not ok.all() or (np.signbit(values) & (values == 0)).any():
         return None
-    out = k.astype(np.int32) if not none.any() else np.where(none, 0, k).astype(np.int32)
+    k[none] = 0
+    t = _int_type(int(k.min()), int(k.max()))
+    out = k.astype(t)
     out[none] = none_of(out.dtype)
     return out
 
@@ -82,7 +88,7 @@ class Column:
             raise ValueError(f"kind({kind!r}) must be 'i' or 'f'")
         self.kind = kind
         self._parts: list[np.ndarray] = []  # the stored arrays, in order
-        self._scale: int | None = None  # floats kept as int32 k / 10**scale, else float64
+        self._scale: int | None = None  # floats kept as ints k / 10**scale, else float64
         self._tail: list[Any] = []  # values added one at a time, not yet stored
         self._objs: list[Any] | None = None  # the values, when an array cannot hold them
         self.extend(values)
@@ -126,12 +132,23 @@ class Column:
         self._add(np.array([np.iinfo(t).min if v is None else v for v in tail], dtype=t))
 
     def _add(self, arr: np.ndarray) -> None:
-        """Store an int array (None as its type's smallest value), widening the column's."""
+        """Store an int array (ints, or decimals as ``k``; None as the type's smallest value),
+        widening the column's."""
         if self._parts and self._parts[0].dtype != arr.dtype:
             wide = np.promote_types(self._parts[0].dtype, arr.dtype)
             self._parts = [_widened(p, wide) for p in self._parts]
             arr = _widened(arr, wide)
         self._parts.append(arr)
+        self._merge()
+
+    def _merge(self) -> None:
+        """Join the last two stored arrays while the one before is not longer than the last:
+        a few arrays of falling lengths (each value copied a few times), not thousands of
+        small ones left to join when the column is read."""
+        parts = self._parts
+        while len(parts) > 1 and len(parts[-2]) <= len(parts[-1]):
+            last = parts.pop()
+            parts[-1] = np.concatenate([parts[-1], last])
 
     def _add_floats(self, v: np.ndarray) -> None:
         """Store finite floats (NaN = None), as scaled int32 while the column can."""
@@ -144,22 +161,25 @@ class Column:
         if k is None and self._scale is not None:
             k = self._rescaled(v)
         if k is not None:
-            self._parts.append(k)
+            self._add(k)
             return
         if self._scale is not None:  # float64 from now on
             self._parts = [self._decode(p) for p in self._parts]
             self._scale = None
         self._parts.append(v)
+        self._merge()
 
     def _rescaled(self, v: np.ndarray) -> np.ndarray | None:
-        """``v`` as int32 with more decimals than the column's, the stored values taken to
+        """``v`` as ints with more decimals than the column's, the stored values taken to
         them too; None when no scale holds them all."""
         assert self._scale is not None
         for d in range(self._scale + 1, _MAX_SCALE + 1):
             k = _scaled(v, d)
             parts = [_scaled(self._decode(p), d) for p in self._parts] if k is not None else []
             if k is not None and all(p is not None for p in parts):
-                self._parts, self._scale = parts, d  # type: ignore[assignment]
+                self._parts, self._scale = [], d
+                for p in parts:
+                    self._add(p)  # type: ignore[arg-type]
                 return k
         return None
 
@@ -219,7 +239,7 @@ class Column:
                 self._scale = other._scale
             for p in other._parts:
                 if self._scale == other._scale:
-                    self._parts.append(p)
+                    self._add(p)
                 else:
                     self._add_floats(other._decode(p))
             self._tail = list(other._tail)
@@ -342,8 +362,8 @@ class Column:
     def json_texts(self, size: int = 4096) -> Iterator[list[str]]:
         """The values as JSON texts (``null``, ``repr`` of the int or float), ``size`` at a
         time; a float that is not finite raises ``ValueError``.  Values stored as ints (ints,
-        printed decimals) whose range is shorter than the column (timer values to 2 decimals,
-        ranks, iteration numbers) are written from a table of the texts of that range."""
+        printed decimals) of a range at most a quarter of the column and ``_TEXT_TABLE`` (timer
+        values to 2 decimals, ranks) are written from a table of the texts of that range."""
         if self._objs is not None:
             for s in range(0, len(self._objs), size):
                 yield [json_text(v) for v in self._objs[s : s + size]]
@@ -355,8 +375,8 @@ class Column:
             some = a != none
             lo = int(a.min(where=some, initial=np.iinfo(a.dtype).max))
             hi = int(a.max(where=some, initial=none))
-            if 0 <= hi - lo < min(len(a), 1 << 20):
-                table = [*self._texts(np.arange(lo, hi + 1).astype(a.dtype)), "null"]
+            if 0 <= hi - lo < min(len(a) // 4, _TEXT_TABLE):
+                table = [*self._texts((np.arange(hi - lo + 1) + lo).astype(a.dtype)), "null"]
         for s in range(0, len(a), size):
             raw = a[s : s + size]
             if not table:

@@ -368,7 +368,8 @@ class TimerTable(Rows[TimerBlock]):
         if remap == list(range(len(remap))):
             self._gid.concat(items._gid)
         else:
-            self._gid.add_ints(np.array(remap, dtype=np.int64)[items.group_ids()])
+            to = np.array(remap, dtype=np.int16 if len(self._groups) < 2**15 else np.int64)
+            self._gid.add_ints(to[items.group_ids()])  # (no int64 array of every block)
         for name in ("rank", "iteration", "line"):
             self.column(name).concat(items.column(name))
 

@@ -229,6 +229,7 @@ def attribute_blocks(
             "unattributed"
         )
     del n_iter, n_steps, stream, gid, rows, ni, in_group  # before the iterations are stored
+    blocks.n_iter, blocks.n_steps, blocks.stream = Column("i"), Column("i"), Column("i")
     table.set_iterations(out, none)
     if pipeline:
         for g in range(len(table.groups)):
