@@ -131,15 +131,16 @@ class Column:
         t = _int_type(min(present), max(present))
         self._add(np.array([np.iinfo(t).min if v is None else v for v in tail], dtype=t))
 
-    def _add(self, arr: np.ndarray) -> None:
+    def _add(self, arr: np.ndarray, merge: bool = True) -> None:
         """Store an int array (ints, or decimals as ``k``; None as the type's smallest value),
-        widening the column's."""
+        widening the column's; ``merge=False`` leaves it apart (joined when the column is read)."""
         if self._parts and self._parts[0].dtype != arr.dtype:
             wide = np.promote_types(self._parts[0].dtype, arr.dtype)
             self._parts = [_widened(p, wide) for p in self._parts]
             arr = _widened(arr, wide)
         self._parts.append(arr)
-        self._merge()
+        if merge:
+            self._merge()
 
     def _merge(self) -> None:
         """Join the last two stored arrays while the one before is not longer than the last:
@@ -230,8 +231,8 @@ class Column:
             self.extend(other)
         elif self.kind == "i":
             self._store_tail()
-            for p in other._parts:
-                self._add(p)  # (arrays are never changed in place: shared, not copied)
+            for p in other._parts:  # (arrays are never changed in place: shared, not copied)
+                self._add(p, merge=False)
             self._tail = list(other._tail)
         else:
             self._store_tail()
@@ -239,7 +240,7 @@ class Column:
                 self._scale = other._scale
             for p in other._parts:
                 if self._scale == other._scale:
-                    self._add(p)
+                    self._add(p, merge=False)
                 else:
                     self._add_floats(other._decode(p))
             self._tail = list(other._tail)

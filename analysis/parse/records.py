@@ -419,7 +419,9 @@ class TimerTable(Rows[TimerBlock]):
         if len(self) < 2:
             return
         lines = self._line.array()
-        lines = np.where(lines == none_of(lines.dtype), 0, lines)
+        if (missing := lines == none_of(lines.dtype)).any():
+            lines = np.where(missing, 0, lines)
+        del missing
         if (lines[1:] >= lines[:-1]).all():
             return
         order = np.argsort(lines, kind="stable")

@@ -190,20 +190,19 @@ def attribute_blocks(
     out = np.zeros(n, dtype=np.int32 if top < 2**31 else np.int64)
     none = np.ones(n, dtype=bool)
     mismatch = False
-    steps_arr = np.asarray(steps, dtype=np.int64)
     rows = ni = in_group = np.zeros(0, dtype=np.int64)
-    for g, (_source, names, _shape) in enumerate(table.groups):
-        if n_steps is not None:
-            rows = np.flatnonzero(gid == g)
-            ns = n_steps[rows].astype(np.int64)
-            if names and names[0].startswith("pipe_"):
-                ok = ns > 0
-                out[rows[ok]] = steps_arr[ns[ok] - 1]
-            else:
-                ok = ns < len(steps_arr)
-                out[rows[ok]] = steps_arr[ns[ok]]
-            none[rows[ok]] = False
-            continue
+    if n_steps is not None and len(steps):
+        # ``pipe_*`` groups: the step before (index steps - 1), others the next (index steps);
+        # written in place, no array of positions (a 1 GB log has millions of blocks).
+        is_pipe = np.array(
+            [bool(names) and names[0].startswith("pipe_") for _, names, _ in table.groups]
+        )
+        idx = n_steps.astype(out.dtype)
+        idx -= is_pipe[gid]
+        np.logical_not((idx >= 0) & (idx < len(steps)), out=none)
+        np.take(np.asarray(steps, dtype=out.dtype), idx, mode="clip", out=out)
+        del idx
+    for g, (_source, names, _shape) in enumerate(table.groups if n_steps is None else ()):
         in_group = gid == g
         for sid in np.unique(stream[in_group]).tolist():
             rows = np.flatnonzero(in_group & (stream == sid))
