@@ -59,7 +59,7 @@ class Bulk:
 
     def __init__(self, core: Core, kw: Keywords) -> None:
         self.core = core
-        self.extract = Extractors(self)
+        self.extract = Extractors()
         """Its extractors of one-line records."""
         self.blocks = BlockExtractor(self)
         """Its extractor of timer blocks."""
@@ -417,7 +417,7 @@ class Bulk:
 
     def _add_ds(
         self,
-        ds: Any,
+        ds: Lines,
         its: tuple[np.ndarray, np.ndarray, dict[str, int]],
         before: dict[str, int],
         lines_at: Any,
@@ -456,7 +456,7 @@ class Bulk:
                 run.ds_blocks.add_rows(
                     names,
                     vals[sel],
-                    ds.rank[rows],
+                    ds.cols["rank"][rows],
                     line_all[rows],
                     n_iter[rows],
                     n_steps[rows],

@@ -75,6 +75,7 @@ ALLOC_RE = re.compile(
     rb"([^\n]*)\n"
 )
 """DeepSpeed's ``see_memory_usage``-style ``MemAllocated=..GB MaxMemAllocated=..GB`` line."""
+_ALLOC_FIXED = len(b"[Rank ] MemAllocated=GB MaxMemAllocated=GB\n")
 _ALLOC_NOT = (
     b"# run outcome",
     b"iteration",
@@ -339,6 +340,10 @@ class Lines:
         """Field -> values."""
         self.ints = ints
         """The fields of ``cols`` that hold integers (as float64, NaN where none)."""
+        self.keep = np.ones(len(self.ls), dtype=bool)
+        """Which records are taken (DeepSpeed lines; the other families are selected)."""
+        self.groups: list[tuple[tuple[str, ...], np.ndarray, np.ndarray]] = []
+        """DeepSpeed lines' values by names: (names, rows, rows x names values)."""
 
     @classmethod
     def empty(cls) -> Lines:
@@ -362,60 +367,45 @@ class Lines:
         )
 
 
-class DSLines:
-    """DeepSpeed lines of a stretch: starts, ends, ranks, stream keys, which are taken, and
-    their values by group of names: (names, rows, rows x names values)."""
-
-    def __init__(self, n: int) -> None:
-        self.ls = np.zeros(n, dtype=np.int64)
-        self.le = np.zeros(n, dtype=np.int64)
-        self.rank = np.zeros(n, dtype=np.int64)
-        self.keep = np.zeros(n, dtype=bool)
-        self.keys: list[str | None] = []
-        self.groups: list[tuple[tuple[str, ...], np.ndarray, np.ndarray]] = []
-
-    def __len__(self) -> int:
-        return len(self.ls)
+def by_form(bodies: list[bytes]) -> list[tuple[bytes, np.ndarray]]:
+    """The indices of ``bodies`` (texts without newlines) by form, the text without its
+    digits, in the order of each form's first body."""
+    forms = b"\n".join(bodies).translate(None, DIGITS).split(b"\n")
+    ids = {f: i for i, f in enumerate(dict.fromkeys(forms))}
+    if len(ids) == 1:
+        return [(forms[0], np.arange(len(forms)))]
+    gid = np.fromiter(map(ids.__getitem__, forms), dtype=np.int64, count=len(forms))
+    return [(f, np.flatnonzero(gid == g)) for f, g in ids.items()]
 
 
 class Extractors:
-    """The per-family extractors of one file; ``host`` (``analysis.parse.bulk.Bulk``) gives
-    stream keys and finds a stream's next line."""
+    """The per-family extractors of one file."""
 
-    def __init__(self, host: Any) -> None:
-        self.host = host
+    def __init__(self) -> None:
         self.ds_names: dict[bytes, tuple[str, ...] | None] = {}
         """A DeepSpeed line's form (its body without digits) -> its names (None: not taken)."""
         self.it_fields: dict[bytes, list[tuple[int, str, bool, float]] | None] = {}
         """An iteration line's form -> ``iteration_fields`` of its keys."""
-        self.heads: dict[bytes, str | None] = {}
-        """Text before a record -> its stream key (None: not only launcher prefixes)."""
+        self.heads: dict[bytes, dict[bytes, str | None]] = {}
+        """Record anchor -> text before a record -> its stream key (None: the line path
+        reads such a line)."""
 
     # -- stream keys --------------------------------------------------------------------------
 
     def head_key(self, head: bytes, anchor: bytes) -> str | None:
         """Stream key of a line whose text before ``anchor`` (where the record starts) is
-        ``head``; None unless that text is launcher prefixes alone."""
-        key = self.heads.get(head, MISSING)
+        ``head``: launcher prefixes alone, or for an iteration line launcher prefixes then
+        printable text the line path reads past (a time stamp); None otherwise."""
+        cache = self.heads.setdefault(anchor, {})
+        key = cache.get(head, MISSING)
         if key is MISSING:
             key = None
-            if is_printable(head) and b"\r" not in head:
-                text = head.decode("ascii")
-                k, rest = split_prefix(text + anchor.decode())
-                if rest == anchor.decode():
-                    key = k
-            if len(self.heads) < 65536:
-                self.heads[head] = key
-        return key  # type: ignore[return-value]
-
-    def it_head_key(self, head: bytes) -> str | None:
-        """Stream key of an iteration line whose text before ``iteration`` is ``head``: launcher
-        prefixes, then printable text the line path reads past (a time stamp); None when it
-        would read the line otherwise."""
-        key = self.heads.get(b"\x00" + head, MISSING)
-        if key is MISSING:
-            key = None
-            if is_printable(head) and b"\r" not in head and (not head or head[-1] not in WORD):
+            if not is_printable(head) or b"\r" in head:
+                pass
+            elif anchor != b"iteration":
+                k, rest = split_prefix(head.decode("ascii") + anchor.decode())
+                key = k if rest == anchor.decode() else None
+            elif not head or head[-1] not in WORD:
                 m = PREFIXES_RE.match(head)
                 raw = m.group(0) if m else b""
                 k, rest = split_prefix(raw.decode("ascii"))
@@ -424,8 +414,8 @@ class Extractors:
                     w in text for w in (b"|", b"iteration", b"time (ms)", b"memory (MB)", b"#")
                 ):
                     key = k
-            if len(self.heads) < 65536:
-                self.heads[b"\x00" + head] = key
+            if len(cache) < 65536:
+                cache[head] = key
         return key  # type: ignore[return-value]
 
     @staticmethod
@@ -447,7 +437,7 @@ class Extractors:
             of = [self.head_key(int(g).to_bytes(8, "little")[:w], anchor) for g in got_w.tolist()]
             return list(map(of.__getitem__, which.tolist()))
         heads = list(map(block.__getitem__, map(slice, ls.tolist(), at.tolist())))
-        got = list(map(self.heads.get, heads, repeat(MISSING)))
+        got = list(map(self.heads.setdefault(anchor, {}).get, heads, repeat(MISSING)))
         if MISSING in got:
             got = [
                 self.head_key(h, anchor) if k is MISSING else k
@@ -455,30 +445,39 @@ class Extractors:
             ]
         return got
 
-    # -- the families ---------------------------------------------------------------------------
-
-    def ds_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> DSLines:
-        """DeepSpeed ``[Rank N] time (ms) | name: value | ...`` lines of [pos, T)."""
-        at, end, (ranks, bodies) = matches(DS_RE, block, pos, T, _DS_FIXED)
-        n = len(at)
-        out = DSLines(n)
-        if not n:
-            return out
-        out.ls = self.starts(block, pos, nl, at)
-        out.le = end
-        out.rank = np.fromstring(b" ".join(ranks), dtype=np.int64, sep=" ")
-        out.keys = self.keys(block, out.ls, at, b"[Rank")
+    def found(
+        self,
+        rx: re.Pattern[bytes],
+        fixed: int,
+        anchor: bytes,
+        block: bytes,
+        pos: int,
+        T: int,
+        nl: np.ndarray,
+    ) -> tuple[Lines, list[list[bytes]]]:
+        """The lines of [pos, T) that ``rx`` matches (``matches``), with their stream keys
+        (``anchor``: the text where a record starts), those the line path reads otherwise
+        not kept; and the texts of the pattern's groups."""
+        at, le, groups = matches(rx, block, pos, T, fixed)
+        if not len(at):
+            return Lines.empty(), groups
+        ls = self.starts(block, pos, nl, at)
+        out = Lines(ls, le, self.keys(block, ls, at, anchor), {})
         out.keep = out.le - out.ls <= MAX_LINE_CHARS
         if None in out.keys:
             out.keep &= np.array([k is not None for k in out.keys], dtype=bool)
-        forms = b"\n".join(bodies).translate(None, DIGITS).split(b"\n")
-        ids = {f: i for i, f in enumerate(dict.fromkeys(forms))}
-        if len(ids) == 1:
-            gid = np.zeros(n, dtype=np.int64)
-        else:
-            gid = np.fromiter(map(ids.__getitem__, forms), dtype=np.int64, count=n)
-        for form, g in ids.items():
-            idx = np.flatnonzero(gid == g)
+        return out, groups
+
+    # -- the families ---------------------------------------------------------------------------
+
+    def ds_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
+        """DeepSpeed ``[Rank N] time (ms) | name: value | ...`` lines of [pos, T); values by
+        names in ``groups``, ``keep`` where taken."""
+        out, (ranks, bodies) = self.found(DS_RE, _DS_FIXED, b"[Rank", block, pos, T, nl)
+        if not len(out):
+            return out
+        out.cols["rank"] = int_tokens(ranks)
+        for form, idx in by_form(bodies):
             names = self.ds_names.get(form, MISSING)
             if names is MISSING:
                 names = self._ds_names(bodies[int(idx[0])])
@@ -495,24 +494,23 @@ class Extractors:
                     out.groups.append((names, idx, plain))
                     continue
             parts = b"|".join(mine).replace(b":", b"|").split(b"|")
-            if _digits(parts[0::2]):  # (a name with a digit: one by one)
-                rows = [self._ds_names(b) == names for b in mine]
-                if not all(rows):
-                    out.keep[idx[~np.array(rows, dtype=bool)]] = False
-                    idx = idx[np.array(rows, dtype=bool)]
-                    mine = [b for b, r in zip(mine, rows, strict=True) if r]
-                    if not mine:
-                        continue
-                    parts = b"|".join(mine).replace(b":", b"|").split(b"|")
-            vals = floats(parts[1::2])
-            if vals is None:  # one does not convert: line by line
-                rows = [floats(b.replace(b":", b"|").split(b"|")[1::2]) for b in mine]
-                good = np.array([r is not None for r in rows], dtype=bool)
-                out.keep[idx[~good]] = False
-                if not good.any():
-                    continue
-                idx, vals = idx[good], np.concatenate([r for r in rows if r is not None])
-            out.groups.append((names, idx, vals.reshape(len(idx), k)))
+            vals = None if _digits(parts[0::2]) else floats(parts[1::2])
+            if vals is not None:
+                out.groups.append((names, idx, vals.reshape(len(idx), k)))
+                continue
+            # (A name with a digit, or a value that does not read: line by line.)
+            rows = [floats(b.replace(b":", b"|").split(b"|")[1::2]) for b in mine]
+            good = np.array(
+                [
+                    r is not None and self._ds_names(b) == names
+                    for r, b in zip(rows, mine, strict=True)
+                ],
+                dtype=bool,
+            )
+            out.keep[idx[~good]] = False
+            if good.any():
+                vals = np.concatenate([r for r, g in zip(rows, good, strict=True) if g])
+                out.groups.append((names, idx[good], vals.reshape(int(good.sum()), k)))
         return out
 
     @staticmethod
@@ -529,28 +527,13 @@ class Extractors:
 
     def iteration_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
         """Megatron ``iteration N/ M | key: value | ... |`` lines of [pos, T)."""
-        at, le, (counters, rests) = matches(IT_RE, block, pos, T, _IT_FIXED)
-        if not len(at):
-            return Lines.empty()
-        n = len(at)
-        ls = self.starts(block, pos, nl, at)
-        heads = list(map(block.__getitem__, map(slice, ls.tolist(), at.tolist())))
-        keys = (
-            [self.it_head_key(h) for h in heads]
-            if len(set(heads)) > 1
-            else [self.it_head_key(heads[0])] * n
-        )
-        keep = np.array([k is not None for k in keys], dtype=bool) & (le - ls <= MAX_LINE_CHARS)
-        forms = b"\n".join(rests).translate(None, DIGITS).split(b"\n")
-        ids = {f: i for i, f in enumerate(dict.fromkeys(forms))}
-        if len(ids) == 1:
-            gid = np.zeros(n, dtype=np.int64)
-        else:
-            gid = np.fromiter(map(ids.__getitem__, forms), dtype=np.int64, count=n)
-        cols: dict[str, np.ndarray] = {}
+        out, (counters, rests) = self.found(IT_RE, _IT_FIXED, b"iteration", block, pos, T, nl)
+        n = len(out)
+        if not n:
+            return out
+        keep = out.keep
         ints: set[str] = set()
-        for form, g in ids.items():
-            idx = np.flatnonzero(gid == g)
+        for form, idx in by_form(rests):
             fields = self.it_fields.get(form, MISSING)
             if fields is MISSING:
                 rest = rests[int(idx[0])]
@@ -576,78 +559,61 @@ class Extractors:
                 elif factor != 1.0:
                     v = v * factor
                 keep[idx[bad]] = False
-                col = cols.get(f)
-                if col is None:
-                    col = cols[f] = np.full(n, np.nan)
-                col[idx] = v
+                out.cols.setdefault(f, np.full(n, np.nan))[idx] = v
         both = int_tokens([b" ".join(counters).replace(b"/", b" ")]).reshape(n, 2)
-        cols["iteration"], cols["train_iters"] = both.T.copy()
-        return Lines(ls, le, keys, cols, frozenset(ints)).select(keep)
+        out.cols["iteration"], out.cols["train_iters"] = both.T.copy()
+        out.ints = frozenset(ints)
+        return out.select(keep)
 
     def steps_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
         """PipelineEngine ``steps: N loss: L iter time (s): T samples/sec: S`` lines of
         [pos, T)."""
-        at, le, (step, loss, secs, sps, _end) = matches(STEPS_RE, block, pos, T, _STEPS_FIXED)
-        if not len(at):
-            return Lines.empty()
-        ls = self.starts(block, pos, nl, at)
-        keys = self.keys(block, ls, at, b"steps:")
-        keep = np.array([k is not None for k in keys], dtype=bool) & (le - ls <= MAX_LINE_CHARS)
-        per_s = np.full(len(at), np.nan)
-        given = np.flatnonzero(np.fromiter(map(len, sps), dtype=np.int64, count=len(at)))
+        out, groups = self.found(STEPS_RE, _STEPS_FIXED, b"steps:", block, pos, T, nl)
+        if not len(out):
+            return out
+        step, loss, secs, sps, _end = groups
+        per_s = np.full(len(out), np.nan)
+        given = np.flatnonzero(np.fromiter(map(len, sps), dtype=np.int64, count=len(out)))
         if len(given):
             per_s[given] = floats([sps[i][len(b" samples/sec: ") :] for i in given.tolist()])
-        cols = {"step": int_tokens(step), "loss": floats(loss), "iter_ms": floats(secs) * 1000.0}
-        return Lines(ls, le, keys, {**cols, "samples_per_s": per_s}).select(keep)
+        out.cols = {"step": int_tokens(step), "loss": floats(loss), "iter_ms": floats(secs) * 1e3}
+        out.cols["samples_per_s"] = per_s
+        return out.select(out.keep)
 
     def mem_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
         """Megatron ``[Rank N] (after K iterations) memory (MB) | ...`` reports of [pos, T)."""
-        at, le, (ranks, afters, bodies) = matches(MEM_RE, block, pos, T, _MEM_FIXED)
-        n = len(at)
-        if not n:
-            return Lines.empty()
-        ls = self.starts(block, pos, nl, at)
-        keys = self.keys(block, ls, at, b"[Rank")
-        keep = np.array([k is not None for k in keys], dtype=bool) & (le - ls <= MAX_LINE_CHARS)
-        cols = {f: np.full(n, np.nan) for f in MEM_FIELDS.values()}
-        forms = b"\n".join(bodies).translate(None, DIGITS).split(b"\n")
-        groups: dict[bytes, list[int]] = {}
-        for i, f in enumerate(forms):
-            groups.setdefault(f, []).append(i)
-        for form, idx in groups.items():
-            names = [p.partition(b":")[0].strip().decode() for p in bodies[idx[0]].split(b"|")]
-            names = [x for x in names if x]
+        out, (ranks, afters, bodies) = self.found(MEM_RE, _MEM_FIXED, b"[Rank", block, pos, T, nl)
+        if not len(out):
+            return out
+        out.cols = {f: np.full(len(out), np.nan) for f in MEM_FIELDS.values()}
+        for form, idx in by_form(bodies):
+            first = bodies[int(idx[0])].split(b"|")
+            names = [x for x in (p.partition(b":")[0].strip().decode() for p in first) if x]
             vals = None
             if MEM_FORM.match(form) and len(set(names)) == len(names):
-                mine = [bodies[i].rstrip().rstrip(b"|") for i in idx]
+                mine = [bodies[i].rstrip().rstrip(b"|") for i in idx.tolist()]
                 vals = _plain_values(b"\n".join(mine), len(idx), len(names))
             if vals is None:
-                keep[idx] = False
+                out.keep[idx] = False
                 continue
             for j, name in enumerate(names):
-                cols[MEM_FIELDS[name]][idx] = vals[:, j]
-        cols["rank"] = np.fromstring(b" ".join(ranks), dtype=np.int64, sep=" ")
-        cols["after_iteration"] = np.fromstring(b" ".join(afters), dtype=np.int64, sep=" ")
-        return Lines(ls, le, keys, cols).select(keep)
+                out.cols[MEM_FIELDS[name]][idx] = vals[:, j]
+        out.cols["rank"] = int_tokens(ranks)
+        out.cols["after_iteration"] = int_tokens(afters)
+        return out.select(out.keep)
 
     def alloc_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
         """DeepSpeed ``[Rank N] MemAllocated=..GB MaxMemAllocated=..GB ...`` lines of [pos, T)."""
-        rows = [
-            m.span() + m.groups()[:3]
-            for m in ALLOC_RE.finditer(block, pos, T)
-            if not any(w in m.group(4) for w in _ALLOC_NOT) and is_printable(m.group(4))
-        ]
-        if not rows:
-            return Lines.empty()
-        at_l, end_l, rank, a, top = zip(*rows, strict=True)
-        at = np.array(at_l, dtype=np.int64)
-        ls = self.starts(block, pos, nl, at)
-        keys = self.keys(block, ls, at, b"[Rank")
-        le = np.array(end_l, dtype=np.int64)
-        keep = np.array([k is not None for k in keys], dtype=bool) & (le - ls <= MAX_LINE_CHARS)
-        cols = {
+        out, groups = self.found(ALLOC_RE, _ALLOC_FIXED, b"[Rank", block, pos, T, nl)
+        if not len(out):
+            return out
+        rank, a, top, rests = groups
+        out.keep &= np.array(
+            [is_printable(r) and not any(w in r for w in _ALLOC_NOT) for r in rests], dtype=bool
+        )
+        out.cols = {
             "rank": np.array(list(map(int, rank)), dtype=np.int64),
             "allocated_mb": np.array(list(map(float, a))) * 1024.0,
             "max_allocated_mb": np.array(list(map(float, top))) * 1024.0,
         }
-        return Lines(ls, le, keys, cols).select(keep)
+        return out.select(out.keep)
