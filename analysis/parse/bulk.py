@@ -1,19 +1,9 @@
-"""The bulk path of the file reader (``analysis.parse.reader.drive_file``, which feeds a log to
-the line state machine ``Core``): the high-volume lines of a training phase read a stretch at a
-time, with the same result as the line path.
-
-- the line path: every line that can matter goes through ``Core.feed``.  Until training starts,
-  after it ends and while a multi-line block is open, that is every line; during training it is
-  the lines holding a keyword (found with ``bytes.find`` over whole chunks), and the lines of a
-  stream whose Megatron timer block is open.
-- the bulk path (``Bulk``), during training while no block is open: over a stretch of the
-  chunk, the extractors of ``analysis.parse.extract`` find the records of each high-volume
-  family; they are assigned to iterations and pipeline steps with ``np.searchsorted`` over
-  their offsets, per stream, and added to the run's typed columns in one step.  Every other
-  line of the stretch is scanned for keywords; the first one that holds one ends the stretch
-  there and goes to the line path, as does a counter going back or the final iteration.
-
-``tests/test_parse_engine.py`` checks that both paths give the same runs.
+"""The bulk path of the file reader (``reader.drive_file``): during training, while no timer
+block is open, the high-volume lines of a stretch are found by the extractors of ``extract`` and
+``blocks``, assigned to iterations and pipeline steps with ``np.searchsorted`` over their
+offsets, per stream, and added to the run's columns in one step.  The first other line holding a
+keyword ends the stretch and goes to the line path (``Core.feed``), as does a counter going back
+or the final iteration; ``tests/test_parse_engine.py`` checks that both paths agree.
 """
 
 from __future__ import annotations
@@ -47,11 +37,25 @@ _MEM_IDLE = 2
 """Steps in a row without a Megatron memory report after which they are not looked for."""
 
 
+def line_after(block: bytes, at: int, end: int) -> int:
+    """Where the line holding byte ``at - 1`` ends (past its newline), at most ``end``."""
+    nl = block.find(b"\n", at - 1, end) if at < end else -1
+    return end if nl < 0 else nl + 1
+
+
 def holds(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
     """Whether each position of ``at`` falls in one of the spans [starts, ends) (sorted by
     start, not overlapping)."""
     i = np.searchsorted(starts, at, side="right") - 1
     return (i >= 0) & (at < ends[np.maximum(i, 0)])
+
+
+def stream_ids(keys: list[Any]) -> tuple[dict[Any, int], np.ndarray]:
+    """Each distinct stream key's number, in order of first appearance, and each key's."""
+    ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    if len(ids) == 1:
+        return ids, np.zeros(len(keys), dtype=np.int64)
+    return ids, np.fromiter(map(ids.__getitem__, keys), dtype=np.int64, count=len(keys))
 
 
 class Bulk:
@@ -158,14 +162,8 @@ class Bulk:
         """Take the lines from ``pos`` (a line start) in bulk up to the first one the line
         path must read.  Returns (position, line number there, whether the line there must be
         read by the line path)."""
-        seg_end = min(end, pos + self.seg)
-        if seg_end < end:
-            nl = block.find(b"\n", seg_end - 1, end)
-            seg_end = end if nl < 0 else nl + 1
-        hard = min(end, pos + 4 * self.seg)  # how far a timer block may make it grow
-        if hard < end:
-            nl = block.find(b"\n", hard - 1, end)
-            hard = end if nl < 0 else nl + 1
+        seg_end = line_after(block, pos + self.seg, end)
+        hard = line_after(block, pos + 4 * self.seg, end)  # how far a timer block may take it
         for bad in (b"\x00", b"\x1b"):  # the line path rewrites such lines: it reads them
             p = block.find(bad, pos, hard)
             if p >= 0:
@@ -184,9 +182,7 @@ class Bulk:
             if T is not None:
                 break
             # A timer block open at the limit: look at twice as much.
-            grown = min(hard, pos + 2 * (limit - pos))
-            nl = block.find(b"\n", grown - 1, hard)
-            limit = hard if nl < 0 else nl + 1
+            limit = line_after(block, pos + 2 * (limit - pos), hard)
             seg_end = max(seg_end, limit)
         assert T is not None
         if T - pos >= SEG_START and self.taken * 1e6 < SPARSE_LINES * (T - pos):
@@ -335,9 +331,7 @@ class Bulk:
         # numbers of those of the step (timer blocks are placed among their own stream's).
         before = {k: len(v) for k, v in run.iter_numbers.items()}
         last_of = {k: int(v[-1]) for k, v in run.iter_numbers.items() if len(v)}
-        it_keys = new_its.keys
-        it_ids = {k: i for i, k in enumerate(dict.fromkeys(it_keys))}
-        it_sid = np.fromiter(map(it_ids.__getitem__, it_keys), dtype=np.int64, count=len(it_keys))
+        it_ids, it_sid = stream_ids(new_its.keys)
         last_before = run.last_iter
         if len(new_its):
             self._add_iterations(new_its, lines_at(it_pos), it_sid, it_ids)
@@ -429,14 +423,7 @@ class Bulk:
         it_pos, it_sid, it_ids = its
         n_iter = np.zeros(len(ds.ls), dtype=np.int64)
         stream = np.zeros(len(ds.ls), dtype=np.int64)
-        if ds.keys.count(ds.keys[0]) == len(ds.keys):  # (one stream prints them)
-            ds_ids = {ds.keys[0]: 0}
-            ds_sid = np.zeros(len(ds.keys), dtype=np.int64)
-        else:
-            ds_ids = {k: i for i, k in enumerate(dict.fromkeys(ds.keys))}
-            ds_sid = np.fromiter(
-                map(ds_ids.__getitem__, ds.keys), dtype=np.int64, count=len(ds.keys)
-            )
+        ds_ids, ds_sid = stream_ids(ds.keys)
         for key, sid in ds_ids.items():
             if key is None:
                 continue
@@ -481,8 +468,7 @@ class Bulk:
         kb = np.searchsorted(it_pos, closes)
         it_of = np.where(kb > 0, it_num[np.maximum(kb - 1, 0)], -1) if len(it_num) else kb * 0 - 1
         known = kb > 0
-        streams = {k: i for i, k in enumerate(dict.fromkeys(blocks.keys))}
-        sid = np.fromiter(map(streams.__getitem__, blocks.keys), dtype=np.int64, count=len(closes))
+        streams, sid = stream_ids(blocks.keys)
         for key, i in streams.items():
             if key not in it_ids and key not in last_of:
                 continue
