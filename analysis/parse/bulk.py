@@ -404,10 +404,8 @@ class Bulk:
             mine = it_sid == sid
             run.iter_numbers.setdefault(key, array("q")).extend(it_num[mine].tolist())
             run.begin_training(key, int(lines[np.argmax(mine)]))
-        run.last_iter = int(it_num[-1])
         run.max_iter = max(run.max_iter, int(it_num[-1]))
         run.train_iters = int(cols["train_iters"][-1])
-        run.training = True
 
     def _add_ds(
         self,
@@ -460,7 +458,7 @@ class Bulk:
     ) -> None:
         """Add Megatron timer blocks (``hlines``: their header line numbers): the iteration is
         the last one of the block's stream read when it closed, else the last one of the run
-        (``Core._last_iter``)."""
+        (``Core._megatron_block``)."""
         it_pos, it_num, it_sid, it_ids = its
         closes = blocks.close
         table = self.core.run.megatron_blocks

@@ -1,7 +1,6 @@
-"""How the log parser recognises a failure: exceptions and tracebacks (also printed as a
-Python list), the launcher's exit codes, ssh exits and the run outcome marker; functions of the run
-state that ``analysis.parse.machine.Core`` calls (it keeps the traceback blocks, which are
-per-stream state of its own).
+"""How a failure is recorded: exception lines, the failures one line tells (NCCL, OOM, a kill,
+Slurm's cancel), tracebacks printed as a Python list, exit codes and the run outcome marker;
+functions of the run state (``Core`` keeps the traceback blocks, per-stream state of its own).
 """
 
 from __future__ import annotations
@@ -10,20 +9,22 @@ import ast
 import re
 import warnings
 
+from analysis.parse import rules
 from analysis.parse.records import Failure, FailureKind
-from analysis.parse.rules import (
-    EXC_NAME_SUFFIX,
-    EXC_RE,
-    FAILURE_KINDS,
-    OUTCOME_RE,
-    RC_RE,
-    SSH_RC_RE,
-    RunState,
-    classify_failure,
+from analysis.parse.rules import RunState
+
+ONE_LINE: tuple[tuple[tuple[str, ...], re.Pattern[str], FailureKind], ...] = (
+    (("CANCELLED AT",), rules.SLURM_RE, "cancelled"),
+    (("Watchdog", "rror", "Gloo", "by peer"), rules.NCCL_RE, "nccl"),
+    (("memory", "Memory", "Allocator"), rules.OOM_RE, "oom"),
+    (("Kill", "KILL", "Signal 9"), rules.KILLED_RE, "killed"),
 )
+"""Failures a line tells without an exception name, tried in order: (texts one of which the
+line holds, its pattern, its kind)."""
 
 
 def fail(run: RunState, kind: FailureKind, message: str, lineno: int, stream: str | None) -> None:
+    """The run's failure, or a further one; after the final iteration only a problem."""
     message = message.strip()[:2000]
     if run.reached_final:
         run.problems.append(
@@ -31,8 +32,7 @@ def fail(run: RunState, kind: FailureKind, message: str, lineno: int, stream: st
             f"failure): {message}"
         )
         return
-    run.ended = True
-    run.content_streams.add(stream or "")
+    run.end(stream or "")
     if run.failure is None:
         run.failure = Failure(kind=kind, message=message, line=lineno)
         run.failure_stream = stream
@@ -41,9 +41,31 @@ def fail(run: RunState, kind: FailureKind, message: str, lineno: int, stream: st
         run.problems.append(f"line {lineno}: further failure ({kind}): {message}")
 
 
+def is_exception(stripped: str) -> bool:
+    """Whether a stripped line is an exception line (``torch.OutOfMemoryError: ...``)."""
+    m = rules.EXC_RE.match(stripped)
+    return m is not None and m.group(1).endswith(rules.EXC_NAME_SUFFIX)
+
+
+def failure_line(run: RunState, key: str, text: str, lineno: int) -> bool:
+    """Record the failure a line tells on its own, if any (an exception line, ``ONE_LINE``)."""
+    stripped = text.strip()
+    if ("rror" in text or "Exception" in text) and is_exception(stripped):
+        fail(run, rules.classify_failure(stripped, "exception"), stripped, lineno, key)
+        return True
+    for marks, pattern, kind in ONE_LINE:
+        if any(mark in text for mark in marks) and pattern.search(text):
+            if kind == "oom" and "memory (MB)" in text:
+                continue  # Megatron's memory report
+            if kind == "cancelled" and "TIME LIMIT" in text:
+                kind = "time_limit"
+            fail(run, kind, stripped, lineno, key)
+            return True
+    return False
+
+
 def list_traceback_end(run: RunState, key: str, body: str, lineno: int, eof: bool) -> None:
     """The exception that ends a list-repr traceback (the last one of a chain)."""
-    lines: list[str] = []
     end = body.rfind("]")
     try:
         with warnings.catch_warnings():
@@ -57,65 +79,56 @@ def list_traceback_end(run: RunState, key: str, body: str, lineno: int, eof: boo
         lines = [x.replace("\\n", "") for x in re.findall(r"'((?:[^'\\]|\\.)*)'", body)]
     last = None
     for piece in lines:
-        stripped = piece.strip()
-        m = EXC_RE.match(stripped)
-        if m and m.group(1).endswith(EXC_NAME_SUFFIX) and piece[:1] not in (" ", "\t"):
-            last = stripped
+        if piece[:1] not in (" ", "\t") and is_exception(piece.strip()):
+            last = piece.strip()
     if last is None:
         run.problems.append(
             f"line {lineno}: traceback printed as a list without a final exception line"
             + (" (log cut short?)" if eof else "")
         )
         return
-    fail(run, classify_failure(last, "exception"), last, lineno, key)
+    fail(run, rules.classify_failure(last, "exception"), last, lineno, key)
 
 
 def outcome(run: RunState, key: str, text: str, lineno: int) -> None:
-    m = OUTCOME_RE.search(text.strip())
+    """The ``# run outcome: STATUS [kind=K] [reason=...]`` marker the launchers write."""
+    m = rules.OUTCOME_RE.search(text.strip())
     if m is None:
         run.problems.append(f"line {lineno}: unreadable run outcome marker: {text[:200]}")
         return
     status, kind, reason = m.group(1), m.group(2), (m.group(3) or "").strip()
     if status == "interrupted":  # the executor's Ctrl-C/SIGTERM: a cancelled run
         kind = kind or "cancelled"
-    if kind is not None and kind not in FAILURE_KINDS:
+    if kind is not None and kind not in rules.FAILURE_KINDS:
         run.problems.append(f"line {lineno}: unknown failure kind {kind!r}; using other")
         kind = "other"
     run.outcome = (status, kind, reason or text.strip(), lineno)
-    run.ended = True
-    run.content_streams.add(key)
+    run.end(key)
 
 
-def launcher_exit(run: RunState, key: str, text: str, lineno: int) -> None:
-    if "exits successfully" in text:
-        run.exited_ok += 1
-        run.ended = True
-        run.content_streams.add(key)
-        return
-    m = RC_RE.search(text)
-    if m is None:
-        return
-    code = int(m.group(1))
-    run.exit_codes.append(code)
-    if code != 0:
-        kind: FailureKind = "killed" if code in (-9, 137) else "other"
-        fail(run, kind, f"exits with return code = {code}", lineno, key)
-    run.ended = True
-    run.content_streams.add(key)
-
-
-def ssh_exit(run: RunState, key: str, text: str, lineno: int) -> None:
-    """pdsh's word on a remote node: 255 is ssh's own failure (the node or its connection
-    was lost, e.g. the node's launcher was killed); 137 a remote SIGKILL."""
-    m = SSH_RC_RE.search(text)
-    if m is None:
-        return
-    code = int(m.group(2))
-    run.exit_codes.append(code)
-    if code != 0:
-        kind: FailureKind = "killed" if code in (255, 137) else "other"
+def exit_line(run: RunState, key: str, text: str, lineno: int) -> None:
+    """The launcher's ``exits successfully`` / ``exits with return code = N`` (-9 and 137 are
+    a kill), or pdsh's word on a remote node, ``host: ssh exited with exit code N`` (255 is
+    ssh's own failure: the node or its connection was lost, e.g. its launcher was killed; 137
+    a remote SIGKILL)."""
+    if "exits" in text:
+        if "exits successfully" in text:
+            run.exited_ok += 1
+            run.end(key)
+            return
+        m = rules.RC_RE.search(text)
+        if m is None:
+            return
+        code = int(m.group(1))
+        killed, message = code in (-9, 137), f"exits with return code = {code}"
+    else:
+        m = rules.SSH_RC_RE.search(text)
+        if m is None:
+            return
+        code = int(m.group(2))
         what = "connection to the node lost" if code == 255 else "remote command failed"
-        fail(run, kind, f"{m.group(1)}: ssh exited with exit code {code} ({what})",
-                   lineno, key)  # fmt: skip
-    run.ended = True
-    run.content_streams.add(key)
+        killed = code in (255, 137)
+        message = f"{m.group(1)}: ssh exited with exit code {code} ({what})"
+    if code != 0:
+        fail(run, "killed" if killed else "other", message, lineno, key)
+    run.end(key)

@@ -1,13 +1,9 @@
-"""The keyword scan of the line path: the first line of a chunk holding one of the keywords
-that wake the parser, found with ``bytes.find`` anchored on a rare byte of each keyword (see
-docs/parsing.md).
-"""
+"""The keyword scan: the first line of a chunk holding one of the keywords that wake the
+parser, found with ``bytes.find`` anchored on a rare byte of each keyword."""
 
 from __future__ import annotations
 
 from typing import Any
-
-# -- keywords: the line path's scan --------------------------------------------------------
 
 # Bytes that are rare in log text, rarest first: a keyword is found by its first byte in this
 # list (one memchr-speed pass per byte), then checked at that position.  A keyword with none
@@ -18,29 +14,15 @@ _RARE = "|#*KM)TE"
 def build_anchors(
     keywords: tuple[str, ...],
 ) -> tuple[tuple[bytes, tuple[tuple[bytes, int], ...]], ...]:
-    """(anchor, ((keyword, offset of the anchor in it), ...)) for every keyword."""
+    """(anchor, ((keyword, offset of the anchor in it), ...)) for every keyword: its rarest
+    byte, else the keyword whole; keywords that share a part are found by one search of it
+    ("exits" and "ssh exited" by "exit": each multi-byte pass over a chunk costs ~0.3-0.6
+    ms/MB, less the longer the part)."""
     by_anchor: dict[bytes, list[tuple[bytes, int]]] = {}
-    whole: list[bytes] = []
     for kw in keywords:
-        anchor = next((c for c in _RARE if c in kw), None)
-        if anchor is None:
-            whole.append(kw.encode())
-        else:
-            by_anchor.setdefault(anchor.encode(), []).append((kw.encode(), kw.index(anchor)))
-    out = [(a, tuple(checks)) for a, checks in by_anchor.items()]
-    # Keywords searched whole that share a part are found by one search of it ("exits" and
-    # "ssh exited" by "exit"): each multi-byte pass over a chunk costs ~0.3-0.6 ms/MB, less
-    # the longer the part.
-    shared: dict[bytes, list[bytes]] = {}
-    for kw in whole:
-        part = b"exit" if b"exit" in kw else kw
-        shared.setdefault(part, []).append(kw)
-    for part, kws in shared.items():
-        if kws == [part]:
-            out.append((part, ()))
-        else:
-            out.append((part, tuple((kw, kw.index(part)) for kw in kws)))
-    return tuple(out)
+        anchor = next((c for c in _RARE if c in kw), "exit" if "exit" in kw else kw)
+        by_anchor.setdefault(anchor.encode(), []).append((kw.encode(), kw.index(anchor)))
+    return tuple((a, tuple(checks)) for a, checks in by_anchor.items())
 
 
 def _next_hit(

@@ -29,6 +29,7 @@ _PREFIX_RE = re.compile(
     r"|(?P<host>[A-Za-z0-9][A-Za-z0-9_.-]{0,62}):\s)"
 )
 _HOST_SUFFIX_REJECT = ("Error", "Exception", "Warning", "Interrupt", "Exit", ".py")
+_HOST_MARK_RE = re.compile(r"[0-9.-]")
 _TIMER_KEY_RE = re.compile(r"[a-z]+(?:-[a-z]+)+")
 _VALUE_PIPE_RE = re.compile(r"\s*[-+]?[\d.]+(?:[eE][-+]?\d+)?\s*(?:\||$)")
 
@@ -42,9 +43,7 @@ def _is_host(token: str) -> bool:
     """
     if token == "localhost":
         return True
-    if token.endswith(_HOST_SUFFIX_REJECT):
-        return False
-    return any(c.isdigit() or c in "-." for c in token)
+    return not token.endswith(_HOST_SUFFIX_REJECT) and _HOST_MARK_RE.search(token) is not None
 
 
 def split_prefix(line: str) -> tuple[str, str]:

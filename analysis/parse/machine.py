@@ -1,5 +1,5 @@
-"""The log parser's state machine: one ``Core`` per log, fed line by line (or by the bulk
-scanner), keeping one stream state per rank/node prefix. See docs/parsing.md.
+"""The line machine ``Core``: one per log, fed line by line (or by the bulk reader), with one
+block state per stream (launcher prefix). See docs/parsing.md, "The line machine".
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import shlex
 from array import array
 from typing import Any
 
-from analysis.parse.failures import fail, launcher_exit, list_traceback_end, outcome, ssh_exit
+from analysis.parse import failures, rules
 from analysis.parse.lines import (
     MAX_LINE_CHARS,
     norm_key,
@@ -20,58 +20,21 @@ from analysis.parse.lines import (
     typed_value,
 )
 from analysis.parse.merge import finished_run
-from analysis.parse.records import (
-    Failure,
-    FailureKind,
-    Iteration,
-    Memory,
-    ParsedRun,
-    PipelineStep,
-    TimerBlock,
+from analysis.parse.records import Failure, Iteration, Memory, ParsedRun, PipelineStep, TimerBlock
+from analysis.parse.rules import RunState, StreamState
+
+GB_MEMORY = (
+    ("MemAllocated=", rules.MEMALLOC_RE, "deepspeed", ("allocated_mb", "max_allocated_mb")),
+    (
+        "Max_MA",
+        rules.SEE_MEM_RE,
+        "see_memory_usage",
+        ("allocated_mb", "max_allocated_mb", "reserved_mb", "max_reserved_mb"),
+    ),
 )
-from analysis.parse.rules import (
-    AFTER_RE,
-    ARG_RE,
-    DS_CFG_LINE_RE,
-    DS_INFO_RE,
-    DS_LOGGER_RE,
-    EXC_NAME_SUFFIX,
-    EXC_RE,
-    GIT_RE,
-    GLUE_RE,
-    INT_FIELDS,
-    ITER_FIELDS,
-    ITER_RE,
-    JSON_MAX_LINES,
-    KILLED_RE,
-    MEGATRON_PLAIN_NAMES,
-    MEM_HEAD_RE,
-    MEMALLOC_RE,
-    NCCL_RE,
-    OOM_RE,
-    PARAMS_RE,
-    RANK_RE,
-    SEE_MEM_RE,
-    SLURM_RE,
-    STEPS_RE,
-    STRICT,
-    TIMER_HEAD_RE,
-    TIMER_LINE_RE,
-    TIMER_NAME_RE,
-    TIMER_RANK_RE,
-    TRACEBACK_MAX_LINES,
-    VERSION_RE,
-    VOCAB_RE,
-    WRAP_MAX_LINES,
-    RunState,
-    StreamState,
-    classify_failure,
-    continues_record,
-    join_wrapped,
-    record_complete,
-    to_elapsed_ms,
-    to_tflops,
-)
+"""Memory lines in GB (text that marks one, its pattern, its ``Memory.kind``, the fields of its
+groups), kept in MiB: DeepSpeed's ``MemAllocated=`` lines and ``see_memory_usage`` (bytes /
+1024**3 rounded to 2 decimals, ``Max_CA`` to a whole number: * 1024 is MiB to that precision)."""
 
 
 class Core:
@@ -83,9 +46,11 @@ class Core:
         self.run = RunState(source=source, first_line=1)
         self.streams: dict[str, StreamState] = {}
         self.open_blocks = 0
+        """Streams with an open block."""
         self.timer_keys: set[str] = set()
+        """Streams whose open block is a Megatron timer block."""
         self.truncated = 0
-        self.strict = STRICT.get()
+        self.strict = rules.STRICT.get()
         self.line = 0
 
     # -- driver interface -------------------------------------------------------------------
@@ -103,16 +68,30 @@ class Core:
         )
 
     @staticmethod
+    def clean(raw: str) -> str:
+        """A physical line as the machine reads it: cut at ``MAX_LINE_CHARS``, without its
+        line end and NUL bytes."""
+        raw = raw[:MAX_LINE_CHARS].rstrip("\r\n")
+        return raw.replace("\x00", "") if "\x00" in raw else raw
+
+    @staticmethod
     def stream_key(raw: str) -> str:
         """The stream key ``feed`` finds for a line."""
-        raw = raw[:MAX_LINE_CHARS].rstrip("\r\n")
-        return split_prefix(raw.replace("\x00", "") if "\x00" in raw else raw)[0]
+        return split_prefix(Core.clean(raw))[0]
 
     def feed(self, lineno: int, raw: str, dispatch: bool = True) -> None:
         """Parse one physical line (1-based ``lineno``).  ``dispatch=False``: only continue
         or close an open block of its stream (a training line without a keyword)."""
         try:
-            self._feed(lineno, raw, dispatch)
+            self.line = lineno
+            if len(raw) > MAX_LINE_CHARS:
+                self.truncated += 1
+            key, text = split_prefix(self.clean(raw))
+            st = self.streams.get(key)
+            if st is not None and st.mode is not None and self._continue_block(key, st, text):
+                return
+            if dispatch:
+                self._dispatch(key, text, lineno)
         except Exception as exc:
             if self.strict:
                 raise
@@ -127,45 +106,23 @@ class Core:
             self.run.problems.append(
                 f"{self.truncated} line(s) longer than {MAX_LINE_CHARS} characters were truncated"
             )
-        self._finish_run()
+        self.runs.append(finished_run(self.run))
         return self.runs
 
     # -- dispatch ---------------------------------------------------------------------------
 
-    def _feed(self, lineno: int, raw: str, dispatch: bool = True) -> None:
-        self.line = lineno
-        if len(raw) > MAX_LINE_CHARS:
-            raw = raw[:MAX_LINE_CHARS]
-            self.truncated += 1
-        raw = raw.rstrip("\r\n")
-        if "\x00" in raw:
-            raw = raw.replace("\x00", "")
-        key, text = split_prefix(raw)
-        st = self.streams.get(key)
-        if st is not None and st.mode is not None and self._continue_block(key, st, text, lineno):
-            return
-        if dispatch:
-            self._dispatch(key, text, lineno)
-
-    def _open(self, key: str, mode: str, lineno: int) -> StreamState:
-        st = self.streams.get(key)
-        if st is None:
-            st = self.streams[key] = StreamState()
-        if st.mode is None:
+    def _open(self, key: str, mode: str, lineno: int, **state: Any) -> StreamState:
+        """Open a block of ``mode`` in stream ``key`` (``state``: its first fields)."""
+        old = self.streams.get(key)
+        if old is None or old.mode is None:
             self.open_blocks += 1
-        st.mode = mode
-        st.key = key
         if mode == "timer":
             self.timer_keys.add(key)
         else:
             self.timer_keys.discard(key)
-        st.start_line = lineno
-        st.lines = 0
-        st.buf = []
-        st.depth = 0
-        st.timer_values = {}
-        st.timer_name = None
-        st.offset = 0
+        chained = old is not None and old.chained
+        st = StreamState(mode=mode, key=key, start_line=lineno, chained=chained, **state)
+        self.streams[key] = st
         return st
 
     def _close(self, st: StreamState) -> None:
@@ -180,7 +137,7 @@ class Core:
     def _dispatch(self, key: str, text: str, lineno: int) -> None:
         run = self.run
         if "# run outcome" in text:
-            outcome(self.run, key, text, lineno)
+            failures.outcome(run, key, text, lineno)
             return
         if "iteration" in text and self._iteration_line(key, text, lineno):
             if "|" in text:
@@ -193,53 +150,25 @@ class Core:
             self._single_line_timers(key, text, lineno)
             return
         if "across ranks (ms)" in text:
-            m = TIMER_HEAD_RE.search(text)
+            m = rules.TIMER_HEAD_RE.search(text)
             if m:
-                st = self._open(key, "timer", lineno)
-                st.timer_kind = m.group(1)
+                self._open(key, "timer", lineno, timer_kind=m.group(1))
                 return
         if "memory (MB)" in text:
             self._megatron_memory(text, lineno)
             return
-        if "MemAllocated=" in text:
-            m = MEMALLOC_RE.search(text)
+        for mark, pattern, kind, names in GB_MEMORY:
+            m = pattern.search(text) if mark in text else None
             if m:
-                rank = RANK_RE.search(text)
-                self.run.memory_other.append(
-                    Memory(
-                        rank=int(rank.group(1)) if rank else None,
-                        allocated_mb=float(m.group(1)) * 1024.0,
-                        max_allocated_mb=float(m.group(2)) * 1024.0,
-                        kind="deepspeed",
-                        line=lineno,
-                    )
-                )
-                return
-        if "Max_MA" in text:
-            m = SEE_MEM_RE.search(text)
-            if m:
-                # see_memory_usage prints bytes / 1024**3 rounded to 2 decimals ("GB"; Max_CA
-                # rounded to a whole number), so * 1024 gives MiB to that precision.
-                ma, max_ma, ca, max_ca = (float(g) * 1024.0 for g in m.groups())
-                run.memory_other.append(
-                    Memory(
-                        rank=None,
-                        allocated_mb=ma,
-                        max_allocated_mb=max_ma,
-                        reserved_mb=ca,
-                        max_reserved_mb=max_ca,
-                        kind="see_memory_usage",
-                        line=lineno,
-                    )
-                )
+                rank = rules.RANK_RE.search(text) if kind == "deepspeed" else None
+                values = {n: float(v) * 1024.0 for n, v in zip(names, m.groups(), strict=True)}
+                rank_of = int(rank.group(1)) if rank else None
+                run.memory_other.append(Memory(rank=rank_of, kind=kind, line=lineno, **values))
                 return
         if self._failure_line(key, text, lineno):
             return
-        if "exits" in text:
-            launcher_exit(self.run, key, text, lineno)
-            return
-        if "ssh exited" in text:
-            ssh_exit(self.run, key, text, lineno)
+        if "exits" in text or "ssh exited" in text:
+            failures.exit_line(run, key, text, lineno)
             return
         if (
             run.training
@@ -253,38 +182,18 @@ class Core:
 
     # -- multi-line blocks ------------------------------------------------------------------
 
-    def _continue_block(self, key: str, st: StreamState, text: str, lineno: int) -> bool:
+    def _continue_block(self, key: str, st: StreamState, text: str) -> bool:
         """Feed a line to the open block of its stream; False if the block ended before it."""
         st.lines += 1
         mode = st.mode
         if mode == "timer":
-            m = TIMER_LINE_RE.match(text)
-            if m and st.timer_kind != "times":
-                a = to_float(m.group(2))
-                b = to_float(m.group(3)) if m.group(3) else None
-                if a is not None:
-                    st.timer_values[m.group(1).strip()] = (a, b) if b is not None else a
-                    return True
-            if st.timer_kind == "times":
-                r = TIMER_RANK_RE.match(text)
-                if r and st.timer_name is not None:
-                    v = to_float(r.group(2))
-                    if v is not None:
-                        lo, hi = st.timer_values.get(st.timer_name, (v, v))
-                        st.timer_values[st.timer_name] = (min(lo, v), max(hi, v))
-                    return True
-                n = TIMER_NAME_RE.match(text)
-                if n:
-                    st.timer_name = n.group(1).strip()
-                    return True
-            self._close_block(key, st, lineno)
-            return False
+            return self._timer_line(key, st, text)
         if mode == "args":
             if "end of arguments" in text:
                 self._close(st)
                 self._config_read()
                 return True
-            m = ARG_RE.match(text)
+            m = rules.ARG_RE.match(text)
             if m:
                 self.run.args[m.group(1)] = typed_value(m.group(2))
                 return True
@@ -294,58 +203,67 @@ class Core:
                 return False
             return True  # interleaved text inside the dump is ignored
         if mode == "engine":
-            body = DS_LOGGER_RE.sub("", text, count=1)
-            if "json =" in body:
-                self._close(st)
-                return False
-            m = DS_CFG_LINE_RE.match(body)
+            body = rules.DS_LOGGER_RE.sub("", text, count=1)
+            m = rules.DS_CFG_LINE_RE.match(body) if "json =" not in body else None
             if m and "print" in text:
                 self.run.ds_engine[m.group(1)] = typed_value(m.group(3))
                 return True
             self._close(st)
             return False
-        if mode == "json":
-            st.buf.append(text)
-            st.depth += text.count("{") - text.count("}")
-            if st.depth <= 0 or st.lines > JSON_MAX_LINES:
-                self._close_block(key, st, lineno)
-            return True
         if mode == "traceback":
-            return self._traceback_line(key, st, text, lineno)
+            return self._traceback_line(key, st, text)
         if mode == "wrap":
-            if continues_record(text) and st.lines <= WRAP_MAX_LINES:
+            if rules.continues_record(text) and st.lines <= rules.WRAP_MAX_LINES:
                 st.buf.append(text)
-                joined = join_wrapped(st.buf)
-                if record_complete(joined, st.timer_kind == "timer"):
-                    self._close_block(key, st, lineno)
+                if rules.record_complete(rules.join_wrapped(st.buf), st.timer_kind == "timer"):
+                    self._close_block(key, st, self.line)
                 return True
-            self._close_block(key, st, lineno)
+            self._close_block(key, st, self.line)
             return False
-        if mode == "listtb":
-            st.buf.append(text)
-            if text.rstrip().endswith("]") or st.lines > TRACEBACK_MAX_LINES:
-                self._close_block(key, st, lineno)
-            return True
-        self._close(st)
+        # json, listtb: a block that ends at a line of its own
+        st.buf.append(text)
+        if mode == "json":
+            st.depth += text.count("{") - text.count("}")
+            done = st.depth <= 0 or st.lines > rules.JSON_MAX_LINES
+        else:
+            done = text.rstrip().endswith("]") or st.lines > rules.TRACEBACK_MAX_LINES
+        if done:
+            self._close_block(key, st, self.line)
+        return True
+
+    def _timer_line(self, key: str, st: StreamState, text: str) -> bool:
+        """A line of an open Megatron timer block (``_continue_block``)."""
+        if st.timer_kind != "times":
+            m = rules.TIMER_LINE_RE.match(text)
+            a = to_float(m.group(2)) if m else None
+            if m and a is not None:
+                b = to_float(m.group(3)) if m.group(3) else None
+                st.timer_values[m.group(1).strip()] = (a, b) if b is not None else a
+                return True
+        else:
+            r = rules.TIMER_RANK_RE.match(text)
+            if r and st.timer_name is not None:
+                v = to_float(r.group(2))
+                if v is not None:
+                    lo, hi = st.timer_values.get(st.timer_name, (v, v))
+                    st.timer_values[st.timer_name] = (min(lo, v), max(hi, v))
+                return True
+            n = rules.TIMER_NAME_RE.match(text)
+            if n:
+                st.timer_name = n.group(1).strip()
+                return True
+        self._close_block(key, st, self.line)
         return False
 
     def _close_block(self, key: str, st: StreamState, lineno: int, eof: bool = False) -> None:
-        mode = st.mode
-        if mode == "timer":
-            if st.timer_values:
-                self.run.megatron_blocks.append(
-                    TimerBlock(
-                        source="megatron",
-                        values_ms=dict(st.timer_values),
-                        iteration=self._last_iter(key),
-                        line=st.start_line,
-                    )
-                )
+        mode, start = st.mode, st.start_line
+        if mode == "timer" and st.timer_values:
+            self._megatron_block(key, dict(st.timer_values), start)
         elif mode == "json":
-            self._json_dump("\n".join(st.buf), st.start_line)
+            self._json_dump("\n".join(st.buf), start)
         elif mode == "wrap":
             # Closed before the handlers run: they may open a block of their own.
-            joined, start, kind = join_wrapped(st.buf), st.start_line, st.timer_kind
+            joined, kind = rules.join_wrapped(st.buf), st.timer_kind
             self._close(st)
             if kind == "timer":
                 self._single_line_timers(key, joined, start, allow_wrap=False)
@@ -354,36 +272,35 @@ class Core:
             return
         elif mode == "listtb":
             # A list's repr is one logical line: a viewer cut it wherever the width fell.
-            joined, start = "".join(st.buf)[st.offset :], st.start_line
+            joined = "".join(st.buf)
             self._close(st)
-            list_traceback_end(self.run, key, joined, start, eof)
+            failures.list_traceback_end(self.run, key, joined, start, eof)
             return
         elif mode == "traceback" and eof:
             self.run.problems.append(
-                f"line {st.start_line}: traceback without a final exception line (log cut short?)"
+                f"line {start}: traceback without a final exception line (log cut short?)"
             )
         elif mode == "args" and eof:
-            self.run.problems.append(f"line {st.start_line}: argument dump cut short")
+            self.run.problems.append(f"line {start}: argument dump cut short")
         self._close(st)
 
     # -- iterations -------------------------------------------------------------------------
 
     def _iteration_line(self, key: str, text: str, lineno: int) -> bool:
-        matches = list(GLUE_RE.finditer(text))
-        lead = text[: matches[0].start()] if matches else ""
-        if len(matches) > 1 or "time (ms)" in lead or "memory (MB)" in lead:
+        matches = list(rules.GLUE_RE.finditer(text))
+        head = text[: matches[0].start()] if matches else ""
+        if len(matches) > 1 or "time (ms)" in head or "memory (MB)" in head:
             # Several records glued on one line: split at each `iteration k/N`.
-            head = text[: matches[0].start()]
             if head.strip(" |"):
                 self._dispatch(key, head, lineno)
-            for i, m in enumerate(matches):
-                end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+            ends = [m.start() for m in matches[1:]] + [len(text)]
+            for m, end in zip(matches, ends, strict=True):
                 self._iteration_text(key, text[m.start() : end], lineno, allow_wrap=False)
             return True
         return self._iteration_text(key, text, lineno, allow_wrap=True)
 
     def _iteration_text(self, key: str, text: str, lineno: int, allow_wrap: bool) -> bool:
-        m = ITER_RE.search(text)
+        m = rules.ITER_RE.search(text)
         if m is None:
             return False
         rest = text[m.end() - len(m.group(4)) :]
@@ -394,50 +311,44 @@ class Core:
             return False  # prose: "validation loss at iteration 137650 on ..."
         if "|" not in rest and "=" not in rest:
             return False  # prose that mentions an iteration, not an iteration record
-        if allow_wrap and "|" in rest and not record_complete(text):
-            st = self._open(key, "wrap", lineno)
-            st.buf = [text]
-            st.timer_kind = "iteration"
+        if allow_wrap and "|" in rest and not rules.record_complete(text):
+            self._open(key, "wrap", lineno, buf=[text], timer_kind="iteration")
             return True
-        glued_timers = ""
-        if "time (ms)" in rest:
-            # Timers glued after the record (a hard-wrapped log joined back, or an era that
-            # printed them on the same line): Megatron's one-line `time (ms) | a: 1 | b: 2`.
-            cut = rest.index("time (ms)")
-            rest, glued_timers = rest[:cut], rest[cut:]
+        # Timers glued after the record (a hard-wrapped log joined back, or an era that
+        # prints them on one line): Megatron's one-line `time (ms) | a: 1 | b: 2`.
+        rest, cut, glued_timers = rest.partition("time (ms)")
         number = int(m.group(2))
         total = int(m.group(3)) if m.group(3) else None
         values: dict[str, Any] = {}
+        problem = self.run.problems.append
         for raw_key, raw_value in parse_pairs(rest):
             k = norm_key(raw_key)
-            if k in ITER_FIELDS:
-                name = ITER_FIELDS[k]
+            name = rules.ITER_FIELDS.get(k)
+            if name is not None:
                 if name == "lm_loss" and k == "loss" and "lm_loss" in values:
                     continue
-                num = to_int(raw_value) if name in INT_FIELDS else to_float(raw_value)
+                num = to_int(raw_value) if name in rules.INT_FIELDS else to_float(raw_value)
                 if num is None and raw_value.strip().lower() in ("nan", "inf", "-inf"):
-                    self.run.problems.append(f"line {lineno}: {raw_key} printed as {raw_value}")
+                    problem(f"line {lineno}: {raw_key} printed as {raw_value}")
                 values[name] = num
             elif k == "approx flops per gpu":  # GPT-NeoX: `approx flops per GPU: 112.9TFLOPS`
-                values["tflops"] = to_tflops(raw_value)
+                values["tflops"] = rules.to_tflops(raw_value)
             elif k.startswith(("elapsed", "iteration time", "step time", "time per iteration")):
-                ms = to_elapsed_ms(k, raw_value)
+                ms = rules.to_elapsed_ms(k, raw_value)
                 if ms is None:
-                    self.run.problems.append(
+                    problem(
                         f"line {lineno}: elapsed time {raw_key!r}={raw_value!r} has no readable "
                         "unit or value; left empty"
                     )
                 values["elapsed_ms"] = ms
             elif k == "train iters" and total is None:
                 total = to_int(raw_value)
-        self._add_iteration(
-            key,
-            Iteration(
-                iteration=number, train_iters=total, line=lineno, source=self.source, **values
-            ),
+        it = Iteration(
+            iteration=number, train_iters=total, line=lineno, source=self.source, **values
         )
-        if glued_timers:
-            self._single_line_timers(key, glued_timers, lineno, allow_wrap=False)
+        self._add_iteration(key, it)
+        if cut:
+            self._single_line_timers(key, cut + glued_timers, lineno, allow_wrap=False)
         return True
 
     def _add_iteration(self, key: str, it: Iteration) -> None:
@@ -450,7 +361,6 @@ class Core:
         run.begin_training(key, it.line or 0)
         run.iter_index[it.iteration] = len(run.iterations)
         run.iterations.append(it)
-        run.last_iter = it.iteration
         run.iter_numbers.setdefault(key, array("q")).append(it.iteration)
         run.max_iter = max(run.max_iter, it.iteration)
         if it.train_iters is not None:
@@ -460,7 +370,7 @@ class Core:
                 run.ended = True
 
     def _steps(self, key: str, text: str, lineno: int) -> None:
-        m = STEPS_RE.search(text)
+        m = rules.STEPS_RE.search(text)
         if m is None or len(m.group(1)) > 18:
             return  # (a step number no int64 holds is not DeepSpeed's: not a step line)
         secs = to_float(m.group(3))
@@ -480,11 +390,9 @@ class Core:
     def _single_line_timers(
         self, key: str, text: str, lineno: int, allow_wrap: bool = True
     ) -> None:
-        if allow_wrap and not record_complete(text, timer=True):
+        if allow_wrap and not rules.record_complete(text, timer=True):
             # A hard-wrapped `time (ms) | ... |` line: the rest follows on the next lines.
-            st = self._open(key, "wrap", lineno)
-            st.buf = [text]
-            st.timer_kind = "timer"
+            self._open(key, "wrap", lineno, buf=[text], timer_kind="timer")
             return
         head, _, body = text.partition("time (ms)")
         values: dict[str, Any] = {}
@@ -494,41 +402,35 @@ class Core:
                 values[k] = num
         if not values:
             return
-        rank_m = RANK_RE.search(head)
-        rank = int(rank_m.group(1)) if rank_m else None
-        megatron = rank_m is None and any(
-            "-" in k or " " in k or k in MEGATRON_PLAIN_NAMES for k in values
-        )
+        rank_m = rules.RANK_RE.search(head)
+        if rank_m is None and any(
+            "-" in k or " " in k or k in rules.MEGATRON_PLAIN_NAMES for k in values
+        ):
+            self._megatron_block(key, values, lineno)
+            return
         run = self.run
-        if megatron:
-            run.megatron_blocks.append(
-                TimerBlock(
-                    source="megatron",
-                    values_ms=values,
-                    iteration=self._last_iter(key),
-                    line=lineno,
-                )
-            )
-        else:
-            n_iter = len(run.iter_numbers.get(key, ()))
-            run.ds_blocks.append((values, rank, lineno, n_iter, len(run.steps), key))
-            run.content_streams.add(key)
+        n_iter = len(run.iter_numbers.get(key, ()))
+        rank = int(rank_m.group(1)) if rank_m else None
+        run.ds_blocks.append((values, rank, lineno, n_iter, len(run.steps), key))
+        run.content_streams.add(key)
 
-    def _last_iter(self, key: str) -> int | None:
-        """The last iteration line of stream ``key`` (Megatron prints its timer blocks from
-        the rank that prints the iteration lines), else of the run."""
+    def _megatron_block(self, key: str, values: dict[str, Any], lineno: int) -> None:
+        """A Megatron timer block, of the last iteration line of its stream (Megatron prints
+        its timer blocks from the rank that prints the iteration lines), else of the run."""
         numbers = self.run.iter_numbers.get(key)
-        return numbers[-1] if numbers else self.run.last_iter
+        iteration = numbers[-1] if numbers else self.run.last_iter
+        self.run.megatron_blocks.append(
+            TimerBlock(source="megatron", values_ms=values, iteration=iteration, line=lineno)
+        )
 
     def _megatron_memory(self, text: str, lineno: int) -> None:
         # Reports of several ranks can be glued on one line: split at each report's head.
-        starts = [m.start() for m in MEM_HEAD_RE.finditer(text)] or [0]
-        for i, start in enumerate(starts):
-            end = starts[i + 1] if i + 1 < len(starts) else len(text)
+        starts = [m.start() for m in rules.MEM_HEAD_RE.finditer(text)] or [0]
+        for start, end in zip(starts, [*starts[1:], len(text)], strict=True):
             head, _, body = text[start:end].partition("memory (MB)")
             values = {norm_key(k): to_float(v) for k, v in parse_pairs(body)}
-            rank = RANK_RE.search(head)
-            after = AFTER_RE.search(head)
+            rank = rules.RANK_RE.search(head)
+            after = rules.AFTER_RE.search(head)
             self.run.memory.append(
                 Memory(
                     rank=int(rank.group(1)) if rank else None,
@@ -542,76 +444,48 @@ class Core:
                 )
             )
 
-    # -- failures and outcome ---------------------------------------------------------------
+    # -- failures ---------------------------------------------------------------------------
 
     def _failure_line(self, key: str, text: str, lineno: int) -> bool:
         if "Traceback (most recent call last)" in text:
             start = text.find("['Traceback (most recent call last)")
-            if start >= 0:
+            if start < 0:
+                self._open(key, "traceback", lineno)
+            elif text.rstrip().endswith("]"):
                 # A traceback logged as a Python list (``logger.warning(format_exception(...))``).
-                body = text[start:]
-                if body.rstrip().endswith("]"):
-                    list_traceback_end(self.run, key, body, lineno, eof=False)
-                else:
-                    st = self._open(key, "listtb", lineno)
-                    st.buf = [text]
-                    st.offset = start
-                return True
-            self._open(key, "traceback", lineno)
+                failures.list_traceback_end(self.run, key, text[start:], lineno, eof=False)
+            else:
+                self._open(key, "listtb", lineno, buf=[text[start:]])
             return True
-        if "above exception" in text and text.lstrip().startswith(
-            ("During handling of the above exception", "The above exception")
-        ):
+        if "above exception" in text and text.lstrip().startswith(rules.CHAINED):
             self.streams.setdefault(key, StreamState()).chained = True
             return True
-        stripped = text.strip()
-        if "rror" in text or "Exception" in text:
-            m = EXC_RE.match(stripped)
-            if m and m.group(1).endswith(EXC_NAME_SUFFIX):
-                fail(self.run, classify_failure(stripped, "exception"), stripped, lineno, key)
-                return True
-        if "CANCELLED AT" in text and SLURM_RE.search(text):
-            kind: FailureKind = "time_limit" if "TIME LIMIT" in text else "cancelled"
-            fail(self.run, kind, stripped, lineno, key)
-            return True
-        nccl_hint = "Watchdog" in text or "rror" in text or "Gloo" in text or "by peer" in text
-        if nccl_hint and NCCL_RE.search(text):
-            fail(self.run, "nccl", stripped, lineno, key)
-            return True
-        oom_hint = "memory" in text or "Memory" in text or "Allocator" in text
-        if oom_hint and OOM_RE.search(text) and "memory (MB)" not in text:
-            fail(self.run, "oom", stripped, lineno, key)
-            return True
-        if ("Kill" in text or "KILL" in text or "Signal 9" in text) and KILLED_RE.search(text):
-            fail(self.run, "killed", stripped, lineno, key)
-            return True
-        return False
+        return failures.failure_line(self.run, key, text, lineno)
 
-    def _traceback_line(self, key: str, st: StreamState, text: str, lineno: int) -> bool:
+    def _traceback_line(self, key: str, st: StreamState, text: str) -> bool:
         stripped = text.strip()
         if not stripped or text[:1] in (" ", "\t"):
-            if st.lines > TRACEBACK_MAX_LINES:
+            if st.lines > rules.TRACEBACK_MAX_LINES:
                 self.run.problems.append(f"line {st.start_line}: traceback never ended")
                 self._close(st)
             return True
-        if stripped.startswith(("During handling of the above exception", "The above exception")):
+        if stripped.startswith(rules.CHAINED):
             st.chained = True
             return True
         if stripped.startswith("Traceback (most recent call last)"):
             return True
-        m = EXC_RE.match(stripped)
-        if m is None:
+        if rules.EXC_RE.match(stripped) is None:
             return False  # other output interleaved; the traceback stays open
         run = self.run
-        kind = classify_failure(stripped, "exception")
+        kind = rules.classify_failure(stripped, "exception")
         if st.chained and run.failure is not None and run.failure_stream == key:
             # Chained exceptions: the last one printed is the one that ended the process.
             run.problems.append(
-                f"line {run.failure.line}: chained into line {lineno}: {run.failure.message}"
+                f"line {run.failure.line}: chained into line {self.line}: {run.failure.message}"
             )
-            run.failure = Failure(kind=kind, message=stripped[:2000], line=lineno)
+            run.failure = Failure(kind=kind, message=stripped[:2000], line=self.line)
         else:
-            fail(self.run, kind, stripped, lineno, key)
+            failures.fail(run, kind, stripped, self.line, key)
         self._close(st)
         st.chained = False
         return True
@@ -623,90 +497,71 @@ class Core:
         if "arguments" in text and "-- arguments --" in text:
             self._boundary(key, "args", lineno, "a new argument dump")
             self._open(key, "args", lineno)
-            self.run.args_stream = key
-            return
-        if "using world size:" in text:
+            self.run.args_stream = key  # (the new run's; ``run`` may be the one that ended)
+        elif "using world size:" in text:
             self._boundary(key, "world", lineno, "a new `using world size` line")
             for piece in text.split("using", 1)[1].split(","):
                 k, _, v = piece.rpartition(":")
                 num = to_int(v)
                 if num is not None:
-                    name = norm_key(k).replace(" ", "_")
-                    run.world[name] = num
-            return
-        if "cmd = " in text and "runner.py" in text:
+                    run.world[norm_key(k).replace(" ", "_")] = num
+        elif "cmd = " in text and "runner.py" in text:
             self._boundary(key, "cmd", lineno, "a new launcher command")
-            self._cmd_args(text.split("cmd = ", 1)[1], lineno)
-            return
-        if "spawned with command" in text:
+            self._cmd_args(text.split("cmd = ", 1)[1])
+        elif "spawned with command" in text:
             run.spawned += 1
-            return
-        if "number of parameters" in text:
-            m = PARAMS_RE.search(text)
+        elif "number of parameters" in text:
+            m = rules.PARAMS_RE.search(text)
             if m:
                 run.params[f"({m.group(1)}, {m.group(2) or 0})"] = int(m.group(3))
-            return
-        if "padded vocab" in text:
-            m = VOCAB_RE.search(text)
+        elif "padded vocab" in text:
+            m = rules.VOCAB_RE.search(text)
             if m:
                 run.vocab = {"vocab_size": int(m.group(1)), "padded_vocab_size": int(m.group(3))}
                 self._config_read()
-            return
-        if "DeepSpeedEngine configuration" in text:
+        elif "DeepSpeedEngine configuration" in text:
             self._open(key, "engine", lineno)
-            return
-        if "json = " in text:
+        elif "json = " in text:
             body = text.split("json = ", 1)[1]
-            st = self._open(key, "json", lineno)
-            st.buf = [body]
+            st = self._open(key, "json", lineno, buf=[body])
             st.depth = body.count("{") - body.count("}")
             if st.depth <= 0:
                 self._close_block(key, st, lineno)
-            return
-        if "version" in text or "info ...." in text:
-            m = VERSION_RE.match(text.strip())
-            if m:
-                run.versions.setdefault(m.group(1), m.group(2))
-                return
-        if "DeepSpeed info:" in text:
-            m = DS_INFO_RE.search(text)
+        elif ("version" in text or "info ...." in text) and (
+            m := rules.VERSION_RE.match(text.strip())
+        ):
+            run.versions.setdefault(m.group(1), m.group(2))
+        elif "DeepSpeed info:" in text:
+            m = rules.DS_INFO_RE.search(text)
             if m:
                 run.versions.setdefault("deepspeed", m.group(1))
-            return
-        if "git_hash=" in text:
-            m = GIT_RE.search(text)
+        elif "git_hash=" in text:
+            m = rules.GIT_RE.search(text)
             if m:
                 run.versions.setdefault("megatron_git_hash", m.group(1))
                 if m.group(2):
                     run.versions.setdefault("megatron_git_branch", m.group(2))
-            return
-        if text.strip() == "training ...":
+        elif text.strip() == "training ...":
             run.begin_training(key, lineno, content=False)
 
-    def _cmd_args(self, cmd: str, lineno: int) -> None:
+    def _cmd_args(self, cmd: str) -> None:
+        """The options after the script of the launcher's command line."""
         try:
             argv = shlex.split(cmd)
         except ValueError:
             argv = cmd.split()
         script = next((i for i, a in enumerate(argv) if a.endswith(".py")), None)
-        if script is None:
-            return
-        args = argv[script + 1 :]
-        out = self.run.cmd_args
-        i = 0
-        while i < len(args):
-            a = args[i]
-            if a.startswith("--"):
-                name = a[2:].replace("-", "_")
-                if "=" in name:
-                    name, _, v = name.partition("=")
-                    out[name] = typed_value(v)
-                elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-                    out[name] = typed_value(args[i + 1])
-                    i += 1
-                else:
-                    out[name] = True
-            i += 1
+        args = argv[script + 1 :] if script is not None else []
+        for i, a in enumerate(args):
+            if not a.startswith("--"):
+                continue  # (a value, read with its option)
+            name, eq, v = a[2:].replace("-", "_").partition("=")
+            if eq:
+                self.run.cmd_args[name] = typed_value(v)
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                self.run.cmd_args[name] = typed_value(args[i + 1])
+            else:
+                self.run.cmd_args[name] = True
 
     def _json_dump(self, text: str, lineno: int) -> None:
         try:
@@ -733,9 +588,6 @@ class Core:
             self.run.config_until = 0
 
     def _new_run(self, lineno: int, why: str) -> None:
-        self._finish_run()
+        self.runs.append(finished_run(self.run))
         self.run = RunState(source=self.source, first_line=lineno)
         self.run.problems.append(f"line {lineno}: new run in the same file ({why})")
-
-    def _finish_run(self) -> None:
-        self.runs.append(finished_run(self.run))

@@ -1,7 +1,5 @@
-"""What the log parser recognises: the keywords that wake it, the record patterns, the
-iteration-field table, the per-prefix stream and per-run state, and the helpers that join
-wrapped records and classify failures. See docs/parsing.md.
-"""
+"""What the log parser recognises (keywords, record patterns, the iteration-field table), the
+per-stream and per-run state, wrapped records joined back, the run's config summary."""
 
 from __future__ import annotations
 
@@ -108,6 +106,8 @@ DS_INFO_RE = re.compile(r"DeepSpeed info: version=([^,\s]+)")
 GIT_RE = re.compile(r"git_hash=(\S+)(?: git_branch=(\S+))?")
 EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(_?[A-Z]\w*)(?::(?:\s.*)?)?$")
 EXC_NAME_SUFFIX = ("Error", "Exception", "Interrupt", "Exit", "Failure", "Timeout")
+CHAINED = ("During handling of the above exception", "The above exception")
+"""How a traceback chained to the one before it starts."""
 RC_RE = re.compile(r"exits with return code = (-?\d+)")
 SSH_RC_RE = re.compile(r"([\w.\-]+): ssh exited with exit code (\d+)")
 OUTCOME_RE = re.compile(
@@ -127,37 +127,38 @@ NCCL_RE = re.compile(
 )
 FAILURE_KINDS = frozenset(get_args(FailureKind))
 
-# Iteration-line keys (normalised by norm_key) -> Iteration field.  Elapsed time is handled
-# separately because of its unit.
 ITER_FIELDS: dict[str, str] = {
-    "lm loss": "lm_loss",
-    "loss": "lm_loss",
-    "loss scale": "loss_scale",
-    "grad norm": "grad_norm",
-    "number of skipped iterations": "skipped",
-    "skipped iterations": "skipped",
-    "skipped": "skipped",
-    "number of nan iterations": "nan",
-    "nan iterations": "nan",
-    "global batch size": "global_batch_size",
-    "batch size": "global_batch_size",
-    "learning rate": "learning_rate",
-    "lr": "learning_rate",
-    "consumed samples": "consumed_samples",
-    "consumed tokens": "consumed_tokens",
-    "samples per second": "samples_per_s",
-    "samples per sec": "samples_per_s",
-    "samples/sec": "samples_per_s",
-    "samples/s": "samples_per_s",
-    "samples per s": "samples_per_s",
-    "tflops": "tflops",
-    "tflops per gpu": "tflops",
-    "tflop/s/gpu": "tflops",
-    "throughput per gpu (tflop/s/gpu)": "tflops",
-    "model tflops": "tflops",
-    "tokens per gpu per second (tgs)": "tokens_per_gpu_per_s",
-    "tgs": "tokens_per_gpu_per_s",
+    key: name
+    for name, keys in (
+        ("lm_loss", ("lm loss", "loss")),
+        ("loss_scale", ("loss scale",)),
+        ("grad_norm", ("grad norm",)),
+        ("skipped", ("number of skipped iterations", "skipped iterations", "skipped")),
+        ("nan", ("number of nan iterations", "nan iterations")),
+        ("global_batch_size", ("global batch size", "batch size")),
+        ("learning_rate", ("learning rate", "lr")),
+        ("consumed_samples", ("consumed samples",)),
+        ("consumed_tokens", ("consumed tokens",)),
+        (
+            "samples_per_s",
+            ("samples per second", "samples per sec", "samples/sec", "samples/s", "samples per s"),
+        ),
+        (
+            "tflops",
+            (
+                "tflops",
+                "tflops per gpu",
+                "tflop/s/gpu",
+                "throughput per gpu (tflop/s/gpu)",
+                "model tflops",
+            ),
+        ),
+        ("tokens_per_gpu_per_s", ("tokens per gpu per second (tgs)", "tgs")),
+    )
+    for key in keys
 }
+"""Iteration-line keys (as ``norm_key`` writes them) -> ``Iteration`` field; the elapsed time,
+whose unit is in its key, is read apart (``to_elapsed_ms``)."""
 INT_FIELDS = frozenset(
     ("skipped", "nan", "global_batch_size", "consumed_samples", "consumed_tokens")
 )
@@ -183,6 +184,12 @@ _SUMMARY_KEYS = (
     "num_parameters",
 )
 
+DS_BATCH_KEYS = (
+    ("global_batch_size", "train_batch_size"),
+    ("micro_batch_size", "train_micro_batch_size_per_gpu"),
+)
+"""Summary keys the DeepSpeed config gives when nothing else does: (key, its name there)."""
+
 
 @dataclass
 class StreamState:
@@ -203,14 +210,12 @@ class StreamState:
     lines: int = 0
     """Lines consumed by the open block."""
     buf: list[str] = field(default_factory=list)
-    """Text of an open JSON dump or of a wrapped iteration line."""
+    """Lines of an open JSON dump, wrapped record (kept whole: their widths tell a cut at a
+    fixed width from a word wrap) or list-printed traceback (from its ``[``)."""
     depth: int = 0
     """Brace depth of an open JSON dump."""
     chained: bool = False
     """A ``During handling of the above exception`` line was seen after an exception."""
-    offset: int = 0
-    """Where the record starts in the first line of a ``wrap``/``listtb`` block (the lines
-    are kept whole: their widths tell a cut at a fixed width from a word wrap)."""
     key: str = ""
     """The stream's key (launcher prefixes)."""
 
@@ -242,16 +247,14 @@ class RunState:
     further_failures: list[Failure] = field(default_factory=list)
     failure_stream: str | None = None
     outcome: tuple[str, str | None, str, int] | None = None
-    last_iter: int | None = None
     max_iter: int = -1
+    """The highest (and last: they go up) iteration number of the run; -1 before its first."""
     train_iters: int | None = None
     reached_final: bool = False
     pipe_iterations: bool = False
-    training: bool = False
     ended: bool = False
     spawned: int = 0
     exited_ok: int = 0
-    exit_codes: list[int] = field(default_factory=list)
     iter_numbers: dict[str, array[int]] = field(default_factory=dict)
     """Stream -> numbers of the iteration lines it printed, in order (per-stream attribution
     of timer blocks: the position of one node's line among another's means nothing)."""
@@ -272,14 +275,28 @@ class RunState:
     def begin_training(self, key: str, lineno: int, content: bool = True) -> None:
         """Stream ``key`` printed training output at ``lineno`` (``content``: a record, not
         only Megatron's ``training ...`` line)."""
-        if not self.training and key and not self.config_complete():
+        if not self.training_streams and key and not self.config_complete():
             self.config_until = lineno + _LATE_CONFIG_LINES
-        self.training = True
         self.training_streams.add(key)
         if content:
             self.content_streams.add(key)
         if self.config_complete():
             self.config_until = 0
+
+    @property
+    def training(self) -> bool:
+        """Whether the run's training output began (in any stream)."""
+        return bool(self.training_streams)
+
+    @property
+    def last_iter(self) -> int | None:
+        """The run's last iteration number, None before its first."""
+        return self.max_iter if self.max_iter >= 0 else None
+
+    def end(self, key: str) -> None:
+        """Stream ``key`` ended the run (a failure, an exit, the outcome marker)."""
+        self.ended = True
+        self.content_streams.add(key)
 
     def config_complete(self) -> bool:
         """Megatron's argument dump was read, and the padded vocabulary or the end of the set-up
@@ -390,37 +407,30 @@ def run_summary(run: RunState) -> tuple[dict[str, Any], list[str]]:
     sources = (run.args, run.world, run.cmd_args)
     for key in _SUMMARY_KEYS:
         config[key] = next((s[key] for s in sources if s.get(key) is not None), None)
-    ds_stage = None
     zero = run.ds_config.get("zero_optimization")
-    if isinstance(zero, dict) and isinstance(zero.get("stage"), int):
-        ds_stage = zero["stage"]
-    elif isinstance(run.ds_engine.get("zero_optimization_stage"), int):
-        ds_stage = run.ds_engine["zero_optimization_stage"]
-    if ds_stage is not None:
+    ds_stage = zero.get("stage") if isinstance(zero, dict) else None
+    if not isinstance(ds_stage, int):
+        ds_stage = run.ds_engine.get("zero_optimization_stage")
+    if isinstance(ds_stage, int):
         if config["zero_stage"] is not None and config["zero_stage"] != ds_stage:
             problems.append(
                 f"zero stage: Megatron argument says {config['zero_stage']}, DeepSpeed's config "
                 f"says {ds_stage}; using DeepSpeed's"
             )
         config["zero_stage"] = ds_stage
-    if config["global_batch_size"] is None:
-        gbs = run.ds_config.get("train_batch_size")
-        config["global_batch_size"] = gbs if isinstance(gbs, int) else None
-    if config["micro_batch_size"] is None:
-        mbs = run.ds_config.get("train_micro_batch_size_per_gpu")
-        config["micro_batch_size"] = mbs if isinstance(mbs, int) else None
+    for name, ds_name in DS_BATCH_KEYS:
+        value = run.ds_config.get(ds_name)
+        if config[name] is None and isinstance(value, int):
+            config[name] = value
     if run.vocab:
         config["padded_vocab_size"] = run.vocab["padded_vocab_size"]
         config["vocab_size"] = run.vocab["vocab_size"]
     if run.cmd_args:
         config["launcher_args"] = dict(run.cmd_args)
-    train_iters = run.train_iters
-    if train_iters is None:
-        for s in sources:
-            if isinstance(s.get("train_iters"), int):
-                train_iters = s["train_iters"]
-                break
-    config["train_iters"] = train_iters
+    config["train_iters"] = run.train_iters
+    if run.train_iters is None:
+        given = (s["train_iters"] for s in sources if isinstance(s.get("train_iters"), int))
+        config["train_iters"] = next(given, None)
     if run.params:
         config["num_parameters_by_rank"] = dict(run.params)
     config["num_parameters"], why = num_parameters_of(config, run.params)
