@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ _INTS = (np.int8, np.int16, np.int32, np.int64)
 _MAX_SCALE = 6
 """Most decimals a float column is kept to as ints."""
 
-_TEXT_TABLE = 1 << 16
+_TEXT_TABLE = 1 << 18
 """Most texts ``json_texts`` formats ahead, for a column of a short range of ints."""
 
 
@@ -193,8 +193,11 @@ class Column:
         self._store_tail()
         self._add_floats(v)
 
-    def add_ints(self, values: np.ndarray, none: np.ndarray | None = None) -> None:
-        """Add ints in bulk (``kind="i"``), None where ``none`` is true."""
+    def add_ints(
+        self, values: np.ndarray, none: np.ndarray | None = None, copy: bool = True
+    ) -> None:
+        """Add ints in bulk (``kind="i"``), None where ``none`` is true; ``copy=False``:
+        ``values`` may be kept and changed (the caller lets it go)."""
         v = np.asarray(values)
         if v.dtype.kind != "i":
             v = v.astype(np.int64)
@@ -211,7 +214,7 @@ class Column:
             return
         self._store_tail()
         t = _int_type(lo, hi)
-        arr = v.astype(t)
+        arr = v.astype(t, copy=copy)
         if none is not None:
             arr[none] = np.iinfo(t).min
         self._add(arr)
@@ -229,21 +232,16 @@ class Column:
         """Append every value of ``other`` (same kind)."""
         if self._objs is not None or other._objs is not None or other.kind != self.kind:
             self.extend(other)
-        elif self.kind == "i":
-            self._store_tail()
-            for p in other._parts:  # (arrays are never changed in place: shared, not copied)
+            return
+        self._store_tail()
+        if not self._parts:
+            self._scale = other._scale
+        for p in other._parts:  # (arrays are never changed in place: shared, not copied)
+            if self._scale == other._scale:
                 self._add(p, merge=False)
-            self._tail = list(other._tail)
-        else:
-            self._store_tail()
-            if not self._parts:
-                self._scale = other._scale
-            for p in other._parts:
-                if self._scale == other._scale:
-                    self._add(p, merge=False)
-                else:
-                    self._add_floats(other._decode(p))
-            self._tail = list(other._tail)
+            else:
+                self._add_floats(other._decode(p))
+        self._tail = list(other._tail)
 
     def take(self, order: np.ndarray) -> Column:
         """A new column with the values at ``order`` (indices)."""
@@ -252,6 +250,16 @@ class Column:
             out._objs = [self._objs[i] for i in order.tolist()]
         elif len(order):
             out._parts, out._scale = [self._stored()[order]], self._scale
+        return out
+
+    def inserted(self, keep: slice, at: np.ndarray, rows: np.ndarray) -> Column:
+        """A new column: the values in ``keep`` with those at ``rows`` put before the places
+        ``at`` among them (``np.insert``: one new array, no index per value)."""
+        if self._objs is not None:
+            return self.take(np.insert(np.arange(len(self))[keep], at, rows))
+        out = Column(self.kind)
+        a = self._stored()
+        out._parts, out._scale = [np.insert(a[keep], at, a[rows])], self._scale
         return out
 
     # -- reading ----------------------------------------------------------------------------
@@ -350,42 +358,54 @@ class Column:
         out[a == none_of(a.dtype)] = fill
         return out
 
-    def _texts(self, raw: np.ndarray) -> list[str]:
-        """Stored values as JSON texts."""
+    def _texts(self, raw: np.ndarray) -> np.ndarray:
+        """Stored values as JSON texts (an object array)."""
         vals = self._decode(raw)
-        texts = list(map(int.__repr__ if self.kind == "i" else float.__repr__, vals.tolist()))
-        for i in np.flatnonzero(
-            vals != vals if vals.dtype.kind == "f" else raw == none_of(raw.dtype)
-        ).tolist():
-            texts[i] = "null"
+        texts = np.empty(len(raw), dtype=object)
+        texts[:] = list(map(int.__repr__ if self.kind == "i" else float.__repr__, vals.tolist()))
+        texts[vals != vals if vals.dtype.kind == "f" else raw == none_of(raw.dtype)] = "null"
         return texts
 
     def json_texts(self, size: int = 4096) -> Iterator[list[str]]:
         """The values as JSON texts (``null``, ``repr`` of the int or float), ``size`` at a
-        time; a float that is not finite raises ``ValueError``.  Values stored as ints (ints,
-        printed decimals) of a range at most a quarter of the column and ``_TEXT_TABLE`` (timer
-        values to 2 decimals, ranks) are written from a table of the texts of that range."""
+        time; a float that is not finite raises ``ValueError``."""
+        texts = self.text_reader()
+        for s in range(0, len(self), size):
+            yield texts(s, s + size).tolist()
+
+    def text_reader(self) -> Callable[[int, int], np.ndarray]:
+        """A function giving the JSON texts of the values ``start:stop`` as an object array
+        (``json_texts``).  Values stored as ints (ints, printed decimals) of a range at most a
+        quarter of the column and ``_TEXT_TABLE`` (timer values to 2 decimals, ranks) are
+        taken from a table of the texts of that range, each formatted once."""
         if self._objs is not None:
-            for s in range(0, len(self._objs), size):
-                yield [json_text(v) for v in self._objs[s : s + size]]
-            return
+            objs = self._objs
+
+            def of_objects(start: int, stop: int) -> np.ndarray:
+                out = np.empty(len(objs[start:stop]), dtype=object)
+                out[:] = [json_text(v) for v in objs[start:stop]]
+                return out
+
+            return of_objects
         a = self._stored()
-        table: list[str] = []
         if a.dtype.kind == "i" and len(a):
             none = none_of(a.dtype)
             some = a != none
             lo = int(a.min(where=some, initial=np.iinfo(a.dtype).max))
             hi = int(a.max(where=some, initial=none))
             if 0 <= hi - lo < min(len(a) // 4, _TEXT_TABLE):
-                table = [*self._texts((np.arange(hi - lo + 1) + lo).astype(a.dtype)), "null"]
-        for s in range(0, len(a), size):
-            raw = a[s : s + size]
-            if not table:
-                yield self._texts(raw)
-                continue
-            at = raw.astype(np.int64) - lo
-            at[raw == none] = len(table) - 1
-            yield list(map(table.__getitem__, at.tolist()))
+                table = np.append(
+                    self._texts((np.arange(hi - lo + 1) + lo).astype(a.dtype)), "null"
+                )
+
+                def from_table(start: int, stop: int) -> np.ndarray:
+                    raw = a[start:stop]
+                    at = raw.astype(np.int64) - lo
+                    at[raw == none] = len(table) - 1
+                    return table[at]
+
+                return from_table
+        return lambda start, stop: self._texts(a[start:stop])
 
 
 def _widened(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:

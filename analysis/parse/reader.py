@@ -14,20 +14,18 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, fields
-from itertools import chain
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from analysis.parse.bulk import Bulk
-from analysis.parse.columns import Column, json_text
 from analysis.parse.extract import line_end
 from analysis.parse.keywords import Keywords
 from analysis.parse.lines import MAX_LINE_CHARS, Demux, demux_tagged, strip_prefix
 from analysis.parse.machine import Core
 from analysis.parse.merge import merge_runs
-from analysis.parse.records import ParsedRun, TimerBlock, TimerTable, block_dict
+from analysis.parse.records import RECORD_LISTS, ParsedRun, TimerBlock, TimerTable, block_dict
 from analysis.parse.rules import KW, OMPI_PEEK_BYTES, OMPI_TAG_BYTES, strict
 from analysis.parse.tables import RecordTable
 
@@ -183,67 +181,20 @@ def _summary_line(run: ParsedRun) -> str:
     )
 
 
-def _text_blocks(col: Column, codes: list[Any] | None = None) -> Iterator[list[str]]:
-    """A column's values as JSON texts, a block at a time (``Column.json_texts``); ``codes``:
-    the column holds indexes into these values (a table's string fields)."""
-    if codes is None:
-        yield from col.json_texts()
-        return
-    by_index = {str(i): json_text(v) for i, v in enumerate(codes)} | {"null": "null"}
-    for block in col.json_texts():
-        yield list(map(by_index.__getitem__, block))
-
-
-def _text_rows(blocks: list[Iterator[list[str]]]) -> Iterator[tuple[str, ...]]:
-    """Rows of columns given as text blocks of equal sizes."""
-    return chain.from_iterable(zip(*b, strict=True) for b in zip(*blocks, strict=True))
-
-
-def _json_records(records: Any, encode: Any) -> Iterator[str]:
-    """The elements of a record list as JSON texts (column tables row by row, without an
-    object per record)."""
-    if isinstance(records, RecordTable):
-        names = [json.dumps(f).replace("%", "%%") for f in records._names]
-        template = "{" + ", ".join(f"{n}: %s" for n in names) + "}"
-        cols = [
-            _text_blocks(records.column(n), records._codes[n] if n in records.strs else None)
-            for n in records._names
-        ]
-        for row in _text_rows(cols):
-            yield template % row
-    elif isinstance(records, TimerTable):
-        templates = []
-        for source, names, shape in records.groups:
-            parts = []
-            for n, k in zip(names, shape, strict=True):
-                value = "[" + ", ".join(["%s"] * k) + "]" if k else "%s"
-                parts.append(f"{json.dumps(n).replace('%', '%%')}: {value}")
-            src = json.dumps(source).replace("%", "%%")
-            templates.append(
-                f'{{"source": {src}, "values_ms": {{{", ".join(parts)}}}, '
-                '"rank": %s, "iteration": %s, "line": %s}'
-            )
-        readers = [
-            _text_rows([_text_blocks(c) for c in records.group_values(g)])
-            for g in range(len(templates))
-        ]
-        gids = records.group_ids()
-        step = 1 << 16
-        for g, (rank, it, line) in zip(
-            chain.from_iterable(gids[s : s + step].tolist() for s in range(0, len(gids), step)),
-            _text_rows([_text_blocks(records.column(c)) for c in ("rank", "iteration", "line")]),
-            strict=True,
-        ):
-            yield templates[g] % (*next(readers[g]), rank, it, line)
-    else:
-        for r in records:
-            yield encode(block_dict(r) if isinstance(r, TimerBlock) else asdict(r))
+def _json_blocks(records: Any, encode: Callable[[Any], str], sep: str) -> Iterator[str]:
+    """The elements of a record list as JSON texts joined by ``sep``, a block at a time
+    (column tables from their columns, without an object per record)."""
+    if isinstance(records, RecordTable | TimerTable):
+        yield from records.json_blocks(sep)
+    elif records:
+        yield sep.join(
+            encode(block_dict(r) if isinstance(r, TimerBlock) else asdict(r)) for r in records
+        )
 
 
 def _iter_json(paths: Iterable[str]) -> Iterator[str]:
     """The ``--json`` document in pieces: one log parsed at a time, one record a line."""
     encode = json.JSONEncoder(allow_nan=False, default=str).encode
-    lists = ("iterations", "memory", "memory_other", "timers", "pipeline_steps", "further_failures")
     yield '{"logs": ['
     for i, p in enumerate(paths):
         yield ("," if i else "") + f'\n {{"path": {encode(p)}, "runs": ['
@@ -252,19 +203,14 @@ def _iter_json(paths: Iterable[str]) -> Iterator[str]:
             for k, f in enumerate(fields(run)):
                 value = getattr(run, f.name)
                 yield ("," if k else "") + f"\n   {encode(f.name)}: "
-                if f.name not in lists:
+                if f.name not in RECORD_LISTS:
                     yield encode(asdict(value) if f.name == "failure" and value else value)
                     continue
                 yield "["
-                chunk: list[str] = []
-                first = True
-                for text in _json_records(value, encode):
-                    chunk.append(text)
-                    if len(chunk) >= 2048:
-                        yield ("" if first else ",") + "\n    " + ",\n    ".join(chunk)
-                        chunk, first = [], False
-                if chunk:
-                    yield ("" if first else ",") + "\n    " + ",\n    ".join(chunk)
+                sep = "\n    "
+                for text in _json_blocks(value, encode, ",\n    "):
+                    yield sep + text
+                    sep = ",\n    "
                 yield "]"
             yield "}"
         yield "]}"

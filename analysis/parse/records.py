@@ -10,14 +10,16 @@ whatever unit the log itself printed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from copy import deepcopy
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 import numpy as np
 
 from analysis.parse.columns import Column, none_of
-from analysis.parse.tables import RecordTable, Rows
+from analysis.parse.tables import RecordTable, Rows, json_key, json_rows
 
 _BLOCKS_AT_A_TIME = 1 << 16
 """Timer blocks ``TimerTable.blocks_of`` converts to Python values at a time."""
@@ -196,28 +198,28 @@ class ParsedRun:
         d: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in (
-                "iterations",
-                "memory",
-                "memory_other",
-                "pipeline_steps",
-                "further_failures",
-            ):
-                d[f.name] = [asdict(x) for x in value]
-            elif f.name == "timers":
+            if f.name == "timers":
                 d[f.name] = [block_dict(b) for b in value]
-            elif f.name == "failure":
-                d[f.name] = asdict(value) if value is not None else None
+            elif f.name in RECORD_LISTS:
+                d[f.name] = [asdict(x) for x in value]
             else:
-                d[f.name] = _copy(value)
+                d[f.name] = asdict(value) if f.name == "failure" and value else deepcopy(value)
         return d
 
     def nbytes(self) -> dict[str, int]:
         """Bytes held by the typed columns of each record table (0 for plain lists)."""
-        return {
-            name: getattr(self, name).nbytes if hasattr(getattr(self, name), "nbytes") else 0
-            for name in ("iterations", "memory", "memory_other", "timers", "pipeline_steps")
-        }
+        return {name: getattr(getattr(self, name), "nbytes", 0) for name in RECORD_LISTS[:5]}
+
+
+RECORD_LISTS = (
+    "iterations",
+    "memory",
+    "memory_other",
+    "timers",
+    "pipeline_steps",
+    "further_failures",
+)
+"""The fields of ``ParsedRun`` that hold records (JSON lists of objects)."""
 
 
 def block_dict(block: TimerBlock) -> dict[str, Any]:
@@ -227,14 +229,6 @@ def block_dict(block: TimerBlock) -> dict[str, Any]:
         k: (list(v) if isinstance(v, tuple) else v) for k, v in block.values_ms.items()
     }
     return d
-
-
-def _copy(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_copy(v) for v in value)
-    return value
 
 
 # -- typed column tables ----------------------------------------------------------------------
@@ -248,7 +242,6 @@ class IterationTable(RecordTable[Iteration]):
         ("iteration", "skipped", "nan", "global_batch_size", "consumed_samples",
          "consumed_tokens", "train_iters", "line")
     )  # fmt: skip
-    delta = frozenset(("iteration", "line", "consumed_samples", "consumed_tokens"))
     strs = frozenset(("source",))
 
 
@@ -257,7 +250,6 @@ class MemoryTable(RecordTable[Memory]):
 
     record = Memory
     ints = frozenset(("rank", "after_iteration", "line"))
-    delta = frozenset(("line",))
     strs = frozenset(("kind",))
 
 
@@ -266,7 +258,6 @@ class PipelineStepTable(RecordTable[PipelineStep]):
 
     record = PipelineStep
     ints = frozenset(("step", "line"))
-    delta = frozenset(("step", "line"))
 
 
 class _Group:
@@ -409,35 +400,40 @@ class TimerTable(Rows[TimerBlock]):
             self._gindex[key] = g
 
     def set_iterations(self, values: np.ndarray, none: np.ndarray) -> None:
-        """Replace the iteration of every block (None where ``none``)."""
+        """Replace the iteration of every block (None where ``none``); ``values`` is kept
+        (changed where ``none``)."""
         self._iteration = Column("i")
-        self._iteration.add_ints(values, none)
+        self._iteration.add_ints(values, none, copy=False)
 
     def sort_by_line(self) -> None:
         """Order the blocks by line (stable; a block without a line sorts as line 0), as the
-        log printed them."""
-        if len(self) < 2:
-            return
-        lines = self._line.array()
+        log printed them: the blocks outside the longest stretch already in order (Megatron's
+        blocks beside DeepSpeed's) are sorted and put in their places in it (one new array a
+        column, no index per block)."""
+        n = len(self)
+        lines = self._line.array() if n > 1 else np.zeros(0, dtype=np.int8)
         if (missing := lines == none_of(lines.dtype)).any():
             lines = np.where(missing, 0, lines)
         del missing
-        if (lines[1:] >= lines[:-1]).all():
+        bounds = [0, *(np.flatnonzero(lines[1:] < lines[:-1]) + 1).tolist(), n]
+        if len(bounds) < 3:
             return
-        order = np.argsort(lines, kind="stable")
-        del lines
-        if len(order) < 2**31:
-            order = order.astype(np.int32)  # (half the bytes while the columns are taken)
+        longest = max(range(len(bounds) - 1), key=lambda i: bounds[i + 1] - bounds[i])
+        a, b = bounds[longest], bounds[longest + 1]
+        rest = np.concatenate([np.arange(a), np.arange(b, n)])
+        rest = rest[np.argsort(lines[rest], kind="stable")]
+        at = np.searchsorted(lines[a:b], lines[rest], "left")  # (before the stretch: first)
+        after = rest >= b
+        at[after] = np.searchsorted(lines[a:b], lines[rest[after]], "right")
         gid = self.group_ids()
-        moved = gid[order]  # the group of each block in the new order
-        for g, grp in enumerate(self._groups):
-            rows = order[moved == g]  # its blocks' old places, in the new order
-            if len(rows) > 1 and not (rows[1:] > rows[:-1]).all():
-                within = np.searchsorted(np.flatnonzero(gid == g), rows)
-                grp.cols = [c.take(within) for c in grp.cols]
-        del moved, gid
+        for g in np.unique(gid[rest]).tolist():  # (a group only in the stretch is in order)
+            own = lines[gid == g]
+            if (own[1:] < own[:-1]).any():
+                within = np.argsort(own, kind="stable")
+                self._groups[g].cols = [c.take(within) for c in self._groups[g].cols]
+        del gid, lines
         for name in ("_gid", "_rank", "_iteration", "_line"):
-            setattr(self, name, getattr(self, name).take(order))
+            setattr(self, name, getattr(self, name).inserted(slice(a, b), at, rest))
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -445,9 +441,7 @@ class TimerTable(Rows[TimerBlock]):
         return len(self._gid)
 
     def __iter__(self) -> Iterator[TimerBlock]:
-        for g, values, rank, it, line in self.rows():
-            grp = self._groups[g]
-            yield TimerBlock(grp.source, grp.values(values), rank, it, line)  # type: ignore[arg-type]
+        return self._blocks(range(len(self._groups)))
 
     def _row(self, i: int) -> TimerBlock:
         g = self._gid[i]
@@ -461,28 +455,48 @@ class TimerTable(Rows[TimerBlock]):
     def __repr__(self) -> str:
         return f"TimerTable({len(self)} blocks in {len(self._groups)} groups, {self.nbytes} bytes)"
 
-    def rows(self) -> Iterator[tuple[int, tuple[Any, ...], Any, Any, Any]]:
-        """The blocks as (group, numbers in column order, rank, iteration, line)."""
-        readers = [zip(*grp.cols, strict=True) for grp in self._groups]
-        for g, rank, it, line in zip(
-            self._gid, self._rank, self._iteration, self._line, strict=True
-        ):
-            yield g, next(readers[g]), rank, it, line
+    def json_blocks(self, sep: str, size: int = 1 << 12) -> Iterator[str]:
+        """The blocks as JSON objects (as ``json`` writes ``block_dict`` of each) joined by
+        ``sep``, ``size`` at a time, from the texts of whole columns (no dict per block)."""
+        templates = []  # per group: the texts around its values, rank, iteration and line
+        for grp in self._groups:
+            parts = ['{"source": ' + json.dumps(grp.source) + ', "values_ms": {']
+            for i, (n, k) in enumerate(zip(grp.names, grp.shape, strict=True)):
+                parts[-1] += (", " if i else "") + json_key(n) + ("[" if k else "")
+                parts += [", "] * (k - 1) + ["]" if k else ""]
+            parts[-1] += '}, "rank": '
+            templates.append([*parts, ', "iteration": ', ', "line": ', "}" + sep])
+        width = np.array([2 * len(t) - 1 for t in templates])  # pieces of a block of each
+        values = [[c.text_reader() for c in grp.cols] for grp in self._groups]
+        done = [0] * len(self._groups)  # blocks of each group written
+        common = [c.text_reader() for c in (self._rank, self._iteration, self._line)]
+        gids = self.group_ids()
+        for s in range(0, len(self), size):
+            gid = gids[s : s + size]
+            rest = [r(s, s + size) for r in common]
+            ends = np.cumsum(width[gid])
+            pieces = np.empty(int(ends[-1]), dtype=object)
+            for g in np.flatnonzero(np.bincount(gid)).tolist():
+                at = np.flatnonzero(gid == g)
+                cols = [r(done[g], done[g] + len(at)) for r in values[g]]
+                done[g] += len(at)
+                json_rows(pieces, ends[at] - width[g], templates[g], cols + [r[at] for r in rest])
+            yield "".join(pieces.tolist())[: -len(sep) or None]
 
     def blocks_of(self, source: str) -> Iterator[TimerBlock]:
         """The blocks of one source, in order (only their groups are read)."""
-        gs = [g for g, grp in enumerate(self._groups) if grp.source == source]
-        if not gs:
-            return
+        return self._blocks([g for g, grp in enumerate(self._groups) if grp.source == source])
+
+    def _blocks(self, gs: Sequence[int]) -> Iterator[TimerBlock]:
+        """The blocks of groups ``gs``, in order, converted a few at a time."""
         gid = self.group_ids()
-        hit = np.flatnonzero(np.isin(gid, gs))
         readers = {g: zip(*self._groups[g].cols, strict=True) for g in gs}
-        for s in range(0, len(hit), _BLOCKS_AT_A_TIME):
-            part = hit[s : s + _BLOCKS_AT_A_TIME]
+        for s in range(0, len(gid) if gs else 0, _BLOCKS_AT_A_TIME):
+            part = s + np.flatnonzero(np.isin(gid[s : s + _BLOCKS_AT_A_TIME], gs))
             ranks, its, lines = (c.at(part) for c in (self._rank, self._iteration, self._line))
             for g, rank, it, line in zip(gid[part].tolist(), ranks, its, lines, strict=True):
                 grp = self._groups[g]
-                yield TimerBlock(grp.source, grp.values(next(readers[g])), rank, it, line)
+                yield TimerBlock(grp.source, grp.values(next(readers[g])), rank, it, line)  # type: ignore[arg-type]
 
     def group_views(
         self, source: str, names: Callable[[tuple[str, ...]], bool] | None = None

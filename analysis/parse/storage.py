@@ -169,71 +169,91 @@ def attribute_blocks(
     to the next one.
     """
     table = blocks.table
-    n = len(table)
     problems: list[str] = []
-    if not n:
+    if not len(table):
         return table, problems
-    # (Pipeline blocks go by step, the others by iteration line: only one of the two is read.)
-    n_iter = blocks.n_iter.array() if not pipeline else np.zeros(0, dtype=np.int32)
-    n_steps = blocks.n_steps.array() if pipeline else None
-    stream = blocks.stream.array()
+    # Every iteration written is a printed number (or a step's), or one of the blocks counted
+    # on from one: int32 holds them when that sum does (half the bytes).
     numbers_of = {
         blocks.keys[k]: np.asarray(v, dtype=np.int64)
         for k, v in iter_numbers.items()
         if k in blocks.keys
     }
-    last = max((int(max(v)) for v in iter_numbers.values() if len(v)), default=None)
+    top = max([int(np.abs(v).max()) for v in [*numbers_of.values(), steps] if len(v)] or [0])
+    counts = (
+        (blocks.n_steps.array(),) if pipeline else (blocks.n_iter.array(), blocks.stream.array())
+    )
+    blocks.n_iter, blocks.n_steps, blocks.stream = Column("i"), Column("i"), Column("i")
+    out = np.zeros(len(table), dtype=np.int32 if top + len(table) < 2**31 else np.int64)
+    none = np.ones(len(table), dtype=bool)
+    if pipeline:
+        _by_steps(table, counts[0], steps, out, none)
+    else:
+        last = max((int(max(v)) for v in iter_numbers.values() if len(v)), default=None)
+        problems += _by_iteration_lines(table, *counts, numbers_of, last, out, none)
+    del counts
+    table.set_iterations(out, none)
+    if pipeline:
+        for g in range(len(table.groups)):
+            table.set_source(g, "pipeline")
+    return table, problems
+
+
+def _by_steps(
+    table: TimerTable, n_steps: np.ndarray, steps: np.ndarray, out: np.ndarray, none: np.ndarray
+) -> None:
+    """Pipeline blocks: ``pipe_*`` groups to the step before (index ``n_steps - 1``), the others
+    to the next (index ``n_steps``); a stretch at a time (no index of every block)."""
+    if not len(steps):
+        return
+    is_pipe = np.array([bool(n) and n[0].startswith("pipe_") for _, n, _ in table.groups])
     gid = table.group_ids()
-    # Every iteration written below is a printed number (or a step's), or one of the n blocks
-    # counted on from one: int32 holds them when that sum does (half the bytes).
-    top = n + max([int(np.abs(v).max()) for v in [*numbers_of.values(), steps] if len(v)] or [0])
-    out = np.zeros(n, dtype=np.int32 if top < 2**31 else np.int64)
-    none = np.ones(n, dtype=bool)
+    steps = np.asarray(steps, dtype=out.dtype)
+    for s in range(0, len(out), 1 << 20):
+        idx = n_steps[s : s + (1 << 20)] - is_pipe[gid[s : s + (1 << 20)]].astype(np.int64)
+        none[s : s + len(idx)] = (idx < 0) | (idx >= len(steps))
+        out[s : s + len(idx)] = np.take(steps, idx, mode="clip")
+
+
+def _by_iteration_lines(
+    table: TimerTable,
+    n_iter: np.ndarray,
+    stream: np.ndarray,
+    numbers_of: dict[int, np.ndarray],
+    last: int | None,
+    out: np.ndarray,
+    none: np.ndarray,
+) -> list[str]:
+    """Blocks of each group and stream among the iteration lines of that stream
+    (``attribute_blocks``); the problems."""
+    gid = table.group_ids()
+    problems: list[str] = []
     mismatch = False
-    rows = ni = in_group = np.zeros(0, dtype=np.int64)
-    if n_steps is not None and len(steps):
-        # ``pipe_*`` groups: the step before (index steps - 1), others the next (index steps);
-        # written in place, no array of positions (a 1 GB log has millions of blocks).
-        is_pipe = np.array(
-            [bool(names) and names[0].startswith("pipe_") for _, names, _ in table.groups]
-        )
-        idx = n_steps.astype(out.dtype)
-        idx -= is_pipe[gid]
-        np.logical_not((idx >= 0) & (idx < len(steps)), out=none)
-        np.take(np.asarray(steps, dtype=out.dtype), idx, mode="clip", out=out)
-        del idx
-    for g, (_source, names, _shape) in enumerate(table.groups if n_steps is None else ()):
+    for g, (_source, names, _shape) in enumerate(table.groups):
         in_group = gid == g
         for sid in np.unique(stream[in_group]).tolist():
             rows = np.flatnonzero(in_group & (stream == sid))
             numbers = numbers_of.get(sid, np.zeros(0, dtype=np.int64))
             ni = n_iter[rows].astype(np.int64)
-            if not len(numbers):
-                # Another stream prints the iteration lines: one block per iteration 1..N.
-                k, m = _runs(ni)
-                if last is not None and len(rows) == last and bool((m == last).all()):
-                    out[rows] = k
-                    none[rows] = False
-                elif last is not None:
-                    problems.append(
-                        f"DeepSpeed timer group {names[0]}...: {len(rows)} blocks for {last} "
-                        "iterations printed by another stream; left unattributed"
-                    )
+            if len(numbers):
+                mismatch |= _attribute_piece(ni, rows, numbers, out, none)
                 continue
-            mismatch |= _attribute_piece(ni, rows, numbers, out, none)
+            # Another stream prints the iteration lines: one block per iteration 1..N.
+            if last is not None and len(rows) == last and len(np.unique(ni)) == 1:
+                out[rows] = np.arange(1, last + 1)
+                none[rows] = False
+            elif last is not None:
+                problems.append(
+                    f"DeepSpeed timer group {names[0]}...: {len(rows)} blocks for {last} "
+                    "iterations printed by another stream; left unattributed"
+                )
     if mismatch:
         problems.append(
             "some DeepSpeed timer blocks could not be matched to iterations (their count "
             "between two iteration lines differs from the iterations between them); left "
             "unattributed"
         )
-    del n_iter, n_steps, stream, gid, rows, ni, in_group  # before the iterations are stored
-    blocks.n_iter, blocks.n_steps, blocks.stream = Column("i"), Column("i"), Column("i")
-    table.set_iterations(out, none)
-    if pipeline:
-        for g in range(len(table.groups)):
-            table.set_source(g, "pipeline")
-    return table, problems
+    return problems
 
 
 def merge_iterations(parts: Iterable[Sequence[Any]]) -> IterationTable:

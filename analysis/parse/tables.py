@@ -5,13 +5,14 @@ are in ``analysis.parse.records``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields
 from typing import Any, ClassVar, Generic, TypeVar, overload
 
 import numpy as np
 
-from analysis.parse.columns import Column
+from analysis.parse.columns import Column, json_text
 
 R = TypeVar("R")
 
@@ -39,10 +40,6 @@ class Rows(Sequence[R], Generic[R]):
         if not 0 <= i < n:
             raise IndexError(f"{type(self).__name__} index out of range")
         return self._row(i)
-
-    def __reversed__(self) -> Iterator[R]:
-        for i in range(len(self) - 1, -1, -1):
-            yield self._row(i)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence) and not isinstance(other, str):
@@ -151,22 +148,33 @@ class RecordTable(Rows[R]):
             vals.append(self._codes[n][v] if n in self.strs and v is not None else v)
         return self.record(*vals)
 
-    def rows(self) -> Iterator[tuple[Any, ...]]:
-        """The records as tuples of field values, in field order."""
-        its = []
-        for n in self._names:
-            col = self._cols[n]
-            if n in self.strs:
-                codes = self._codes[n]
-                its.append(None if c is None else codes[c] for c in col)
-            else:
-                its.append(iter(col))
-        return zip(*its, strict=True)
-
     def __iter__(self) -> Iterator[R]:
-        rec = self.record
-        for row in self.rows():
-            yield rec(*row)
+        its = [
+            map(_decoder(self._codes[n]), self._cols[n]) if n in self.strs else iter(self._cols[n])
+            for n in self._names
+        ]
+        return map(self.record, *its)
+
+    def json_blocks(self, sep: str, size: int = 1 << 12) -> Iterator[str]:
+        """The records as JSON objects (as ``json`` writes ``asdict`` of each) joined by
+        ``sep``, ``size`` at a time, from the texts of whole columns (no dict per record)."""
+        parts = ["{" + json_key(self._names[0])]
+        parts += [", " + json_key(n) for n in self._names[1:]] + ["}" + sep]
+        readers = [self._text_reader(n) for n in self._names]
+        width = 2 * len(parts) - 1
+        for s in range(0, len(self), size):
+            columns = [r(s, s + size) for r in readers]
+            pieces = np.empty(len(columns[0]) * width, dtype=object)
+            json_rows(pieces, np.arange(0, len(pieces), width), parts, columns)
+            yield "".join(pieces.tolist())[: -len(sep) or None]
+
+    def _text_reader(self, name: str) -> Callable[[int, int], np.ndarray]:
+        """``Column.text_reader`` of a field; a string field's texts from its strings'."""
+        if name not in self.strs:
+            return self._cols[name].text_reader()
+        texts = np.array([*map(json_text, self._codes[name]), "null"], dtype=object)
+        codes = self._cols[name].ints(fill=len(texts) - 1)
+        return lambda start, stop: texts[codes[start:stop]]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self)} records, {self.nbytes} bytes)"
@@ -175,3 +183,21 @@ class RecordTable(Rows[R]):
     def nbytes(self) -> int:
         """Bytes of the stored values."""
         return sum(c.nbytes for c in self._cols.values())
+
+
+def json_key(name: str) -> str:
+    """``"name": ``."""
+    return json.dumps(name) + ": "
+
+
+def json_rows(pieces: np.ndarray, at: np.ndarray, parts: list[str], columns: list[Any]) -> None:
+    """Place rows ``parts[0], columns[0][i], parts[1], ..., parts[-1]`` in ``pieces`` (an
+    object array joined later), row ``i`` from ``at[i]`` on."""
+    for j, part in enumerate(parts):
+        pieces[at + 2 * j] = part
+    for j, column in enumerate(columns):
+        pieces[at + 2 * j + 1] = column
+
+
+def _decoder(codes: list[Any]) -> Callable[[int | None], Any]:
+    return lambda c: None if c is None else codes[c]
