@@ -1,20 +1,5 @@
-"""Typed columns of optional numbers: what the parser keeps per record, in numpy arrays.
-
-A ``Column`` holds ints (``kind="i"``) or floats (``kind="f"``), each possibly None, and gives
-back exactly what was put in (same value, same type, ``-0.0`` stays ``-0.0``):
-
-- ints: the narrowest signed numpy int that holds every value, None as that type's smallest
-  value (widened when a value does not fit);
-- floats: float64, None as NaN; a column of printed decimals (``1234.56``: every value ``k /
-  10**d`` for one ``d`` up to 6, ``|k| < 2**31``, checked value by value) keeps ``k`` instead,
-  in the narrowest int as above (a 64-rank log prints 9 million timer lines per GB), and goes
-  over to float64 when a value is not such a decimal;
-- anything else (an int beyond 64 bits, a NaN or infinity, an int in a float column, a float
-  in an int column) turns the column into a list of the Python values.
-
-Values added one at a time wait in a short list and are stored a batch at a time; arrays added
-in bulk are stored as they come, and the pieces are joined into one array when read.
-"""
+"""Typed columns of optional numbers (``Column``): one field of every record, in numpy arrays
+that give back exactly what was put in (docs/parsing.md, "How the records are kept")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""Typed records that the parser produces and the metrics consume, and ``RunSetup``: what a run
-was, as ``analysis.runs.load`` resolves it from every source.
-
-These mirror the JSON contract of ``python -m analysis.parse LOG... --json`` (DESIGN.md):
-``{"logs": [{"path": str, "runs": [RUN, ...]}]}``.  ``to_dict`` on each record gives that JSON.
-All times are milliseconds and all memory figures MiB (bytes / 1024**2, which is what both
-Megatron's ``report_memory`` and DeepSpeed's ``see_memory_usage`` print under the label "MB"),
-whatever unit the log itself printed.
+"""Typed records that the parser produces and the metrics consume, and the column tables that
+hold them.  ``to_dict`` gives the JSON of ``python -m analysis.parse LOG... --json``
+(docs/parsing.md).  All times are milliseconds and all memory figures MiB (bytes / 1024**2,
+which is what both Megatron's ``report_memory`` and DeepSpeed's ``see_memory_usage`` print
+under the label "MB"), whatever unit the log itself printed.
 """
 
 from __future__ import annotations
@@ -323,10 +320,6 @@ class TimerTable(Rows[TimerBlock]):
         """Group index of every block (the stored array, in the narrowest int type)."""
         return self._gid.array() if len(self._gid) else np.zeros(0, dtype=np.int8)
 
-    def group_values(self, g: int) -> list[Column]:
-        """The value columns of group ``g`` (one per number, pairs give two), in block order."""
-        return self._groups[g].cols
-
     def column(self, name: str) -> Column:
         """``rank``, ``iteration`` or ``line`` of every block."""
         return {"rank": self._rank, "iteration": self._iteration, "line": self._line}[name]
@@ -359,8 +352,8 @@ class TimerTable(Rows[TimerBlock]):
         if remap == list(range(len(remap))):
             self._gid.concat(items._gid)
         else:
-            to = np.array(remap, dtype=np.int16 if len(self._groups) < 2**15 else np.int64)
-            self._gid.add_ints(to[items.group_ids()])  # (no int64 array of every block)
+            to = np.array(remap, dtype=np.int8 if len(self._groups) < 2**7 else np.int64)
+            self._gid.add_ints(to[items.group_ids()], copy=False)  # (no wider array)
         for name in ("rank", "iteration", "line"):
             self.column(name).concat(items.column(name))
 

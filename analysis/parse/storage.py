@@ -1,9 +1,6 @@
-"""How the parser keeps what it reads while a file is parsed, and the columnar steps of
-finishing and merging runs (attribution of DeepSpeed timer blocks, iteration dedup).
-
-Everything per record lives in typed columns (``analysis.parse.columns``): memory grows with the
-records, by a few bytes each, not with the lines of the log.
-"""
+"""What a run keeps while it is parsed (the iteration-number index, DeepSpeed blocks before
+attribution) and the columnar steps of finishing and merging runs (attribution of DeepSpeed
+timer blocks, iteration dedup)."""
 
 from __future__ import annotations
 
@@ -98,11 +95,6 @@ class DeepSpeedBlocks:
 
     def __len__(self) -> int:
         return len(self.table)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the stored values."""
-        return self.table.nbytes + self.n_iter.nbytes + self.n_steps.nbytes + self.stream.nbytes
 
 
 def _runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -282,22 +274,14 @@ def merge_attribution(timers: TimerTable, last: int | None, pipeline: bool) -> l
         return problems
     gid = timers.group_ids()
     it_col = timers.column("iteration")
-    its = it_col.ints(fill=0)
-    unset = it_col.none_mask()
-    by_names: dict[tuple[str, ...], list[int]] = {}
-    for g, (source, names, _shape) in enumerate(groups):
-        if source == "deepspeed":
-            by_names.setdefault(names, []).append(g)
-    first_row: dict[tuple[str, ...], int] = {}
-    rows_of: dict[tuple[str, ...], np.ndarray] = {}
-    for names, gs in by_names.items():
-        rows = np.flatnonzero(np.isin(gid, gs) & unset)
-        if len(rows):
+    its, unset = it_col.ints(fill=0), it_col.none_mask()
+    rows_of: dict[tuple[str, ...], np.ndarray] = {}  # timer names -> unattributed blocks
+    for names in dict.fromkeys(names for source, names, _ in groups if source == "deepspeed"):
+        gs = [g for g, (src, ns, _) in enumerate(groups) if src == "deepspeed" and ns == names]
+        if len(rows := np.flatnonzero(np.isin(gid, gs) & unset)):
             rows_of[names] = rows
-            first_row[names] = int(rows[0])
     changed = False
-    for names in sorted(rows_of, key=first_row.__getitem__):
-        rows = rows_of[names]
+    for names, rows in sorted(rows_of.items(), key=lambda item: int(item[1][0])):
         if len(rows) == last:
             its[rows] = np.arange(1, last + 1)
             unset[rows] = False
