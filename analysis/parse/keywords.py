@@ -87,16 +87,11 @@ class Keywords:
         anchor is remembered for the same buffer, so that successive calls over one chunk
         search each byte about once (``once``: a buffer searched only once, not remembered)."""
         anchors = self.pipe_anchors if pipe_iterations else self.anchors
-        if once:
-            best = -1
-            for anchor, checks in anchors:
-                p = _next_hit(block, anchor, checks, pos, end if best < 0 else best)
-                if p >= 0 and (best < 0 or p < best):
-                    best = p
-            return best
         cache = self._cache
-        if cache[0] is not block or cache[1] != end or cache[2] is not anchors:
-            cache = self._cache = [block, end, anchors, [-2] * len(anchors), pos]
+        if once or cache[0] is not block or cache[1] != end or cache[2] is not anchors:
+            cache = [block, end, anchors, [-2] * len(anchors), pos]
+            if not once:
+                self._cache = cache
         elif pos < cache[4]:  # going back: forget
             cache[3] = [-2] * len(anchors)
         cache[4] = pos
@@ -105,7 +100,9 @@ class Keywords:
         for i, (anchor, checks) in enumerate(anchors):
             p = nxt[i]
             if p < pos and p != -1:
-                p = nxt[i] = _next_hit(block, anchor, checks, pos, end)
+                # (a buffer searched once: each anchor only up to the first hit so far)
+                stop = best if once and best >= 0 else end
+                p = nxt[i] = _next_hit(block, anchor, checks, pos, stop)
             if p >= 0 and (best < 0 or p < best):
                 best = p
         return best

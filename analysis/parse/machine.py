@@ -45,10 +45,10 @@ class Core:
         self.runs: list[ParsedRun] = []
         self.run = RunState(source=source, first_line=1)
         self.streams: dict[str, StreamState] = {}
-        self.open_blocks = 0
-        """Streams with an open block."""
+        self.block_keys: set[str] = set()
+        """Streams with an open block other than a Megatron timer block: every line is fed."""
         self.timer_keys: set[str] = set()
-        """Streams whose open block is a Megatron timer block."""
+        """Streams with an open Megatron timer block: their lines are fed."""
         self.truncated = 0
         self.strict = rules.STRICT.get()
         self.line = 0
@@ -61,10 +61,7 @@ class Core:
         Megatron timer block needs only the lines of its own stream (``timer_keys``)."""
         run = self.run
         return (
-            self.open_blocks > len(self.timer_keys)
-            or not run.training
-            or run.ended
-            or self.line < run.config_until
+            bool(self.block_keys) or not run.training or run.ended or self.line < run.config_until
         )
 
     @staticmethod
@@ -113,23 +110,17 @@ class Core:
 
     def _open(self, key: str, mode: str, lineno: int, **state: Any) -> StreamState:
         """Open a block of ``mode`` in stream ``key`` (``state``: its first fields)."""
+        (self.timer_keys if mode == "timer" else self.block_keys).add(key)
+        (self.block_keys if mode == "timer" else self.timer_keys).discard(key)
         old = self.streams.get(key)
-        if old is None or old.mode is None:
-            self.open_blocks += 1
-        if mode == "timer":
-            self.timer_keys.add(key)
-        else:
-            self.timer_keys.discard(key)
         chained = old is not None and old.chained
         st = StreamState(mode=mode, key=key, start_line=lineno, chained=chained, **state)
         self.streams[key] = st
         return st
 
     def _close(self, st: StreamState) -> None:
-        if st.mode is not None:
-            self.open_blocks -= 1
-        if st.mode == "timer":
-            self.timer_keys.discard(st.key)
+        self.block_keys.discard(st.key)
+        self.timer_keys.discard(st.key)
         st.mode = None
         st.buf = []
         st.timer_values = {}
