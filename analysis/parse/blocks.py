@@ -1,14 +1,9 @@
 """Bulk extraction of Megatron timer blocks (``(min, max) time``, ``max time`` and ``times
-across ranks (ms):`` blocks): records of many lines, each the header and the lines of its
-stream up to the stream's next other line, which closes it (``Core._continue_block``).
-
-A block is taken when it is printed in one piece in a form that is read for certain as the
-line path reads it (other streams' lines may come between its lines); its values are read a
-form (the body without its digits) at a time.  Any other block is left where it is, and the
-bulk step ends at its header, so the line path reads it.  The blocks of a stretch that are
-of its first block's stream and kind, printed without other lines among theirs, are found by
-one pattern and closed with array operations where an iteration line of their stream follows
-them; only the others are looked at one by one.
+across ranks (ms):``): a header and its stream's lines up to the stream's next other line, other
+streams' lines maybe among them.  Blocks of the stretch's first stream and kind printed in one
+piece are found by one pattern and closed with array operations; the others one by one.  Values
+are read a form (the body without its digits) at a time; a block not read so for certain ends the
+step at its header, for the line path.
 """
 
 from __future__ import annotations
@@ -18,12 +13,19 @@ from typing import Any
 
 import numpy as np
 
-from analysis.parse.extract import DIGITS, floats, floats_text, matches, spans_text
+from analysis.parse.extract import (
+    DIGITS,
+    NUM,
+    PREFIXES_RE,
+    Extractors,
+    floats_text,
+    line_end,
+    matches,
+    spans_text,
+)
 from analysis.parse.lines import MAX_LINE_CHARS, split_prefix, to_float
 from analysis.parse.rules import TIMER_LINE_RE, TIMER_NAME_RE, TIMER_RANK_RE
 
-_NUM = rb"-?\d+(?:\.\d+)?"
-"""A plain decimal: ``float()`` reads it as ``lines.to_float`` does."""
 HEAD_RE = re.compile(rb" across ranks \(ms\):([ \t]*\r?\n)")
 """A Megatron timer block's header, after its kind, to its newline."""
 _ACROSS = b" across ranks (ms):"
@@ -31,13 +33,12 @@ _HEAD_FIXED = len(_ACROSS)
 KINDS = (b"(min, max) time", b"max time", b"times")
 """The kinds of block, as their headers name them."""
 _NAME = rb"[A-Za-z_][A-Za-z0-9_-]*(?: [A-Za-z0-9_-]+)*"
-_PAIR_LINE = rb"[ \t]+" + _NAME + rb" \.+: (?:\(" + _NUM + rb", " + _NUM + rb"\)|" + _NUM + rb")"
+_PAIR_LINE = rb"[ \t]+" + _NAME + rb" \.+: (?:\(" + NUM + rb", " + NUM + rb"\)|" + NUM + rb")"
 _PAIR_VALUES = re.compile(
-    rb"[ \t]+(" + _NAME + rb") \.+: (?:\((" + _NUM + rb"), (" + _NUM + rb")\)|(" + _NUM + rb"))"
+    rb"[ \t]+(" + _NAME + rb") \.+: (?:\((" + NUM + rb"), (" + NUM + rb")\)|(" + NUM + rb"))"
 )
 _RANK_NAME = rb" {1,3}" + _NAME + rb":"
-_RANK_LINE = rb"[ \t]+rank +\d{1,9}: *" + _NUM
-_RANK_NAMES = re.compile(rb"\n {1,3}(" + _NAME + rb"):[ \t]*\r?\n")
+_RANK_LINE = rb"[ \t]+rank +\d{1,9}: *" + NUM
 
 
 class Blocks:
@@ -77,13 +78,69 @@ class Blocks:
 
 
 class BlockExtractor:
-    """The timer blocks of one file; ``host`` (``analysis.parse.bulk.Bulk``) gives stream keys
-    and finds a stream's next line."""
+    """The timer blocks of one file; ``extract`` gives the stream keys of record heads."""
 
-    def __init__(self, host: Any) -> None:
-        self.host = host
+    def __init__(self, extract: Extractors) -> None:
+        self.extract = extract
         self.body_res: dict[tuple[bytes, bytes], re.Pattern[bytes]] = {}
         """(launcher prefix, block kind) -> the pattern of such a block's body."""
+        self.stream_res: dict[str, re.Pattern[bytes]] = {}
+        """Stream key -> a newline and the launcher prefix of a line of that stream."""
+        self.prefix_runs: dict[bytes, tuple[str, int]] = {}
+        """Prefix runs as ``PREFIXES_RE`` matches them -> (key, length that is prefixes)."""
+
+    # -- streams ------------------------------------------------------------------------------
+
+    def line_key(self, block: bytes, s: int, e: int) -> str:
+        """Stream key of the line ``block[s:e]``."""
+        m = PREFIXES_RE.match(block, s, e)
+        raw = m.group(0) if m else b""
+        got = self.prefix_runs.get(raw)
+        if got is None:
+            k, rest = split_prefix(raw.decode("ascii"))
+            got = self.prefix_runs[raw] = (k, len(raw) - len(rest))
+        c = s + got[1]
+        if c < e and (block[c] >= 0x7F or (block[c] < 0x20 and block[c] != 0x09)):
+            line = block[s:e].decode("utf-8", "replace")[:MAX_LINE_CHARS].rstrip("\r\n")
+            return split_prefix(line.replace("\x00", ""))[0]
+        return got[0]
+
+    def stream_re(self, key: str) -> re.Pattern[bytes]:
+        """A newline and the launcher prefix of a line of stream ``key`` (not empty), or of
+        another stream with the same first label."""
+        pat = self.stream_res.get(key)
+        if pat is None:
+            label = re.escape(key.split("|")[0].encode())
+            forms = (rb"\s{0,4}%s:\s", rb"\[%s\]:", rb"\[\d{1,9},%s\]<std(?:out|err)>:")
+            pat = self.stream_res[key] = re.compile(
+                rb"\n(?:" + b"|".join(f % label for f in forms) + rb")"
+            )
+        return pat
+
+    def next_of_stream(self, block: bytes, key: str, q: int, end: int) -> tuple[int, int] | None:
+        """The next line at or after ``q`` (a line start) of stream ``key``: (start, end);
+        None if none before ``end``."""
+        if key:
+            pat, p = self.stream_re(key), q - 1
+            while (m := pat.search(block, p, end)) is not None:
+                s = m.start() + 1
+                p = block.find(b"\n", s, end)
+                if p < 0:
+                    return None
+                if self.line_key(block, s, p) == key:
+                    return s, p
+            return None
+        s = q
+        while s < end:
+            e = line_end(block, s, end)
+            if e >= end:
+                return None
+            if self.line_key(block, s, e) == "":
+                return s, e
+            s = e + 1
+        return None
+
+    # -- the blocks ---------------------------------------------------------------------------
 
     def timer_blocks(
         self, block: bytes, pos: int, T: int, nl: np.ndarray, its: Any
@@ -113,7 +170,7 @@ class BlockExtractor:
             at, hend, _nl = matches(HEAD_RE, block, pos, T, _HEAD_FIXED)
             at, kinds = _kinds(block, pos, at)
             hend = hend[: len(at)]
-            hs = self.host.extract.starts(block, pos, nl, at)
+            hs = self.extract.starts(block, pos, nl, at)
             if len(at) and (block[int(hs[0]) : int(at[0])], kinds[0]) != (p0, k0):
                 p0, k0 = block[int(hs[0]) : int(at[0])], kinds[0]
                 fixed = len(p0) + len(k0) + len(_ACROSS)
@@ -122,7 +179,7 @@ class BlockExtractor:
         n = len(at)
         if not n:
             return T, Blocks(), False
-        key0 = self.host.extract.head_key(p0, b"(")
+        key0 = self.extract.head_key(p0, b"(")
         hit = np.zeros(n, dtype=bool)
         body, end, close = (np.full(n, -3, dtype=np.int64) for _ in range(3))
         if len(ws) and key0 is not None:
@@ -141,12 +198,12 @@ class BlockExtractor:
                 if key0 and len(ls):
                     k = np.searchsorted(ls, end)
                     nxt = ls[np.minimum(k, len(ls) - 1)].tolist()
-                    pat, key_of = self.host.stream_re(key0), self.host.line_key
+                    pat, key_of = self.stream_re(key0), self.line_key
                     tried = failed = 0
                     for i in np.flatnonzero(hit & ~by_it & (k < len(ls))).tolist():
                         e, tried = int(end[i]), tried + 1
                         if pat.search(block, e - 1, nxt[i]) is None and (
-                            key_of(block, e, block.find(b"\n", e, T))[0] != key0
+                            key_of(block, e, block.find(b"\n", e, T)) != key0
                         ):
                             close[i] = nxt[i]
                         elif (failed := failed + 1) * 2 > tried:
@@ -158,7 +215,7 @@ class BlockExtractor:
         for i in np.flatnonzero(~fast).tolist():
             h, q, kind = int(hs[i]), int(at[i]), kinds[i]
             prefix = block[h:q]
-            key = self.host.extract.head_key(prefix, b"(")
+            key = self.extract.head_key(prefix, b"(")
             if key is None:
                 stop = h
                 break
@@ -244,10 +301,10 @@ class BlockExtractor:
         ce = block.find(b"\n", end, T)
         if ce < 0:
             return -1
-        if self.host.line_key(block, end, ce)[0] == key:
+        if self.line_key(block, end, ce) == key:
             close = end
         else:
-            nxt = self.host.next_of_stream(block, key, end, T)
+            nxt = self.next_of_stream(block, key, end, T)
             if nxt is None:
                 return -1
             close, ce = nxt[0], nxt[1]
@@ -276,7 +333,7 @@ class BlockExtractor:
                     spans[-1] = (spans[-1][0], e)
                 else:
                     spans.append((q, e))
-            elif self.host.line_key(block, q, e - 1)[0] == key:
+            elif self.line_key(block, q, e - 1) == key:
                 return None
             q = e
         return spans
@@ -288,18 +345,14 @@ class BlockExtractor:
         """The names and values of the blocks with these bodies, read a form (the body without
         its digits) at a time: how many are read before the first the line path must read (a
         name twice), and their groups (``Blocks.groups``)."""
-        if prefixes.count(prefixes[0]) != len(prefixes):
+        # One prefix: kept on each line (the readers skip it), else taken off each line.
+        prefix = prefixes[0] if prefixes.count(prefixes[0]) == len(prefixes) else b""
+        if not prefix:
             texts = [
                 (b"\n" + x).replace(b"\n" + p, b"\n")[1:] if p else x
                 for x, p in zip(texts, prefixes, strict=True)
             ]
-        joined = b"\x00".join(texts)
-        if prefixes.count(prefixes[0]) == len(prefixes) and prefixes[0]:
-            # (the prefix at the start of each line: after a newline or a block's start)
-            p = prefixes[0]
-            joined = (b"\x00" + joined).replace(b"\n" + p, b"\n").replace(b"\x00" + p, b"\x00")[1:]
-            texts = joined.split(b"\x00")
-        forms = joined.translate(None, DIGITS).split(b"\x00")
+        forms = b"\x00".join(texts).translate(None, DIGITS).split(b"\x00")
         if kinds.count(kinds[0]) != len(kinds):
             forms = [k + b"\n" + x for k, x in zip(kinds, forms, strict=True)]
         by_form: dict[bytes, list[int]] = {}
@@ -310,12 +363,12 @@ class BlockExtractor:
         for idx in by_form.values():
             rows = _rank_rows if kinds[idx[0]] == b"times" else _pair_rows
             mine = list(map(texts.__getitem__, idx))
-            r = rows(mine)
+            r = rows(mine, prefix)
             if r is not None:
                 got.setdefault(r[:2], []).append((idx, r[2]))
                 continue
             for i, x in zip(idx, mine, strict=True):  # a digit in a name: block by block
-                r = rows([x])
+                r = rows([x], prefix)
                 if r is None:
                     ok = min(ok, i)
                 else:
@@ -349,11 +402,17 @@ def _kinds(block: bytes, pos: int, q: np.ndarray) -> tuple[np.ndarray, list[byte
     return q[:n] - lens[which[:n]], kinds
 
 
-def _pair_rows(bodies: list[bytes]) -> tuple[Any, Any, np.ndarray] | None:
-    """(names, shape, values) of bodies of one form of ``name ....: (min, max)`` lines (a
-    value is the text after its line's last colon), or None when a name repeats or, in more
-    than one body, holds a digit (the names may then differ)."""
-    first = _PAIR_VALUES.findall(bodies[0])
+def _first_lines(bodies: list[bytes], prefix: bytes) -> list[bytes]:
+    """The lines of the first of ``bodies`` (each line ends in a newline), ``prefix`` (at
+    the start of each line) taken off; the last one empty."""
+    return [x[len(prefix) :] for x in bodies[0].split(b"\n")]
+
+
+def _pair_rows(bodies: list[bytes], prefix: bytes) -> tuple[Any, Any, np.ndarray] | None:
+    """(names, shape, values) of bodies of one form of ``name ....: (min, max)`` lines, each
+    line after ``prefix`` (a value is the text after its line's last colon), or None when a
+    name repeats or, in more than one body, holds a digit (the names may then differ)."""
+    first = _PAIR_VALUES.findall(b"\n".join(_first_lines(bodies, prefix)))
     names = tuple(v[0].decode() for v in first)
     shape = tuple(0 if v[3] else 2 for v in first)
     if len(set(names)) != len(names) or (len(bodies) > 1 and any(map(str.isdigit, "".join(names)))):
@@ -366,6 +425,7 @@ def _pair_rows(bodies: list[bytes]) -> tuple[Any, Any, np.ndarray] | None:
         return None
     text = text.translate(_PARENS)
     digits = len(joined) - len(joined.translate(None, DIGITS))
+    digits -= (len(prefix) - len(prefix.translate(None, DIGITS))) * len(nl)
     if len(bodies) > 1 and len(text) - len(text.translate(None, DIGITS)) != digits:
         return None
     w = sum(max(k, 1) for k in shape)
@@ -373,42 +433,42 @@ def _pair_rows(bodies: list[bytes]) -> tuple[Any, Any, np.ndarray] | None:
     return None if nums is None else (names, shape, nums.reshape(len(bodies), w))
 
 
-def _rank_rows(bodies: list[bytes]) -> tuple[Any, Any, np.ndarray] | None:
-    """(names, shape, values) of ``times across ranks`` bodies of one form (a name line,
-    then a line per rank): each name's (min, max) over its ranks."""
-    first = b"\n" + bodies[0]
-    heads = list(_RANK_NAMES.finditer(first))
-    printed = [h.group(1).decode() for h in heads]
-    if not printed:
+def _rank_rows(bodies: list[bytes], prefix: bytes) -> tuple[Any, Any, np.ndarray] | None:
+    """(names, shape, values) of ``times across ranks`` bodies of one form (a name line, then a
+    line per rank): each name's (min, max) over its ranks.  One form has the same lines, so the
+    rank lines of the first body are those of each, and a value is the text after its line's
+    colon.  None when not read so for certain (a digit in a name line of several bodies: a
+    name may differ)."""
+    lines = _first_lines(bodies, prefix)
+    if lines.pop():
         return None
-    counts = [
-        len(
-            _RANK_VALUE.findall(
-                first, h.end() - 1, heads[i + 1].start() if i + 1 < len(heads) else len(first)
-            )
-        )
-        for i, h in enumerate(heads)
-    ]
-    total = sum(counts)
-    got = _rank_values(bodies, total) if len(bodies) > 1 else None
+    is_rank = [_RANK_FULL.fullmatch(x) is not None for x in lines]
+    total = sum(is_rank)
+    joined = b"".join(bodies)
+    a = np.frombuffer(joined, dtype=np.uint8)
+    nl = np.flatnonzero(a == 0x0A)
+    if not total or is_rank[0] or len(nl) != len(lines) * len(bodies) or nl[-1] != len(a) - 1:
+        return None
+    starts = np.concatenate([[0], nl[:-1] + 1])
+    rank = np.tile(np.array(is_rank, dtype=bool), len(bodies))
+    names = spans_text(a, starts[~rank] + len(prefix), nl[~rank])
+    if len(bodies) > 1 and len(names.translate(None, DIGITS)) != len(names):
+        return None
+    text = _after_colons(a, starts[rank], nl[rank])
+    got = None if text is None else floats_text(text, total * len(bodies))
     if got is None:
-        if len(bodies) > 1:
-            every = b"".join(_RANK_NAMES.findall(b"\n" + b"\n".join(bodies)))
-            if len(every.translate(None, DIGITS)) != len(every):
-                return None
-        toks = _RANK_VALUE.findall(b"\n" + b"\n".join(bodies))
-        if len(toks) != total * len(bodies):
-            return None
-        got = floats(toks)
-        if got is None:
-            return None
+        return None
     vals = got.reshape(len(bodies), total)
     # The columns of each name, in the order printed (a name printed twice: both runs).
     cols: dict[str, list[int]] = {}
-    at = 0
-    for name, k in zip(printed, counts, strict=True):
-        cols.setdefault(name, []).extend(range(at, at + k))
-        at += k
+    of_name: list[int] = []
+    column = 0
+    for line, r in zip(lines, is_rank, strict=True):
+        if r:
+            of_name.append(column)
+            column += 1
+        else:
+            of_name = cols.setdefault(line.strip()[:-1].decode(), [])
     out = np.empty((len(bodies), 2 * len(cols)))
     for j, c in enumerate(cols.values()):
         mine = vals[:, c]
@@ -426,50 +486,21 @@ def _rank_rows(bodies: list[bytes]) -> tuple[Any, Any, np.ndarray] | None:
 
 
 _PARENS = bytes.maketrans(b"(),", b"   ")
-
-
-_RANK_VALUE = re.compile(rb"\n[ \t]+rank +\d{1,9}: *(" + _NUM + rb")")
 _RANK_FULL = re.compile(_RANK_LINE + rb"[ \t]*\r?")
 """A rank line of a ``times across ranks`` body, without its newline."""
 
 
-def _rank_values(bodies: list[bytes], total: int) -> np.ndarray | None:
-    """The ``total`` rank values of each of ``bodies`` (of one form, each line ending in a
-    newline), (bodies, total), found with numpy over their bytes: one form has the same lines,
-    so the rank lines of the first body are those of each, and a value is the text after its
-    line's colon.  None when they are not read so for certain: a digit in a name line (a name
-    may differ), a line taken for a rank line that holds no value (``_RANK_VALUE`` reads
-    them then)."""
-    lines = bodies[0].split(b"\n")
-    if lines.pop():
-        return None
-    is_rank = np.array([_RANK_FULL.fullmatch(x) is not None for x in lines], dtype=bool)
-    if int(is_rank.sum()) != total or not total:
-        return None
-    joined = b"".join(bodies)
-    a = np.frombuffer(joined, dtype=np.uint8)
-    nl = np.flatnonzero(a == 0x0A)
-    if len(nl) != len(lines) * len(bodies) or nl[-1] != len(a) - 1:
-        return None
-    starts = np.concatenate([[0], nl[:-1] + 1])
-    rank = np.tile(is_rank, len(bodies))
-    names = spans_text(a, starts[~rank], nl[~rank])
-    if len(names.translate(None, DIGITS)) != len(names):
-        return None
-    # The bytes after each rank line's colon: the values, one per line.
-    text = _after_colons(a, starts[rank], nl[rank])
-    got = None if text is None else floats_text(text, total * len(bodies))
-    return None if got is None else got.reshape(len(bodies), total)
-
-
 def _after_colons(a: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> bytes | None:
     """The bytes after the last colon of each line [starts, ends) of ``a``, each followed by
-    the byte at its end; None when a line holds no colon."""
+    the byte at its end (lines in order); None when a line holds no colon."""
     colons = np.flatnonzero(a == 0x3A)
     at = np.searchsorted(colons, ends) - 1
     if not len(colons) or (at < 0).any() or (colons[at] < starts).any():
         return None
-    return spans_text(a, colons[at] + 1, ends)
+    inside = np.zeros(len(a) + 1, dtype=np.int8)  # (+1 where a span starts, -1 past its end)
+    inside[colons[at] + 1] += 1
+    inside[ends + 1] -= 1
+    return a[np.cumsum(inside[:-1], dtype=np.int8).view(bool)].tobytes()
 
 
 def _continues(line: bytes, kind: bytes) -> bool:

@@ -8,16 +8,14 @@ or the final iteration; ``tests/test_parse_engine.py`` checks that both paths ag
 
 from __future__ import annotations
 
-import re
 from array import array
 from typing import Any
 
 import numpy as np
 
 from analysis.parse.blocks import BlockExtractor, Blocks
-from analysis.parse.extract import PREFIXES_RE, Extractors, Lines, line_end
+from analysis.parse.extract import Extractors, Lines
 from analysis.parse.keywords import Keywords
-from analysis.parse.lines import MAX_LINE_CHARS, split_prefix
 from analysis.parse.machine import Core
 from analysis.parse.records import Memory, TimerBlock
 from analysis.parse.rules import StreamState
@@ -32,9 +30,6 @@ SHORT_LINES, SHORT_BYTES = 4, 64 << 10
 """What the line path reads after the second bulk step in a row that took fewer than
 SHORT_LINES lines and stopped in the first quarter of what it looked at; doubled for each
 more, up to SPARSE_BYTES."""
-
-_MEM_IDLE = 2
-"""Steps in a row without a Megatron memory report after which they are not looked for."""
 
 
 def line_after(block: bytes, at: int, end: int) -> int:
@@ -65,7 +60,7 @@ class Bulk:
         self.core = core
         self.extract = Extractors()
         """Its extractors of one-line records."""
-        self.blocks = BlockExtractor(self)
+        self.blocks = BlockExtractor(self.extract)
         """Its extractor of timer blocks."""
         self.keywords = Keywords(kw.keywords)
         """Every keyword, looked for in the lines a step does not take (``_first_keyword``)."""
@@ -77,86 +72,6 @@ class Bulk:
         self.lineno_at = 0  # the line number where the last step stopped
         self.open_at_limit = False  # the last look ended in an open timer block
         self.open_block = -1  # where that block starts, when the step ended there
-        self.mem_idle = 0  # steps in a row that found no memory report
-        self.mem_read = 0  # memory reports of the run when the last step ended
-        self.stream_res: dict[str, re.Pattern[bytes]] = {}
-        # Lines found by a stream's pattern -> (stream key, where the content starts in the
-        # line, or -1), as ``line_key`` gives them.
-        self.line_keys: dict[bytes, tuple[str, int]] = {}
-        # Prefix runs as matched by PREFIXES_RE -> (key, length that really is prefixes).
-        self.prefix_runs: dict[bytes, tuple[str, int]] = {}
-
-    # -- streams ----------------------------------------------------------------------------
-
-    def line_key(self, block: bytes, s: int, e: int) -> tuple[str, int]:
-        """Stream key of the line ``block[s:e]`` and where its content starts (-1 when the
-        content does not start with plain ASCII: then only the key is known)."""
-        m = PREFIXES_RE.match(block, s, e)
-        raw = m.group(0) if m else b""
-        got = self.prefix_runs.get(raw)
-        if got is None:
-            k, rest = split_prefix(raw.decode("ascii"))
-            got = self.prefix_runs[raw] = (k, len(raw) - len(rest))
-        c = s + got[1]
-        if c < e and (block[c] >= 0x7F or (block[c] < 0x20 and block[c] != 0x09)):
-            line = block[s:e].decode("utf-8", "replace")[:MAX_LINE_CHARS].rstrip("\r\n")
-            return split_prefix(line.replace("\x00", ""))[0], -1
-        return got[0], c
-
-    def kept_key(self, block: bytes, s: int, e: int) -> tuple[str, int]:
-        """``_line_key`` of the line ``block[s:e]`` as (key, offset of its content or -1),
-        kept by the line's bytes (a stream's lines repeat)."""
-        line = block[s:e]
-        got = self.line_keys.get(line)
-        if got is None:
-            k, c = self.line_key(block, s, e)
-            if len(self.line_keys) >= 4096:
-                self.line_keys.clear()
-            got = self.line_keys[line] = (k, c - s if c >= 0 else -1)
-        return got
-
-    def stream_re(self, key: str) -> re.Pattern[bytes]:
-        """A newline and the launcher prefix of a line of stream ``key`` (not empty), or of
-        another stream with the same first label."""
-        pat = self.stream_res.get(key)
-        if pat is None:
-            label = re.escape(key.split("|")[0].encode())
-            forms = (rb"\s{0,4}%s:\s", rb"\[%s\]:", rb"\[\d{1,9},%s\]<std(?:out|err)>:")
-            pat = self.stream_res[key] = re.compile(
-                rb"\n(?:" + b"|".join(f % label for f in forms) + rb")"
-            )
-        return pat
-
-    def next_of_stream(
-        self, block: bytes, key: str, q: int, end: int
-    ) -> tuple[int, int, int] | None:
-        """The next line at or after ``q`` (a line start) of stream ``key``: (start, end,
-        start of its content, or -1 when not plain ASCII); None if none before ``end``."""
-        if key:
-            pat = self.stream_re(key)
-            p = q - 1
-            while True:
-                m = pat.search(block, p, end)
-                if m is None:
-                    return None
-                s = m.start() + 1
-                e = block.find(b"\n", s, end)
-                if e < 0:
-                    return None
-                got = self.kept_key(block, s, e)
-                if got[0] == key:
-                    return s, e, s + got[1] if got[1] >= 0 else -1
-                p = e
-        s = q
-        while s < end:
-            e = line_end(block, s, end)
-            if e >= end:
-                return None
-            k, c = self.line_key(block, s, e)
-            if k == "":
-                return s, e, c
-            s = e + 1
-        return None
 
     def advance(self, block: bytes, pos: int, end: int, lineno: int) -> tuple[int, int, bool]:
         """Take the lines from ``pos`` (a line start) in bulk up to the first one the line
@@ -236,84 +151,35 @@ class Bulk:
         if self.open_at_limit and can_grow and pos >= T:
             return None  # look at more bytes (nothing was added)
         self.open_block = T if self.open_at_limit else -1
-        if limit > T:
-            nl = nl[: np.searchsorted(nl, T)]
-            its = its.select(its.ls < T)
+        nl = nl[: np.searchsorted(nl, T)]
+        its = its.select(its.ls < T)
         ds = ex.ds_lines(block, pos, T, nl)
-        # Megatron prints its memory report once in most runs: after steps that found none
-        # the report is not looked for, until the line path reads one (a step holding one
-        # ends there, at its keyword).
-        mem = Lines.empty()
-        if self.mem_idle < _MEM_IDLE or len(run.memory) != self.mem_read:
-            mem = ex.mem_lines(block, pos, T, nl)
-            self.mem_idle = 0 if len(mem) else self.mem_idle + 1
-        # PipelineEngine step lines, once the line path read one (a run with them).
+        # (PipelineEngine step lines once the line path read one: a run with them.)
         steps = ex.steps_lines(block, pos, T, nl) if len(run.steps) else Lines.empty()
-        alloc = ex.alloc_lines(block, pos, T, nl)
-        b_start, b_close, own_s, own_e = blocks.start, blocks.close, blocks.own_s, blocks.own_e
+        ones = [its, ex.mem_lines(block, pos, T, nl), steps, ex.alloc_lines(block, pos, T, nl)]
         if len(blocks):  # lines a timer block took are not read as anything else
-            order = np.argsort(own_s, kind="stable")
-            held = own_s[order], own_e[order]
+            order = np.argsort(blocks.own_s, kind="stable")
+            held = blocks.own_s[order], blocks.own_e[order]
             ds.keep &= ~holds(*held, ds.ls)
-            mem, steps, its, alloc = (
-                x.select(~holds(*held, x.ls)) for x in (mem, steps, its, alloc)
-            )
-
+            ones = [x.select(~holds(*held, x.ls)) for x in ones]
         # The first line the line path must read: one holding a keyword among the others.
         k = ds.keep
-        span_s = np.concatenate([ds.ls[k], mem.ls, its.ls, steps.ls, alloc.ls, b_start, own_s])
-        span_e = np.concatenate([ds.le[k], mem.le, its.le, steps.le, alloc.le, blocks.body, own_e])
+        span_s = np.concatenate([ds.ls[k], *(x.ls for x in ones), blocks.start, blocks.own_s])
+        span_e = np.concatenate([ds.le[k], *(x.le for x in ones), blocks.body, blocks.own_e])
         R = self._first_keyword(block, pos, T, span_s, span_e)
-        if R is not None:
-            T = min(T, R)
-
-        # Iteration numbers must go up; a repeat changes nothing; the final iteration, or a
-        # counter going back, is for the line path.
-        top = run.max_iter
-        repeated = False
-        number = its.cols.get("iteration", np.zeros(0, dtype=np.int64))
-        total = its.cols.get("train_iters", np.zeros(0, dtype=np.int64))
-        if (
-            len(its)
-            and its.le[-1] <= T
-            and number[0] > top
-            and (np.diff(number) > 0).all()
-            and (number < total).all()
-        ):
-            new_its = its  # (all go up: most often)
-        else:
-            new = []
-            for i, (start, num, tot) in enumerate(
-                zip(its.ls.tolist(), number.tolist(), total.tolist(), strict=True)
-            ):
-                if start >= T:
-                    break
-                if top < num < tot:
-                    new.append(i)
-                    top = num
-                elif num == top and top >= 0:
-                    repeated = True
-                else:
-                    T = start
-                    break
-            new_its = its.select(np.array(new, dtype=np.int64))
-        # Timer blocks must close before T.
-        while True:
-            across = (b_start < T) & (b_close > T)
+        T = T if R is None else min(T, R)
+        new_its, T, repeated = self._rising(ones[0], T)
+        while True:  # timer blocks must close before T
+            across = (blocks.start < T) & (blocks.close > T)
             if not across.any():
                 break
-            T = int(b_start[across].min())
+            T = int(blocks.start[across].min())
         if pos >= T:
             return pos
-        if len(new_its) and new_its.ls[-1] >= T:
-            new_its = new_its.select(new_its.ls < T)
-        if len(b_start) and b_start[-1] >= T:
-            blocks = blocks.head(int(np.searchsorted(b_start, T)))
-            b_start, b_close = blocks.start, blocks.close
-        mem = mem.select(mem.ls < T)
-        steps = steps.select(steps.ls < T)
-        alloc = alloc.select(alloc.ls < T)
+        blocks = blocks.head(int(np.searchsorted(blocks.start, T)))
+        new_its, mem, steps, alloc = (x.select(x.ls < T) for x in (new_its, *ones[1:]))
         ds.keep &= ds.ls < T
+        b_start, b_close = blocks.start, blocks.close
 
         # Lines taken: a timer block counts its lines (64 ranks' ``--timing-log-option all``
         # block is one record of 130 lines, which the line path would read one by one).
@@ -374,9 +240,39 @@ class Bulk:
                 last_of,
                 last_before,
             )
-        self.mem_read = len(run.memory)
         self.lineno_at = lineno + int(np.searchsorted(nl, T))
         return T
+
+    def _rising(self, its: Lines, T: int) -> tuple[Lines, int, bool]:
+        """The iteration lines before ``T`` that add to the run: their numbers must go up (a
+        repeat changes nothing: whether there is one is returned); the final iteration or a
+        counter going back ends the step there (the new ``T``), for the line path."""
+        top = self.core.run.max_iter
+        number = its.cols.get("iteration", np.zeros(0, dtype=np.int64))
+        total = its.cols.get("train_iters", np.zeros(0, dtype=np.int64))
+        if (
+            len(its)
+            and its.le[-1] <= T
+            and number[0] > top
+            and (np.diff(number) > 0).all()
+            and (number < total).all()
+        ):
+            return its, T, False  # (all go up: most often)
+        new, repeated = [], False
+        for i, (start, num, tot) in enumerate(
+            zip(its.ls.tolist(), number.tolist(), total.tolist(), strict=True)
+        ):
+            if start >= T:
+                break
+            if top < num < tot:
+                new.append(i)
+                top = num
+            elif num == top and top >= 0:
+                repeated = True
+            else:
+                T = start
+                break
+        return its.select(np.array(new, dtype=np.int64)), T, repeated
 
     def _add_iterations(
         self,

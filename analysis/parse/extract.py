@@ -1,15 +1,8 @@
-"""Bulk extraction of the high-volume record families: one literal-anchored bytes pattern per
-family (DeepSpeed ``[Rank N] time (ms) |`` and ``MemAllocated=`` lines, Megatron iteration lines,
-PipelineEngine ``steps:`` lines, Megatron memory reports; Megatron timer blocks, records of
-many lines, are ``analysis.parse.blocks``') over a stretch of a chunk,
-into numpy columns with their line offsets and stream keys (``analysis.parse.bulk`` adds them
-to the run).
-
-Each pattern takes a record only in the form it can read for certain as the line path reads
-it (plain decimals, names without digits, nothing before the record but launcher prefixes);
-any other line holding a keyword is left where it is, and the bulk step ends there, so the line
-path reads it.  The names of a record are read once per distinct form of its line (the line
-with its digits removed): the values of all lines of one form are then converted at once.
+"""Bulk extraction of the one-line record families (DeepSpeed ``[Rank N] time (ms) |`` and
+``MemAllocated=`` lines, iteration lines, PipelineEngine ``steps:`` lines, Megatron memory
+reports): one literal-anchored bytes pattern per family over a stretch, into numpy columns with
+line offsets and stream keys.  A record is taken only in a form the line path reads the same way;
+names are read once per form (the line without its digits), values a form at a time.
 """
 
 from __future__ import annotations
@@ -35,10 +28,8 @@ PREFIXES_RE = re.compile(
 """Launcher prefixes at the start of a line, as ``lines.split_prefix`` reads them (which then
 says how many of them really are prefixes)."""
 
-_NUM = rb"-?\d+(?:\.\d+)?"
+NUM = rb"-?\d+(?:\.\d+)?"
 """A plain decimal: ``float()`` reads it as ``lines.to_float`` does."""
-_VALUE = rb"[-+.0-9eE]+"
-"""A number token; ``float()`` then reads it or the line is not taken."""
 DS_RE = re.compile(rb"\[Rank (\d{1,9})\] time \(ms\) \|([^\n]*)\n")
 _DS_FIXED = len(b"[Rank ] time (ms) |\n")
 """A DeepSpeed ``wall_clock_breakdown`` line: rank, the rest of the line (``DS_FORM``)."""
@@ -54,8 +45,8 @@ _IT_FIXED = len(b"iteration|\n")
 IT_FORM = re.compile(rb"(?: *[A-Za-z][A-Za-z _/().,%'-]*: +[-+.eE]* *\|)+[ \t]*\r?\Z")
 """The form of the ``| key: value |`` pieces of an iteration line that is read in bulk."""
 STEPS_RE = re.compile(
-    rb"steps: (\d{1,18}) loss: (" + _NUM + rb") iter time \(s\): (" + _NUM + rb")"
-    rb"((?: samples/sec: " + _NUM + rb")?)([ \t]*\r?)\n"
+    rb"steps: (\d{1,18}) loss: (" + NUM + rb") iter time \(s\): (" + NUM + rb")"
+    rb"((?: samples/sec: " + NUM + rb")?)([ \t]*\r?)\n"
 )
 """A PipelineEngine step line: step, loss, seconds, `` samples/sec: S`` (maybe absent)."""
 _STEPS_FIXED = len(b"steps:  loss:  iter time (s): \n")
@@ -71,7 +62,7 @@ MEM_FORM = re.compile(
 )
 """The form of a memory report's ``name: value`` pieces read in bulk (plain decimals)."""
 ALLOC_RE = re.compile(
-    rb"\[Rank (\d{1,9})\] MemAllocated=(" + _NUM + rb")GB MaxMemAllocated=(" + _NUM + rb")GB"
+    rb"\[Rank (\d{1,9})\] MemAllocated=(" + NUM + rb")GB MaxMemAllocated=(" + NUM + rb")GB"
     rb"([^\n]*)\n"
 )
 """DeepSpeed's ``see_memory_usage``-style ``MemAllocated=..GB MaxMemAllocated=..GB`` line."""
@@ -85,6 +76,15 @@ _ALLOC_NOT = (
     b"memory (MB)",
 )
 """Texts that send a line to an earlier branch of ``Core._dispatch`` than ``MemAllocated=``."""
+NEEDLES = {
+    DS_RE: b"] time (ms) |",
+    IT_RE: b"iteration",
+    STEPS_RE: b"steps: ",
+    MEM_RE: b"memory (MB) |",
+    ALLOC_RE: b"MemAllocated=",
+}
+"""A text every match of each family's pattern holds (``bytes.find`` is faster than the
+pattern where a family is absent)."""
 MEM_FIELDS = {
     "allocated": "allocated_mb",
     "max allocated": "max_allocated_mb",
@@ -242,12 +242,6 @@ def piece_rows(texts: list[bytes], k: int, cols: list[int]) -> tuple[np.ndarray,
 def int_tokens(tokens: list[bytes]) -> np.ndarray:
     """The integers of ``tokens`` (digits, at most 18 each) as int64."""
     return np.fromstring(b" ".join(tokens), dtype=np.int64, sep=" ")
-
-
-def _digits(names: list[bytes]) -> bool:
-    """Whether a digit is among ``names``."""
-    every = b"".join(names)
-    return len(every.translate(None, DIGITS)) != len(every)
 
 
 def _fixed_point(text: bytes, n: int) -> np.ndarray | None:
@@ -457,7 +451,10 @@ class Extractors:
     ) -> tuple[Lines, list[list[bytes]]]:
         """The lines of [pos, T) that ``rx`` matches (``matches``), with their stream keys
         (``anchor``: the text where a record starts), those the line path reads otherwise
-        not kept; and the texts of the pattern's groups."""
+        not kept; and the texts of the pattern's groups.  (A stretch without the pattern's
+        literal ``NEEDLES[rx]`` is not searched.)"""
+        if block.find(NEEDLES[rx], pos, T) < 0:
+            return Lines.empty(), [[] for _ in range(rx.groups)]
         at, le, groups = matches(rx, block, pos, T, fixed)
         if not len(at):
             return Lines.empty(), groups
@@ -494,7 +491,9 @@ class Extractors:
                     out.groups.append((names, idx, plain))
                     continue
             parts = b"|".join(mine).replace(b":", b"|").split(b"|")
-            vals = None if _digits(parts[0::2]) else floats(parts[1::2])
+            names_text = b"".join(parts[0::2])
+            digits = len(names_text.translate(None, DIGITS)) != len(names_text)
+            vals = None if digits else floats(parts[1::2])
             if vals is not None:
                 out.groups.append((names, idx, vals.reshape(len(idx), k)))
                 continue
