@@ -400,9 +400,9 @@ class TimerTable(Rows[TimerBlock]):
 
     def sort_by_line(self) -> None:
         """Order the blocks by line (stable; a block without a line sorts as line 0), as the
-        log printed them: the blocks outside the longest stretch already in order (Megatron's
-        blocks beside DeepSpeed's) are sorted and put in their places in it (one new array a
-        column, no index per block)."""
+        log printed them.  When one stretch already in order holds most blocks (Megatron's
+        blocks beside DeepSpeed's), the others are sorted and inserted into it (one new array a
+        column, no index per block); else all are sorted."""
         n = len(self)
         lines = self._line.array() if n > 1 else np.zeros(0, dtype=np.int8)
         if (missing := lines == none_of(lines.dtype)).any():
@@ -413,20 +413,27 @@ class TimerTable(Rows[TimerBlock]):
             return
         longest = max(range(len(bounds) - 1), key=lambda i: bounds[i + 1] - bounds[i])
         a, b = bounds[longest], bounds[longest + 1]
-        rest = np.concatenate([np.arange(a), np.arange(b, n)])
-        rest = rest[np.argsort(lines[rest], kind="stable")]
-        at = np.searchsorted(lines[a:b], lines[rest], "left")  # (before the stretch: first)
-        after = rest >= b
-        at[after] = np.searchsorted(lines[a:b], lines[rest[after]], "right")
         gid = self.group_ids()
-        for g in np.unique(gid[rest]).tolist():  # (a group only in the stretch is in order)
+        if 8 * (n - (b - a)) > n:  # no stretch holds most: every block sorted
+            order = np.argsort(lines, kind="stable").astype(np.int32 if n < 2**31 else np.int64)
+            groups = list(range(len(self._groups)))
+            moved = lambda col: col.take(order)  # noqa: E731
+        else:
+            rest = np.concatenate([np.arange(a), np.arange(b, n)])
+            rest = rest[np.argsort(lines[rest], kind="stable")]
+            at = np.searchsorted(lines[a:b], lines[rest], "left")  # (before the stretch: first)
+            after = rest >= b
+            at[after] = np.searchsorted(lines[a:b], lines[rest[after]], "right")
+            groups = np.unique(gid[rest]).tolist()  # (a group only in the stretch is in order)
+            moved = lambda col: col.inserted(slice(a, b), at, rest)  # noqa: E731
+        for g in groups:
             own = lines[gid == g]
             if (own[1:] < own[:-1]).any():
                 within = np.argsort(own, kind="stable")
                 self._groups[g].cols = [c.take(within) for c in self._groups[g].cols]
         del gid, lines
         for name in ("_gid", "_rank", "_iteration", "_line"):
-            setattr(self, name, getattr(self, name).inserted(slice(a, b), at, rest))
+            setattr(self, name, moved(getattr(self, name)))
 
     # -- reading ----------------------------------------------------------------------------
 
