@@ -322,7 +322,7 @@ def continues_record(text: str) -> bool:
     s = text.strip()
     if not s or s.startswith(("[", "time (ms)", "(min, max)", "steps:")) or "memory (MB)" in s:
         return False
-    if GLUE_RE.search(s) is not None or ITER_RE.search(s) is not None:
+    if ITER_RE.search(s) is not None:  # (also every `iteration k/N` that GLUE_RE finds)
         return False
     return "|" in s or _TAIL_PAIR_RE.fullmatch(s) is not None
 
