@@ -315,17 +315,22 @@ class Bulk:
         iteration lines before it and of the run's step lines before it (their attribution)."""
         run = self.core.run
         it_pos, it_sid, it_ids = its
-        n_iter = np.zeros(len(ds.ls), dtype=np.int64)
-        stream = np.zeros(len(ds.ls), dtype=np.int64)
         ds_ids, ds_sid = stream_ids(ds.keys)
-        for key, sid in ds_ids.items():
-            if key is None:
-                continue
-            rows = np.flatnonzero(ds_sid == sid)
-            its_of = it_pos[it_sid == it_ids[key]] if key in it_ids else it_pos[:0]
-            n_iter[rows] = before.get(key, 0) + np.searchsorted(its_of, ds.ls[rows])
-            stream[rows] = run.ds_blocks.stream_id(key)
-            if ds.keep[rows].any():
+        keys = list(ds_ids)
+        # Per stream: its number among the iteration lines' (-1: none), its iteration lines
+        # before the step, its number in ``ds_blocks`` (0 for lines of no stream).
+        it_of = np.array([it_ids.get(k, -1) for k in keys], dtype=np.int64)[ds_sid]
+        first = np.array([before.get(k, 0) for k in keys], dtype=np.int64)[ds_sid]
+        ids = [0 if k is None else run.ds_blocks.stream_id(k) for k in keys]
+        stream = np.array(ids, dtype=np.int64)[ds_sid]
+        # The iteration lines of its stream before each line: over (stream, offset) keys.
+        span = int(max(ds.ls.max(), it_pos.max() if len(it_pos) else 0)) + 1
+        by_stream = np.sort(it_sid * span + it_pos)
+        at = np.searchsorted(by_stream, it_of * span + ds.ls)
+        n_iter = first + at - np.searchsorted(by_stream, it_of * span)
+        kept = np.bincount(ds_sid[ds.keep], minlength=len(keys))
+        for key, k in zip(keys, kept.tolist(), strict=True):
+            if k and key is not None:
                 run.content_streams.add(key)
         line_all = lines_at(ds.ls)
         # (The steps lines before each, of the run and of this step: its pipeline step.)
