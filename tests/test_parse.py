@@ -942,3 +942,22 @@ def test_demux_tagged_flushes_what_never_ended() -> None:
         "plain line\n",
         "[rank0]: not mpirun\n",
     ]
+
+
+def test_world_size_line_that_starts_a_run_belongs_to_the_new_run() -> None:
+    """A relaunch in the same file whose first line is ``using world size``: the new run gets
+    its own sizes, the first run keeps its own."""
+    it = (
+        " iteration {i}/      2 | consumed samples: {s} | elapsed time per iteration (ms): 100.0 |"
+        " global batch size: 8 | lm loss: 1.0E+01 | number of skipped iterations: 0 |\n"
+    )
+    world = (
+        "using world size: {w}, data-parallel-size: {w}, tensor-model-parallel size: 1, "
+        "pipeline-model-parallel size: 1\n"
+    )
+    one = world.format(w=2) + it.format(i=1, s=8) + it.format(i=2, s=16)
+    two = world.format(w=4) + it.format(i=1, s=8) + it.format(i=2, s=16)
+    runs = parse_text(one + two)
+    assert [r.config.get("world_size") for r in runs] == [2, 4]
+    assert [r.config.get("data_parallel_size") for r in runs] == [2, 4]
+    assert [len(r.iterations) for r in runs] == [2, 2]

@@ -494,8 +494,8 @@ class Core:
             for piece in text.split("using", 1)[1].split(","):
                 k, _, v = piece.rpartition(":")
                 num = to_int(v)
-                if num is not None:
-                    run.world[norm_key(k).replace(" ", "_")] = num
+                if num is not None:  # (the new run's when the line started one)
+                    self.run.world[norm_key(k).replace(" ", "_")] = num
         elif "cmd = " in text and "runner.py" in text:
             self._boundary(key, "cmd", lineno, "a new launcher command")
             self._cmd_args(text.split("cmd = ", 1)[1])
