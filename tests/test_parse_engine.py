@@ -25,7 +25,7 @@ from analysis.parse import bulk as bulk_path
 from analysis.parse import keywords
 from analysis.parse import reader as parse
 from analysis.parse.columns import Column, json_text
-from analysis.parse.rules import _LATE_CONFIG_LINES, KW
+from analysis.parse.rules import KW, LATE_CONFIG_LINES
 
 REPO = Path(__file__).resolve().parents[1]
 EXTERNAL = REPO / "tests" / "fixtures" / "external"
@@ -508,7 +508,7 @@ def test_a_learned_timer_block_that_goes_on_is_read_whole(tmp_path, small_chunks
     """A block printed in one piece is learned as a pattern; when the same block goes on with
     one more line of its stream (whatever byte that line ends with), the bulk path reads the
     block whole, as the line path does."""
-    n = 2000  # past the set-up lines every line of which is read (``_LATE_CONFIG_LINES``)
+    n = 2000  # past the set-up lines every line of which is read (``LATE_CONFIG_LINES``)
     lines = ["node1: training ..."]
     for i in range(1, n + 1):
         lines.append(
@@ -537,7 +537,7 @@ def test_a_learned_timer_block_that_goes_on_is_read_whole(tmp_path, small_chunks
 def test_iteration_lines_with_their_fields_in_another_order_keep_each_value(tmp_path):
     """Two iteration line forms with the same fields in another order, in one bulk step:
     each value stays with its field."""
-    n = 8000  # most of them past the set-up lines (``_LATE_CONFIG_LINES``)
+    n = 8000  # most of them past the set-up lines (``LATE_CONFIG_LINES``)
     lines = ["node1: training ..."]
     for i in range(1, n + 1):
         first = f"consumed samples: {8 * i:12d}"
@@ -761,7 +761,7 @@ def test_deepspeed_memory_lines_read_in_bulk_as_the_line_path_reads_them(
         monkeypatch.setattr(bulk_path, "SEG_START", 512)
         monkeypatch.setattr(bulk_path, "SEG_MIN", 256)
         monkeypatch.setattr(bulk_path, "SEG_MAX", 2048)
-    n = 12000  # most of them past the set-up lines (``_LATE_CONFIG_LINES``)
+    n = 12000  # most of them past the set-up lines (``LATE_CONFIG_LINES``)
     lines = ["node0: training ...", "node1: training ..."]
     for i in range(1, n + 1):
         lines += [
@@ -799,7 +799,7 @@ def _iteration_line(i: int, total: int, prefix: str = "node1: ") -> str:
 
 _LONG_RUN = 3000
 """Iterations of a long two-node run: past the set-up lines every line of which is read
-(``_LATE_CONFIG_LINES``)."""
+(``LATE_CONFIG_LINES``)."""
 
 
 def _long_run(path: Path, lines_of: Callable[[int], list[str]]) -> dict:
@@ -998,10 +998,10 @@ def test_deepspeed_lines_are_read_in_bulk_at_every_offset_and_rank_width(
         parse.Core, "feed", lambda self, k, raw, **kw: (fed.append(k), real(self, k, raw, **kw))
     )
     parse.parse_file(tmp_path / "heads.log")
-    # The first lines (``_LATE_CONFIG_LINES``), and a line of each iteration in two forms:
+    # The first lines (``LATE_CONFIG_LINES``), and a line of each iteration in two forms:
     # the 8-digit rank, the line with a second head.
     extra = 0 if form == "prefix widths" else n
-    assert len(fed) < _LATE_CONFIG_LINES + extra + 100
+    assert len(fed) < LATE_CONFIG_LINES + extra + 100
 
 
 def _rank_ms(i: int, t: int, r: int) -> str:
@@ -1166,8 +1166,8 @@ def test_blocks_of_every_rank_are_read_in_bulk(tmp_path, monkeypatch, inside):
             assert t["values_ms"][name] == [min(ms), max(ms)]
     if inside == "an over-long line":
         return  # (the line path reads the lines around such a line)
-    # (The first lines are read in full: ``_LATE_CONFIG_LINES``.)
-    assert len(fed) < _LATE_CONFIG_LINES + 1000, f"{len(fed)} of {len(lines)} lines fed one by one"
+    # (The first lines are read in full: ``LATE_CONFIG_LINES``.)
+    assert len(fed) < LATE_CONFIG_LINES + 1000, f"{len(fed)} of {len(lines)} lines fed one by one"
 
 
 # Lines after every 7th timer block of one node's own log (no launcher prefixes): the line
@@ -1338,7 +1338,7 @@ def test_mpirun_tagged_logs_are_read_in_bulk(tmp_path, monkeypatch, form):
         parse.Demux, "lines", lambda self, x: (by_text.append(x), real_demux(self, x))[1]
     )
     parse.parse_file(path)
-    assert len(fed) < _LATE_CONFIG_LINES + 1000, f"{len(fed)} of {len(lines)} lines fed one by one"
+    assert len(fed) < LATE_CONFIG_LINES + 1000, f"{len(fed)} of {len(lines)} lines fed one by one"
     # (Each cut line, and the line that ends it.)
     assert len(by_text) == 2 * (n // 50), f"{len(by_text)} of {len(lines)} lines demuxed as text"
 

@@ -66,7 +66,7 @@ _KEYWORDS: tuple[str, ...] = (
 )
 KW = Keywords(_KEYWORDS)
 """How the readers look for them (``analysis.parse.reader``, ``analysis.parse.bulk``)."""
-_LATE_CONFIG_LINES = 5_000
+LATE_CONFIG_LINES = 5_000
 """Lines read in full after training began in one stream of an interleaved multi-node log while
 the set-up lines of another stream (Megatron's argument dump, the padded vocabulary) were still
 missing: pdsh interleaves nodes, so rank 0's set-up can come after the last rank's first
@@ -268,7 +268,7 @@ class RunState:
     """(stream, boundary kind) already printed in this run: the same again is a relaunch."""
     config_until: int = 0
     """Line number up to which every line is read although training began (see
-    ``_LATE_CONFIG_LINES``); 0 once the set-up is complete."""
+    ``LATE_CONFIG_LINES``); 0 once the set-up is complete."""
     args_stream: str | None = None
     """Stream that printed Megatron's argument dump (rank 0's)."""
 
@@ -276,7 +276,7 @@ class RunState:
         """Stream ``key`` printed training output at ``lineno`` (``content``: a record, not
         only Megatron's ``training ...`` line)."""
         if not self.training_streams and key and not self.config_complete():
-            self.config_until = lineno + _LATE_CONFIG_LINES
+            self.config_until = lineno + LATE_CONFIG_LINES
         self.training_streams.add(key)
         if content:
             self.content_streams.add(key)
