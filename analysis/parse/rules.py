@@ -128,34 +128,33 @@ NCCL_RE = re.compile(
 FAILURE_KINDS = frozenset(get_args(FailureKind))
 
 ITER_FIELDS: dict[str, str] = {
-    key: name
-    for name, keys in (
-        ("lm_loss", ("lm loss", "loss")),
-        ("loss_scale", ("loss scale",)),
-        ("grad_norm", ("grad norm",)),
-        ("skipped", ("number of skipped iterations", "skipped iterations", "skipped")),
-        ("nan", ("number of nan iterations", "nan iterations")),
-        ("global_batch_size", ("global batch size", "batch size")),
-        ("learning_rate", ("learning rate", "lr")),
-        ("consumed_samples", ("consumed samples",)),
-        ("consumed_tokens", ("consumed tokens",)),
-        (
-            "samples_per_s",
-            ("samples per second", "samples per sec", "samples/sec", "samples/s", "samples per s"),
-        ),
-        (
-            "tflops",
-            (
-                "tflops",
-                "tflops per gpu",
-                "tflop/s/gpu",
-                "throughput per gpu (tflop/s/gpu)",
-                "model tflops",
-            ),
-        ),
-        ("tokens_per_gpu_per_s", ("tokens per gpu per second (tgs)", "tgs")),
-    )
-    for key in keys
+    "lm loss": "lm_loss",
+    "loss": "lm_loss",
+    "loss scale": "loss_scale",
+    "grad norm": "grad_norm",
+    "number of skipped iterations": "skipped",
+    "skipped iterations": "skipped",
+    "skipped": "skipped",
+    "number of nan iterations": "nan",
+    "nan iterations": "nan",
+    "global batch size": "global_batch_size",
+    "batch size": "global_batch_size",
+    "learning rate": "learning_rate",
+    "lr": "learning_rate",
+    "consumed samples": "consumed_samples",
+    "consumed tokens": "consumed_tokens",
+    "samples per second": "samples_per_s",
+    "samples per sec": "samples_per_s",
+    "samples/sec": "samples_per_s",
+    "samples/s": "samples_per_s",
+    "samples per s": "samples_per_s",
+    "tflops": "tflops",
+    "tflops per gpu": "tflops",
+    "tflop/s/gpu": "tflops",
+    "throughput per gpu (tflop/s/gpu)": "tflops",
+    "model tflops": "tflops",
+    "tokens per gpu per second (tgs)": "tokens_per_gpu_per_s",
+    "tgs": "tokens_per_gpu_per_s",
 }
 """Iteration-line keys (as ``norm_key`` writes them) -> ``Iteration`` field; the elapsed time,
 whose unit is in its key, is read apart (``to_elapsed_ms``)."""
