@@ -671,6 +671,32 @@ def test_timer_table_sorted_by_line_is_a_stable_sort(blocks, piece):
     assert list(table) == sorted(given_blocks, key=lambda b: b.line or 0)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 40), min_size=32, max_size=80),  # (7/8 of the blocks or more)
+    st.lists(st.one_of(st.integers(0, 45), st.none()), min_size=1, max_size=2),
+    st.lists(st.one_of(st.integers(0, 45), st.none()), max_size=2),
+)
+@example(list(range(1, 33)), [5], [0, 33])
+@example([3] * 32, [3, None], [3])
+def test_timer_table_sorted_by_line_inserts_into_a_stretch_in_order(stretch, before, after):
+    """Most blocks already in line order (DeepSpeed's, one a step) and a few of another group
+    printed before and after them (Megatron's): the few are inserted where a stable sort puts
+    them, equal lines kept in table order."""
+    from analysis.parse.records import TimerBlock, TimerTable
+
+    given_blocks = (
+        [TimerBlock("megatron", {"fwd": float(i)}, None, i, line) for i, line in enumerate(before)]
+        + [TimerBlock("deepspeed", {"step": float(i)}, 0, i, line) for i, line in
+           enumerate(sorted(stretch))]
+        + [TimerBlock("megatron", {"fwd": -float(i)}, None, i, line) for i, line in
+           enumerate(after)]
+    )  # fmt: skip
+    table = TimerTable(given_blocks)
+    table.sort_by_line()
+    assert list(table) == sorted(given_blocks, key=lambda b: b.line or 0)
+
+
 _ODD_HEADS = [
     "node1: abc",  # a word glued to "iteration"
     "node1: a | ",
