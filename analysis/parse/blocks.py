@@ -32,13 +32,13 @@ _ACROSS = b" across ranks (ms):"
 _HEAD_FIXED = len(_ACROSS)
 KINDS = (b"(min, max) time", b"max time", b"times")
 """The kinds of block, as their headers name them."""
-_NAME = rb"[A-Za-z_][A-Za-z0-9_-]*(?: [A-Za-z0-9_-]+)*"
-_PAIR_LINE = rb"[ \t]+" + _NAME + rb" \.+: (?:\(" + NUM + rb", " + NUM + rb"\)|" + NUM + rb")"
+_NAME = rb"[A-Za-z_][A-Za-z0-9_-]*+(?: [A-Za-z0-9_-]++)*+"
+_PAIR_LINE = rb"[ \t]++" + _NAME + rb" \.++: (?:\(" + NUM + rb", " + NUM + rb"\)|" + NUM + rb")"
 _PAIR_VALUES = re.compile(
     rb"[ \t]+(" + _NAME + rb") \.+: (?:\((" + NUM + rb"), (" + NUM + rb")\)|(" + NUM + rb"))"
 )
-_RANK_NAME = rb" {1,3}" + _NAME + rb":"
-_RANK_LINE = rb"[ \t]+rank +\d{1,9}: *" + NUM
+_RANK_NAME = rb" {1,3}+" + _NAME + rb":"
+_RANK_LINE = rb"[ \t]++rank ++\d{1,9}+: *+" + NUM
 
 
 class Blocks:
@@ -280,14 +280,14 @@ class BlockExtractor:
                     + o
                     + p
                     + _RANK_NAME
-                    + rb"[ \t]*\r?\n(?:"
+                    + rb"[ \t]*+\r?\n(?:"
                     + o
                     + p
                     + _RANK_LINE
-                    + rb"[ \t]*\r?\n)++)++"
+                    + rb"[ \t]*+\r?\n)++)++"
                 )
             else:
-                line = rb"(?:" + o + p + _PAIR_LINE + rb"[ \t]*\r?\n)++"
+                line = rb"(?:" + o + p + _PAIR_LINE + rb"[ \t]*+\r?\n)++"
             if whole:
                 line = p + re.escape(kind) + rb" across ranks \(ms\):([ \t]*\r?\n)(" + line + rb")"
             rx = self.body_res[(prefix, kind + b"+" * whole)] = re.compile(line)
@@ -497,10 +497,7 @@ def _after_colons(a: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> bytes 
     at = np.searchsorted(colons, ends) - 1
     if not len(colons) or (at < 0).any() or (colons[at] < starts).any():
         return None
-    inside = np.zeros(len(a) + 1, dtype=np.int8)  # (+1 where a span starts, -1 past its end)
-    inside[colons[at] + 1] += 1
-    inside[ends + 1] -= 1
-    return a[np.cumsum(inside[:-1], dtype=np.int8).view(bool)].tobytes()
+    return spans_text(a, colons[at] + 1, ends)
 
 
 def _continues(line: bytes, kind: bytes) -> bool:

@@ -28,7 +28,7 @@ PREFIXES_RE = re.compile(
 """Launcher prefixes at the start of a line, as ``lines.split_prefix`` reads them (which then
 says how many of them really are prefixes)."""
 
-NUM = rb"-?\d+(?:\.\d+)?"
+NUM = rb"-?\d++(?:\.\d++)?+"
 """A plain decimal: ``float()`` reads it as ``lines.to_float`` does."""
 DS_RE = re.compile(rb"\[Rank (\d{1,9})\] time \(ms\) \|([^\n]*)\n")
 _DS_FIXED = len(b"[Rank ] time (ms) |\n")
@@ -186,6 +186,16 @@ def matches(
 def spans_text(a: np.ndarray, s: np.ndarray, e: np.ndarray) -> bytes:
     """The bytes of ``a`` in the spans [s, e), in order, each followed by the byte at its end
     (a separator)."""
+    if not len(s):
+        return b""
+    # Spans in order: a mask of runs of bytes out and in (no index per byte).
+    runs = np.empty(2 * len(s) + 1, dtype=np.int64)
+    runs[0], runs[-1] = s[0], len(a) - e[-1] - 1
+    runs[1::2], runs[2:-1:2] = e - s + 1, s[1:] - e[:-1] - 1
+    inside = np.zeros(len(runs), dtype=bool)
+    inside[1::2] = True
+    if (runs >= 0).all():
+        return a[np.repeat(inside, runs)].tobytes()
     lens = e - s + 1
     at = np.repeat(s - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
     return a[at].tobytes()
