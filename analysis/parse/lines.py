@@ -6,6 +6,7 @@ Everything here is pure and never raises on any input string.
 from __future__ import annotations
 
 import ast
+import contextlib
 import math
 import re
 from collections.abc import Iterable, Iterator
@@ -152,6 +153,9 @@ def to_int(text: str) -> int | None:
     return int(value)
 
 
+_CONSTANTS = {"True": True, "False": False, "None": None, "none": None, "null": None}
+
+
 def typed_value(text: str) -> object:
     """Type a value printed by Megatron's or DeepSpeed's argument dump.
 
@@ -159,25 +163,16 @@ def typed_value(text: str) -> object:
     ``[1]`` / ``['a']`` / ``{...}`` -> the literal when it parses, anything else -> the string.
     """
     s = text.strip()
-    if s in ("True", "False"):
-        return s == "True"
-    if s in ("None", "none", "null"):
-        return None
-    try:
+    if s in _CONSTANTS:
+        return _CONSTANTS[s]
+    with contextlib.suppress(ValueError):
         return int(s)
-    except ValueError:
-        pass
-    try:
+    with contextlib.suppress(ValueError):
         value = float(s)
-    except ValueError:
-        pass
-    else:
         return value if math.isfinite(value) else s
     if s[:1] in "[({" and len(s) <= 10_000:
-        try:
+        with contextlib.suppress(ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
             return ast.literal_eval(s)
-        except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
-            return s
     return s
 
 

@@ -36,6 +36,12 @@ GB_MEMORY = (
 groups), kept in MiB: DeepSpeed's ``MemAllocated=`` lines and ``see_memory_usage`` (bytes /
 1024**3 rounded to 2 decimals, ``Max_CA`` to a whole number: * 1024 is MiB to that precision)."""
 
+EOF_PROBLEMS = {
+    "traceback": "traceback without a final exception line (log cut short?)",
+    "args": "argument dump cut short",
+}
+"""What an open block of these modes at the end of the log means."""
+
 
 class Core:
     """The line-by-line state machine shared by every entry point."""
@@ -61,7 +67,10 @@ class Core:
         Megatron timer block needs only the lines of its own stream (``timer_keys``)."""
         run = self.run
         return (
-            bool(self.block_keys) or not run.training or run.ended or self.line < run.config_until
+            bool(self.block_keys)
+            or not run.training_streams
+            or run.ended
+            or self.line < run.config_until
         )
 
     @staticmethod
@@ -98,7 +107,7 @@ class Core:
         """Close open blocks and return every run of the input."""
         for key, st in list(self.streams.items()):
             if st.mode is not None:
-                self._close_block(key, st, st.start_line, eof=True)
+                self._close_block(key, st, eof=True)
         if self.truncated:
             self.run.problems.append(
                 f"{self.truncated} line(s) longer than {MAX_LINE_CHARS} characters were truncated"
@@ -121,9 +130,7 @@ class Core:
     def _close(self, st: StreamState) -> None:
         self.block_keys.discard(st.key)
         self.timer_keys.discard(st.key)
-        st.mode = None
-        st.buf = []
-        st.timer_values = {}
+        st.mode = None  # (the next block of the stream gets a fresh state)
 
     def _dispatch(self, key: str, text: str, lineno: int) -> None:
         run = self.run
@@ -162,7 +169,7 @@ class Core:
             failures.exit_line(run, key, text, lineno)
             return
         if (
-            run.training
+            run.training_streams
             and not run.ended
             and (key in run.training_streams or self.line >= run.config_until)
         ):
@@ -179,20 +186,19 @@ class Core:
         mode = st.mode
         if mode == "timer":
             return self._timer_line(key, st, text)
+        if mode == "traceback":
+            return self._traceback_line(key, st, text)
         if mode == "args":
             if "end of arguments" in text:
                 self._close(st)
                 self._config_read()
-                return True
-            m = rules.ARG_RE.match(text)
-            if m:
+            elif m := rules.ARG_RE.match(text):
                 self.run.args[m.group(1)] = typed_value(m.group(2))
-                return True
-            if st.lines > 2000:
+            elif st.lines > 2000:
                 self.run.problems.append(f"line {st.start_line}: argument dump never ended")
                 self._close(st)
                 return False
-            return True  # interleaved text inside the dump is ignored
+            return True  # (interleaved text inside the dump is ignored)
         if mode == "engine":
             body = rules.DS_LOGGER_RE.sub("", text, count=1)
             m = rules.DS_CFG_LINE_RE.match(body) if "json =" not in body else None
@@ -201,25 +207,19 @@ class Core:
                 return True
             self._close(st)
             return False
-        if mode == "traceback":
-            return self._traceback_line(key, st, text)
-        if mode == "wrap":
-            if rules.continues_record(text) and st.lines <= rules.WRAP_MAX_LINES:
-                st.buf.append(text)
-                if rules.record_complete(rules.join_wrapped(st.buf), st.timer_kind == "timer"):
-                    self._close_block(key, st, self.line)
-                return True
-            self._close_block(key, st, self.line)
+        if mode == "wrap" and (st.lines > rules.WRAP_MAX_LINES or not rules.continues_record(text)):
+            self._close_block(key, st)
             return False
-        # json, listtb: a block that ends at a line of its own
-        st.buf.append(text)
+        st.buf.append(text)  # json, listtb, wrap: read once whole
         if mode == "json":
             st.depth += text.count("{") - text.count("}")
             done = st.depth <= 0 or st.lines > rules.JSON_MAX_LINES
+        elif mode == "wrap":
+            done = rules.record_complete(rules.join_wrapped(st.buf), st.timer_kind == "timer")
         else:
             done = text.rstrip().endswith("]") or st.lines > rules.TRACEBACK_MAX_LINES
         if done:
-            self._close_block(key, st, self.line)
+            self._close_block(key, st)
         return True
 
     def _timer_line(self, key: str, st: StreamState, text: str) -> bool:
@@ -243,37 +243,31 @@ class Core:
             if n:
                 st.timer_name = n.group(1).strip()
                 return True
-        self._close_block(key, st, self.line)
+        self._close_block(key, st)
         return False
 
-    def _close_block(self, key: str, st: StreamState, lineno: int, eof: bool = False) -> None:
-        mode, start = st.mode, st.start_line
+    def _close_block(self, key: str, st: StreamState, eof: bool = False) -> None:
+        """Close the open block of a stream and read what it held (``eof``: the log ended)."""
+        mode, start, buf = st.mode, st.start_line, st.buf
+        self._close(st)  # (first: a record read here may open a block of its own)
         if mode == "timer" and st.timer_values:
-            self._megatron_block(key, dict(st.timer_values), start)
+            self._megatron_block(key, st.timer_values, start)
         elif mode == "json":
-            self._json_dump("\n".join(st.buf), start)
+            try:
+                value = json.loads("\n".join(buf))
+            except (ValueError, RecursionError):
+                value = None
+                self.run.problems.append(f"line {start}: DeepSpeed json config dump is not JSON")
+            if isinstance(value, dict):
+                self.run.ds_config.update(value)
+        elif mode == "wrap" and st.timer_kind == "timer":
+            self._single_line_timers(key, rules.join_wrapped(buf), start, allow_wrap=False)
         elif mode == "wrap":
-            # Closed before the handlers run: they may open a block of their own.
-            joined, kind = rules.join_wrapped(st.buf), st.timer_kind
-            self._close(st)
-            if kind == "timer":
-                self._single_line_timers(key, joined, start, allow_wrap=False)
-            else:
-                self._iteration_text(key, joined, start, allow_wrap=False)
-            return
-        elif mode == "listtb":
-            # A list's repr is one logical line: a viewer cut it wherever the width fell.
-            joined = "".join(st.buf)
-            self._close(st)
-            failures.list_traceback_end(self.run, key, joined, start, eof)
-            return
-        elif mode == "traceback" and eof:
-            self.run.problems.append(
-                f"line {start}: traceback without a final exception line (log cut short?)"
-            )
-        elif mode == "args" and eof:
-            self.run.problems.append(f"line {start}: argument dump cut short")
-        self._close(st)
+            self._iteration_text(key, rules.join_wrapped(buf), start, allow_wrap=False)
+        elif mode == "listtb":  # a list's repr is one logical line, cut wherever the width fell
+            failures.list_traceback_end(self.run, key, "".join(buf), start, eof)
+        elif eof and mode in EOF_PROBLEMS:
+            self.run.problems.append(f"line {start}: {EOF_PROBLEMS[mode]}")
 
     # -- iterations -------------------------------------------------------------------------
 
@@ -517,7 +511,7 @@ class Core:
             st = self._open(key, "json", lineno, buf=[body])
             st.depth = body.count("{") - body.count("}")
             if st.depth <= 0:
-                self._close_block(key, st, lineno)
+                self._close_block(key, st)
         elif ("version" in text or "info ...." in text) and (
             m := rules.VERSION_RE.match(text.strip())
         ):
@@ -553,15 +547,6 @@ class Core:
                 self.run.cmd_args[name] = typed_value(args[i + 1])
             else:
                 self.run.cmd_args[name] = True
-
-    def _json_dump(self, text: str, lineno: int) -> None:
-        try:
-            value = json.loads(text)
-        except (ValueError, RecursionError):
-            self.run.problems.append(f"line {lineno}: DeepSpeed json config dump is not JSON")
-            return
-        if isinstance(value, dict):
-            self.run.ds_config.update(value)
 
     # -- runs -------------------------------------------------------------------------------
 

@@ -283,11 +283,6 @@ class RunState:
             self.config_until = 0
 
     @property
-    def training(self) -> bool:
-        """Whether the run's training output began (in any stream)."""
-        return bool(self.training_streams)
-
-    @property
     def last_iter(self) -> int | None:
         """The run's last iteration number, None before its first."""
         return self.max_iter if self.max_iter >= 0 else None
