@@ -1,6 +1,7 @@
-"""How a failure is recorded: exception lines, the failures one line tells (NCCL, OOM, a kill,
-Slurm's cancel), tracebacks printed as a Python list, exit codes and the run outcome marker;
-functions of the run state (``Core`` keeps the traceback blocks, per-stream state of its own).
+"""How a failure is recognised and recorded: exception lines, the failures one line tells (NCCL,
+OOM, a kill, Slurm's cancel), tracebacks printed as a Python list, exit codes and the run outcome
+marker; functions of the run state (``Core`` keeps the traceback blocks, per-stream state of its
+own).
 """
 
 from __future__ import annotations
@@ -8,19 +9,51 @@ from __future__ import annotations
 import ast
 import re
 import warnings
+from typing import get_args
 
-from analysis.parse import rules
 from analysis.parse.records import Failure, FailureKind
 from analysis.parse.rules import RunState
 
+EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(_?[A-Z]\w*)(?::(?:\s.*)?)?$")
+EXC_NAME_SUFFIX = ("Error", "Exception", "Interrupt", "Exit", "Failure", "Timeout")
+CHAINED = ("During handling of the above exception", "The above exception")
+"""How a traceback chained to the one before it starts."""
+RC_RE = re.compile(r"exits with return code = (-?\d+)")
+SSH_RC_RE = re.compile(r"([\w.\-]+): ssh exited with exit code (\d+)")
+OUTCOME_RE = re.compile(
+    r"# run outcome:\s*(completed|failed|incomplete|interrupted)(?:\s+kind=(\w+))?"
+    r"(?:\s+reason=(.*))?$"
+)
+OOM_RE = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|DefaultCPUAllocator|can't allocate memory"
+    r"|not enough memory|out of memory|MemoryError|Unable to allocate"
+)
+NCCL_RE = re.compile(
+    r"NCCL error|nccl\w*Error|\bNCCL\b.*\b(?:failure|failed|timeout)|Watchdog caught collective"
+    r"|Gloo connectFullMesh failed|third_party/gloo|Connection (?:closed|reset) by peer"
+    r"|DistBackendError|ProcessGroupNCCL.*(?:timed out|Timeout)"
+)
+FAILURE_KINDS = frozenset(get_args(FailureKind))
+
 ONE_LINE: tuple[tuple[tuple[str, ...], re.Pattern[str], FailureKind], ...] = (
-    (("CANCELLED AT",), rules.SLURM_RE, "cancelled"),
-    (("Watchdog", "rror", "Gloo", "by peer"), rules.NCCL_RE, "nccl"),
-    (("memory", "Memory", "Allocator"), rules.OOM_RE, "oom"),
-    (("Kill", "KILL", "Signal 9"), rules.KILLED_RE, "killed"),
+    (("CANCELLED AT",), re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT"), "cancelled"),
+    (("Watchdog", "rror", "Gloo", "by peer"), NCCL_RE, "nccl"),
+    (("memory", "Memory", "Allocator"), OOM_RE, "oom"),
+    (("Kill", "KILL", "Signal 9"), re.compile(r"\bKilled\b|\bSIGKILL\b|Signal 9\b"), "killed"),
 )
 """Failures a line tells without an exception name, tried in order: (texts one of which the
 line holds, its pattern, its kind)."""
+
+
+def classify_failure(message: str, default: FailureKind) -> FailureKind:
+    """Failure kind of an exception or error message."""
+    if OOM_RE.search(message):
+        return "oom"
+    if NCCL_RE.search(message):
+        return "nccl"
+    if "SIGKILL" in message or "Signal 9" in message:
+        return "killed"
+    return default
 
 
 def fail(run: RunState, kind: FailureKind, message: str, lineno: int, stream: str | None) -> None:
@@ -43,15 +76,15 @@ def fail(run: RunState, kind: FailureKind, message: str, lineno: int, stream: st
 
 def is_exception(stripped: str) -> bool:
     """Whether a stripped line is an exception line (``torch.OutOfMemoryError: ...``)."""
-    m = rules.EXC_RE.match(stripped)
-    return m is not None and m.group(1).endswith(rules.EXC_NAME_SUFFIX)
+    m = EXC_RE.match(stripped)
+    return m is not None and m.group(1).endswith(EXC_NAME_SUFFIX)
 
 
 def failure_line(run: RunState, key: str, text: str, lineno: int) -> bool:
     """Record the failure a line tells on its own, if any (an exception line, ``ONE_LINE``)."""
     stripped = text.strip()
     if ("rror" in text or "Exception" in text) and is_exception(stripped):
-        fail(run, rules.classify_failure(stripped, "exception"), stripped, lineno, key)
+        fail(run, classify_failure(stripped, "exception"), stripped, lineno, key)
         return True
     for marks, pattern, kind in ONE_LINE:
         if any(mark in text for mark in marks) and pattern.search(text):
@@ -87,19 +120,19 @@ def list_traceback_end(run: RunState, key: str, body: str, lineno: int, eof: boo
             + (" (log cut short?)" if eof else "")
         )
         return
-    fail(run, rules.classify_failure(last, "exception"), last, lineno, key)
+    fail(run, classify_failure(last, "exception"), last, lineno, key)
 
 
 def outcome(run: RunState, key: str, text: str, lineno: int) -> None:
     """The ``# run outcome: STATUS [kind=K] [reason=...]`` marker the launchers write."""
-    m = rules.OUTCOME_RE.search(text.strip())
+    m = OUTCOME_RE.search(text.strip())
     if m is None:
         run.problems.append(f"line {lineno}: unreadable run outcome marker: {text[:200]}")
         return
     status, kind, reason = m.group(1), m.group(2), (m.group(3) or "").strip()
     if status == "interrupted":  # the executor's Ctrl-C/SIGTERM: a cancelled run
         kind = kind or "cancelled"
-    if kind is not None and kind not in rules.FAILURE_KINDS:
+    if kind is not None and kind not in FAILURE_KINDS:
         run.problems.append(f"line {lineno}: unknown failure kind {kind!r}; using other")
         kind = "other"
     run.outcome = (status, kind, reason or text.strip(), lineno)
@@ -116,13 +149,13 @@ def exit_line(run: RunState, key: str, text: str, lineno: int) -> None:
             run.exited_ok += 1
             run.end(key)
             return
-        m = rules.RC_RE.search(text)
+        m = RC_RE.search(text)
         if m is None:
             return
         code = int(m.group(1))
         killed, message = code in (-9, 137), f"exits with return code = {code}"
     else:
-        m = rules.SSH_RC_RE.search(text)
+        m = SSH_RC_RE.search(text)
         if m is None:
             return
         code = int(m.group(2))

@@ -442,7 +442,7 @@ class Core:
             else:
                 self._open(key, "listtb", lineno, buf=[text[start:]])
             return True
-        if "above exception" in text and text.lstrip().startswith(rules.CHAINED):
+        if "above exception" in text and text.lstrip().startswith(failures.CHAINED):
             self.streams.setdefault(key, StreamState()).chained = True
             return True
         return failures.failure_line(self.run, key, text, lineno)
@@ -454,15 +454,15 @@ class Core:
                 self.run.problems.append(f"line {st.start_line}: traceback never ended")
                 self._close(st)
             return True
-        if stripped.startswith(rules.CHAINED):
+        if stripped.startswith(failures.CHAINED):
             st.chained = True
             return True
         if stripped.startswith("Traceback (most recent call last)"):
             return True
-        if rules.EXC_RE.match(stripped) is None:
+        if failures.EXC_RE.match(stripped) is None:
             return False  # other output interleaved; the traceback stays open
         run = self.run
-        kind = rules.classify_failure(stripped, "exception")
+        kind = failures.classify_failure(stripped, "exception")
         if st.chained and run.failure is not None and run.failure_stream == key:
             # Chained exceptions: the last one printed is the one that ended the process.
             run.problems.append(

@@ -1,5 +1,6 @@
 """What the log parser recognises (keywords, record patterns, the iteration-field table), the
-per-stream and per-run state, wrapped records joined back, the run's config summary."""
+per-stream and per-run state, wrapped records joined back, the run's config summary (failures:
+``failures``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +18,6 @@ from analysis.parse.keywords import Keywords
 from analysis.parse.lines import OMPI_TAG_MARK, to_float
 from analysis.parse.records import (
     Failure,
-    FailureKind,
     IterationTable,
     MemoryTable,
     PipelineStepTable,
@@ -104,28 +104,6 @@ VOCAB_RE = re.compile(r"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(n
 VERSION_RE = re.compile(r"^(torch|deepspeed) (?:version|info) \.+ ([^,\s]+)")
 DS_INFO_RE = re.compile(r"DeepSpeed info: version=([^,\s]+)")
 GIT_RE = re.compile(r"git_hash=(\S+)(?: git_branch=(\S+))?")
-EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(_?[A-Z]\w*)(?::(?:\s.*)?)?$")
-EXC_NAME_SUFFIX = ("Error", "Exception", "Interrupt", "Exit", "Failure", "Timeout")
-CHAINED = ("During handling of the above exception", "The above exception")
-"""How a traceback chained to the one before it starts."""
-RC_RE = re.compile(r"exits with return code = (-?\d+)")
-SSH_RC_RE = re.compile(r"([\w.\-]+): ssh exited with exit code (\d+)")
-OUTCOME_RE = re.compile(
-    r"# run outcome:\s*(completed|failed|incomplete|interrupted)(?:\s+kind=(\w+))?"
-    r"(?:\s+reason=(.*))?$"
-)
-KILLED_RE = re.compile(r"\bKilled\b|\bSIGKILL\b|Signal 9\b")
-SLURM_RE = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT")
-OOM_RE = re.compile(
-    r"CUDA out of memory|OutOfMemoryError|DefaultCPUAllocator|can't allocate memory"
-    r"|not enough memory|out of memory|MemoryError|Unable to allocate"
-)
-NCCL_RE = re.compile(
-    r"NCCL error|nccl\w*Error|\bNCCL\b.*\b(?:failure|failed|timeout)|Watchdog caught collective"
-    r"|Gloo connectFullMesh failed|third_party/gloo|Connection (?:closed|reset) by peer"
-    r"|DistBackendError|ProcessGroupNCCL.*(?:timed out|Timeout)"
-)
-FAILURE_KINDS = frozenset(get_args(FailureKind))
 
 ITER_FIELDS: dict[str, str] = {
     "lm loss": "lm_loss",
@@ -375,17 +353,6 @@ def to_tflops(value: str) -> float | None:
     num = to_float(m.group(1))
     scale = {"T": 1.0, "G": 1e-3, "P": 1e3}[m.group(2).upper()]
     return num * scale if num is not None else None
-
-
-def classify_failure(message: str, default: FailureKind) -> FailureKind:
-    """Failure kind of an exception or error message."""
-    if OOM_RE.search(message):
-        return "oom"
-    if NCCL_RE.search(message):
-        return "nccl"
-    if "SIGKILL" in message or "Signal 9" in message:
-        return "killed"
-    return default
 
 
 def attribute_ds_blocks(run: RunState, pipeline: bool) -> tuple[TimerTable, list[str]]:
