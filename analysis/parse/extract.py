@@ -137,31 +137,17 @@ _NOT_VALUES = bytes(c for c in range(128) if chr(c).isalpha()) + b"_:|"
 def _plain_values(joined: bytes, n: int, k: int) -> np.ndarray | None:
     """The values of ``n`` DeepSpeed line bodies of one ``DS_PLAIN`` form (``k`` names each),
     joined by newlines, as an (n, k) array: the names, colons and bars deleted leave the
-    values between blanks, which ``np.fromstring`` reads as ``float()`` does; None when a line
-    does not hold k of them (a digit in a name, a value without one) or one does not read."""
+    values between blanks; None when a line does not hold k of them (a digit in a name, a
+    value without one) or one does not read."""
     text = joined.translate(None, _NOT_VALUES)
     a = np.frombuffer(text, dtype=np.uint8)
-    blank = a <= 0x20
-    first = ~blank
-    first[1:] &= blank[:-1]
-    starts = np.flatnonzero(first)
+    starts = _tokens(a)[0]
     if len(starts) != n * k:
         return None
     if (np.searchsorted(starts, np.flatnonzero(a == 0x0A)) != k * np.arange(1, n)).any():
         return None
-    vals = None
-    if not text.translate(None, b"0123456789. \t\r\n"):
-        vals = _fixed_point(text, n * k)
-    if vals is None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            try:
-                vals = np.fromstring(text, dtype=float, sep=" ")
-            except (ValueError, DeprecationWarning):
-                return None
-    if len(vals) != n * k or not np.isfinite(vals).all():
-        return None
-    return vals.reshape(n, k)
+    vals = floats_text(text, n * k)
+    return None if vals is None else vals.reshape(n, k)
 
 
 def matches(
@@ -235,10 +221,12 @@ def piece_values(joined: bytes, n: int, k: int, cols: list[int]) -> np.ndarray |
     return out[:, cols]
 
 
-def piece_rows(texts: list[bytes], k: int, cols: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """``piece_values`` of each of ``texts`` (all at once, else one by one): the values (NaN
-    in a row not read) and which rows were read."""
-    vals = piece_values(b"\n".join(texts), len(texts), k, cols)
+def piece_rows(
+    texts: list[bytes], joined: bytes, k: int, cols: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``piece_values`` of each of ``texts`` (``joined``: joined by newlines; all at once,
+    else one by one): the values (NaN in a row not read) and which rows were read."""
+    vals = piece_values(joined, len(texts), k, cols)
     if vals is not None:
         return vals, np.ones(len(texts), dtype=bool)
     rows = [piece_values(x, 1, k, cols) for x in texts]
@@ -254,44 +242,44 @@ def int_tokens(tokens: list[bytes]) -> np.ndarray:
     return np.fromstring(b" ".join(tokens), dtype=np.int64, sep=" ")
 
 
+def _tokens(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of bytes above blank in ``a`` starts and where its last byte is."""
+    blank = a <= 0x20
+    first, last = ~blank, ~blank
+    first[1:] &= blank[:-1]
+    last[:-1] &= blank[1:]
+    return np.flatnonzero(first), np.flatnonzero(last)
+
+
+def _ints(text: bytes) -> np.ndarray | None:
+    """The integers between blanks of ``text`` as int64; None when one does not read whole."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            return np.fromstring(text, dtype=np.int64, sep=" ")
+        except (ValueError, DeprecationWarning):
+            return None
+
+
 def _fixed_point(text: bytes, n: int) -> np.ndarray | None:
     """The ``n`` numbers of ``text`` (unsigned decimals between blanks) when each is digits with
     one dot among them, at most 15 digits: read as integers without the dot, each divided by
     the power of ten of its decimals, which gives the double nearest the decimal, as
     ``float()`` does (both numbers are exact, and IEEE division rounds correctly); else None."""
     a = np.frombuffer(text, dtype=np.uint8)
-    blank = a <= 0x20
-    first = ~blank
-    first[1:] &= blank[:-1]
-    last = ~blank
-    last[:-1] &= blank[1:]
-    starts, ends = np.flatnonzero(first), np.flatnonzero(last)
+    starts, ends = _tokens(a)
     dots = np.flatnonzero(a == 0x2E)
     if len(starts) != n:
         return None
     if not len(dots) and (ends - starts < 18).all():  # integers: converted exactly or rounded
-        with warnings.catch_warnings():  # to nearest as float() does
-            warnings.simplefilter("error")
-            try:
-                ints = np.fromstring(text, dtype=np.int64, sep=" ")
-            except (ValueError, DeprecationWarning):
-                return None
-        return ints.astype(float) if len(ints) == n else None
-    if len(dots) != n:
+        ints = _ints(text)  # to nearest as float() does
+        return ints.astype(float) if ints is not None and len(ints) == n else None
+    if len(dots) != n or (dots < starts).any() or (dots > ends).any():
         return None
-    if (dots < starts).any() or (dots > ends).any() or (ends - starts > 15).any():
+    if (ends - starts > 15).any() or (ends == starts).any():  # (or a dot alone)
         return None
-    if (ends == starts).any():
-        return None  # (a dot alone)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        try:
-            ints = np.fromstring(text.translate(None, b"."), dtype=np.int64, sep=" ")
-        except (ValueError, DeprecationWarning):
-            return None
-    if len(ints) != n:
-        return None
-    return ints / _POWERS[ends - dots]
+    ints = _ints(text.translate(None, b"."))
+    return ints / _POWERS[ends - dots] if ints is not None and len(ints) == n else None
 
 
 def iteration_fields(names: list[str]) -> list[tuple[int, str, bool, float]] | None:
@@ -371,15 +359,21 @@ class Lines:
         )
 
 
-def by_form(bodies: list[bytes]) -> list[tuple[bytes, np.ndarray]]:
-    """The indices of ``bodies`` (texts without newlines) by form, the text without its
-    digits, in the order of each form's first body."""
-    forms = b"\n".join(bodies).translate(None, DIGITS).split(b"\n")
+def by_form(bodies: list[bytes]) -> list[tuple[bytes, np.ndarray, list[bytes], bytes]]:
+    """``bodies`` (texts without newlines) by form, the text without its digits, in the order
+    of each form's first body: (form, indices, the bodies, the bodies joined by newlines)."""
+    joined = b"\n".join(bodies)
+    forms = joined.translate(None, DIGITS).split(b"\n")
     ids = {f: i for i, f in enumerate(dict.fromkeys(forms))}
     if len(ids) == 1:
-        return [(forms[0], np.arange(len(forms)))]
+        return [(forms[0], np.arange(len(forms)), bodies, joined)]
     gid = np.fromiter(map(ids.__getitem__, forms), dtype=np.int64, count=len(forms))
-    return [(f, np.flatnonzero(gid == g)) for f, g in ids.items()]
+    out = []
+    for f, g in ids.items():
+        idx = np.flatnonzero(gid == g)
+        mine = list(map(bodies.__getitem__, idx.tolist()))
+        out.append((f, idx, mine, b"\n".join(mine)))
+    return out
 
 
 class Extractors:
@@ -484,42 +478,25 @@ class Extractors:
         if not len(out):
             return out
         out.cols["rank"] = int_tokens(ranks)
-        for form, idx in by_form(bodies):
+        for form, idx, mine, joined in by_form(bodies):
             names = self.ds_names.get(form, MISSING)
             if names is MISSING:
-                names = self._ds_names(bodies[int(idx[0])])
+                names = self._ds_names(mine[0])
                 if len(self.ds_names) < 4096:
                     self.ds_names[form] = names
             if names is None:
                 out.keep[idx] = False
                 continue
             k = len(names)
-            mine = list(map(bodies.__getitem__, idx.tolist()))
             if DS_PLAIN.match(form):
-                plain = _plain_values(b"\n".join(mine), len(mine), k)
+                plain = _plain_values(joined, len(mine), k)
                 if plain is not None:
                     out.groups.append((names, idx, plain))
                     continue
-            parts = b"|".join(mine).replace(b":", b"|").split(b"|")
-            names_text = b"".join(parts[0::2])
-            digits = len(names_text.translate(None, DIGITS)) != len(names_text)
-            vals = None if digits else floats(parts[1::2])
-            if vals is not None:
-                out.groups.append((names, idx, vals.reshape(len(idx), k)))
-                continue
-            # (A name with a digit, or a value that does not read: line by line.)
-            rows = [floats(b.replace(b":", b"|").split(b"|")[1::2]) for b in mine]
-            good = np.array(
-                [
-                    r is not None and self._ds_names(b) == names
-                    for r, b in zip(rows, mine, strict=True)
-                ],
-                dtype=bool,
-            )
+            vals, good = piece_rows(mine, joined, k, list(range(k)))  # (one by one where need be)
             out.keep[idx[~good]] = False
             if good.any():
-                vals = np.concatenate([r for r, g in zip(rows, good, strict=True) if g])
-                out.groups.append((names, idx[good], vals.reshape(int(good.sum()), k)))
+                out.groups.append((names, idx[good], vals[good]))
         return out
 
     @staticmethod
@@ -542,10 +519,10 @@ class Extractors:
             return out
         keep = out.keep
         ints: set[str] = set()
-        for form, idx in by_form(rests):
+        for form, idx, mine, joined in by_form(rests):
             fields = self.it_fields.get(form, MISSING)
             if fields is MISSING:
-                rest = rests[int(idx[0])]
+                rest = mine[0]
                 fields = None
                 if IT_FORM.match(form):
                     fields = iteration_fields(
@@ -557,7 +534,7 @@ class Extractors:
                 keep[idx] = False
                 continue
             k, pieces = form.count(b":"), sorted(f[0] for f in fields)
-            vals, good = piece_rows(list(map(rests.__getitem__, idx.tolist())), k, pieces)
+            vals, good = piece_rows(mine, joined, k, pieces)
             keep[idx[~good]] = False
             for piece, f, is_int, factor in fields:
                 v = vals[:, pieces.index(piece)]
@@ -595,13 +572,13 @@ class Extractors:
         if not len(out):
             return out
         out.cols = {f: np.full(len(out), np.nan) for f in MEM_FIELDS.values()}
-        for form, idx in by_form(bodies):
-            first = bodies[int(idx[0])].split(b"|")
+        for form, idx, mine, _ in by_form(bodies):
+            first = mine[0].split(b"|")
             names = [x for x in (p.partition(b":")[0].strip().decode() for p in first) if x]
             vals = None
             if MEM_FORM.match(form) and len(set(names)) == len(names):
-                mine = [bodies[i].rstrip().rstrip(b"|") for i in idx.tolist()]
-                vals = _plain_values(b"\n".join(mine), len(idx), len(names))
+                text = b"\n".join(x.rstrip().rstrip(b"|") for x in mine)
+                vals = _plain_values(text, len(idx), len(names))
             if vals is None:
                 out.keep[idx] = False
                 continue
