@@ -36,12 +36,6 @@ GB_MEMORY = (
 groups), kept in MiB: DeepSpeed's ``MemAllocated=`` lines and ``see_memory_usage`` (bytes /
 1024**3 rounded to 2 decimals, ``Max_CA`` to a whole number: * 1024 is MiB to that precision)."""
 
-EOF_PROBLEMS = {
-    "traceback": "traceback without a final exception line (log cut short?)",
-    "args": "argument dump cut short",
-}
-"""What an open block of these modes at the end of the log means."""
-
 
 class Core:
     """The line-by-line state machine shared by every entry point."""
@@ -266,8 +260,12 @@ class Core:
             self._iteration_text(key, rules.join_wrapped(buf), start, allow_wrap=False)
         elif mode == "listtb":  # a list's repr is one logical line, cut wherever the width fell
             failures.list_traceback_end(self.run, key, "".join(buf), start, eof)
-        elif eof and mode in EOF_PROBLEMS:
-            self.run.problems.append(f"line {start}: {EOF_PROBLEMS[mode]}")
+        elif mode == "traceback" and eof:
+            self.run.problems.append(
+                f"line {start}: traceback without a final exception line (log cut short?)"
+            )
+        elif mode == "args" and eof:
+            self.run.problems.append(f"line {start}: argument dump cut short")
 
     # -- iterations -------------------------------------------------------------------------
 

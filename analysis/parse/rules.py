@@ -336,7 +336,7 @@ def to_elapsed_ms(key: str, value: str) -> float | None:
     num = to_float(value.rstrip("ms").rstrip())
     if num is None:
         return None
-    if "(ms)" in key or key.endswith(" ms") or key == "elapsed ms":
+    if "(ms)" in key or key.endswith(" ms"):
         return num
     if "(s)" in key or key.endswith((" s", " sec", "(sec)")):
         return num * 1000.0
