@@ -25,7 +25,7 @@ _TEXT_TABLE = 1 << 18
 
 def none_of(dtype: np.dtype) -> Any:
     """The stored value that means None."""
-    return math.nan if dtype.kind == "f" else np.iinfo(dtype).min
+    return math.nan if dtype.kind == "f" else None if dtype.kind == "O" else np.iinfo(dtype).min
 
 
 def _int_type(lo: int, hi: int) -> type:
@@ -76,7 +76,7 @@ class Column:
         self._parts: list[np.ndarray] = []  # the stored arrays, in order
         self._scale: int | None = None  # floats kept as ints k / 10**scale, else float64
         self._tail: list[Any] = []  # values added one at a time, not yet stored
-        self._objs: list[Any] | None = None  # the values, when an array cannot hold them
+        self._objs = False  # the values in object arrays: one no other array holds came
         self.extend(values)
 
     # -- writing ----------------------------------------------------------------------------
@@ -91,12 +91,8 @@ class Column:
 
     def append(self, v: Any) -> None:
         """Add one value."""
-        if self._objs is None and not self._fits(v):
-            self._objs = list(self)  # Python values from now on
-            self._parts, self._tail, self._scale = [], [], None
-        if self._objs is not None:
-            self._objs.append(v)
-            return
+        if not self._objs and not self._fits(v):
+            self._parts, self._tail, self._scale, self._objs = [], list(self), None, True
         self._tail.append(v)
         if len(self._tail) >= _BATCH:
             self._store_tail()
@@ -109,6 +105,11 @@ class Column:
     def _store_tail(self) -> None:
         tail, self._tail = self._tail, []
         if not tail:
+            return
+        if self._objs:
+            self._parts.append(np.empty(len(tail), dtype=object))
+            self._parts[-1][:] = tail
+            self._merge()
             return
         if self.kind == "f":
             self._add_floats(np.array([math.nan if v is None else v for v in tail]))
@@ -138,42 +139,34 @@ class Column:
             parts[-1] = np.concatenate([parts[-1], last])
 
     def _add_floats(self, v: np.ndarray) -> None:
-        """Store finite floats (NaN = None), as scaled int32 while the column can."""
+        """Store finite floats (NaN = None): as scaled ints while the column can (the fewest
+        decimals that hold them and the stored values), else as float64."""
         if not len(v):
             return
-        if self._scale is None and not self._parts:  # the first: the fewest decimals that do
-            fit = (d for d in range(_MAX_SCALE + 1) if _scaled(v, d) is not None)
-            self._scale = next(fit, None)
-        k = _scaled(v, self._scale) if self._scale is not None else None
-        if k is None and self._scale is not None:
-            k = self._rescaled(v)
-        if k is not None:
-            self._add(k)
-            return
+        lowest = 0 if not self._parts else self._scale
+        for d in range(lowest, _MAX_SCALE + 1) if lowest is not None else ():
+            k = _scaled(v, d)
+            if k is not None and self._parts and d != self._scale:  # the stored values too
+                parts = [_scaled(self._decode(p), d) for p in self._parts]
+                if any(p is None for p in parts):
+                    continue
+                self._parts = []
+                for p in parts:
+                    self._add(p)  # type: ignore[arg-type]
+            if k is not None:
+                self._scale = d
+                self._add(k)
+                return
         if self._scale is not None:  # float64 from now on
             self._parts = [self._decode(p) for p in self._parts]
             self._scale = None
         self._parts.append(v)
         self._merge()
 
-    def _rescaled(self, v: np.ndarray) -> np.ndarray | None:
-        """``v`` as ints with more decimals than the column's, the stored values taken to
-        them too; None when no scale holds them all."""
-        assert self._scale is not None
-        for d in range(self._scale + 1, _MAX_SCALE + 1):
-            k = _scaled(v, d)
-            parts = [_scaled(self._decode(p), d) for p in self._parts] if k is not None else []
-            if k is not None and all(p is not None for p in parts):
-                self._parts, self._scale = [], d
-                for p in parts:
-                    self._add(p)  # type: ignore[arg-type]
-                return k
-        return None
-
     def add_floats(self, values: np.ndarray) -> None:
         """Add floats in bulk (``kind="f"``; NaN is None)."""
         v = np.array(values, dtype=np.float64)  # (a copy: the caller's array may be a view)
-        if self._objs is not None or np.isinf(v).any():
+        if self._objs or np.isinf(v).any():
             self.extend(None if x != x else x for x in v.tolist())
             return
         self._store_tail()
@@ -194,7 +187,7 @@ class Column:
         lo = int(v.min(where=some, initial=info.max)) if some is not None else int(v.min())
         hi = int(v.max(where=some, initial=info.min)) if some is not None else int(v.max())
         lo, hi = (lo, hi) if lo <= hi else (0, 0)
-        if self._objs is not None or lo == -(2**63):
+        if self._objs or lo == -(2**63):
             marks = [False] * len(v) if none is None else none.tolist()
             self.extend(None if m else x for x, m in zip(v.tolist(), marks, strict=True))
             return
@@ -207,7 +200,7 @@ class Column:
 
     def add_const(self, v: Any, n: int) -> None:
         """Add ``n`` copies of ``v``."""
-        if self._objs is not None or not self._fits(v) or n < 16:
+        if self._objs or not self._fits(v) or n < 16:
             self.extend([v] * max(n, 0))
         elif self.kind == "f":
             self.add_floats(np.full(n, math.nan if v is None else v))
@@ -216,7 +209,7 @@ class Column:
 
     def concat(self, other: Column) -> None:
         """Append every value of ``other`` (same kind)."""
-        if self._objs is not None or other._objs is not None or other.kind != self.kind:
+        if self._objs or other._objs or other.kind != self.kind:
             self.extend(other)
             return
         self._store_tail()
@@ -231,28 +224,24 @@ class Column:
 
     def take(self, order: np.ndarray) -> Column:
         """A new column with the values at ``order`` (indices)."""
-        out = Column(self.kind)
-        if self._objs is not None:
-            out._objs = [self._objs[i] for i in order.tolist()]
-        elif len(order):
-            out._parts, out._scale = [self._stored()[order]], self._scale
-        return out
+        return self._holding(self._stored()[order])
 
     def inserted(self, keep: slice, at: np.ndarray, rows: np.ndarray) -> Column:
         """A new column: the values in ``keep`` with those at ``rows`` put before the places
         ``at`` among them (``np.insert``: one new array, no index per value)."""
-        if self._objs is not None:
-            return self.take(np.insert(np.arange(len(self))[keep], at, rows))
-        out = Column(self.kind)
         a = self._stored()
-        out._parts, out._scale = [np.insert(a[keep], at, a[rows])], self._scale
+        return self._holding(np.insert(a[keep], at, a[rows]))
+
+    def _holding(self, stored: np.ndarray) -> Column:
+        """A new column of this one's kind and form holding ``stored``."""
+        out = Column(self.kind)
+        out._parts, out._scale, out._objs = [stored], self._scale, self._objs
         return out
 
     # -- reading ----------------------------------------------------------------------------
 
     def _stored(self) -> np.ndarray:
         """The stored values as one array (not to be changed)."""
-        assert self._objs is None
         self._store_tail()
         if len(self._parts) != 1:
             self._parts = [np.concatenate(self._parts) if self._parts else np.zeros(0, np.int8)]
@@ -275,26 +264,22 @@ class Column:
 
     def none_mask(self) -> np.ndarray:
         """Where the values are None."""
-        if self._objs is not None:
-            return np.array([v is None for v in self._objs], dtype=bool)
         a = self._stored()
-        return a == none_of(a.dtype) if a.dtype.kind == "i" else np.isnan(a)
+        return np.isnan(a) if a.dtype.kind == "f" else a == none_of(a.dtype)
 
     def __len__(self) -> int:
-        if self._objs is not None:
-            return len(self._objs)
         return sum(map(len, self._parts)) + len(self._tail)
 
     @property
     def nbytes(self) -> int:
         """Bytes of the stored values."""
-        if self._objs is not None:
-            return 8 * len(self._objs)
         return sum(p.nbytes for p in self._parts) + 8 * len(self._tail)
 
     def _python(self, raw: np.ndarray) -> list[Any]:
         """Stored values as Python values."""
         vals = self._decode(raw).tolist()
+        if raw.dtype.kind == "O":
+            return vals
         if self.kind == "f":
             return [None if x != x else x for x in vals]
         none = none_of(raw.dtype)
@@ -302,30 +287,21 @@ class Column:
 
     def at(self, rows: np.ndarray) -> list[Any]:
         """The values at ``rows`` (indices), as Python values."""
-        if self._objs is not None:
-            return [self._objs[i] for i in rows.tolist()]
         return self._python(self._stored()[rows])
 
     def __getitem__(self, i: int) -> Any:
-        if self._objs is not None:
-            return self._objs[i]
         n = len(self)
         if not -n <= i < n:
             raise IndexError("column index out of range")
         return self._python(self._stored()[i : (i + 1) or None])[0]
 
     def __iter__(self) -> Iterator[Any]:
-        if self._objs is not None:
-            return iter(self._objs)
         a = self._stored()
         return (v for s in range(0, len(a), 1 << 16) for v in self._python(a[s : s + (1 << 16)]))
 
     def floats(self, rows: np.ndarray | None = None) -> np.ndarray:
         """The values (at ``rows``, when given) as a new float64 array (None as NaN); ints
         exact up to 2**53."""
-        if self._objs is not None:
-            vals = self._objs if rows is None else self.at(rows)
-            return np.array([math.nan if v is None else float(v) for v in vals], dtype=float)
         raw = self._stored() if rows is None else self._stored()[rows]
         out = self._decode(raw).astype(np.float64)  # (a copy)
         if self.kind == "i":
@@ -337,15 +313,17 @@ class Column:
         does not fit 64 bits)."""
         if self.kind != "i":
             raise TypeError("ints() of a float column")
-        if self._objs is not None:
-            return np.array([fill if v is None else v for v in self._objs], dtype=np.int64)
         a = self._stored()
+        if self._objs:
+            return np.array([fill if v is None else v for v in a.tolist()], dtype=np.int64)
         out = a.astype(np.int64)
         out[a == none_of(a.dtype)] = fill
         return out
 
     def _texts(self, raw: np.ndarray) -> np.ndarray:
         """Stored values as JSON texts (an object array)."""
+        if self._objs:
+            return np.array([json_text(v) for v in raw.tolist()], dtype=object)
         if self._scale is not None and raw.dtype.itemsize <= 4:
             return decimal_texts(raw, self._scale)
         vals = self._decode(raw)
@@ -366,15 +344,6 @@ class Column:
         (``json_texts``).  Values stored as ints (ints, printed decimals) of a range at most a
         quarter of the column and ``_TEXT_TABLE`` (timer values to 2 decimals, ranks) are
         taken from a table of the texts of that range, each formatted once."""
-        if self._objs is not None:
-            objs = self._objs
-
-            def of_objects(start: int, stop: int) -> np.ndarray:
-                out = np.empty(len(objs[start:stop]), dtype=object)
-                out[:] = [json_text(v) for v in objs[start:stop]]
-                return out
-
-            return of_objects
         a = self._stored()
         if a.dtype.kind == "i" and len(a):
             none = none_of(a.dtype)

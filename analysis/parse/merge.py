@@ -132,11 +132,10 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
         if why:
             out.problems.append(why)
     pipeline = is_pipeline(out.config, bool(out.pipeline_steps))
-    last_it = out.iterations[-1].iteration if out.iterations else None
-    out.problems.extend(merge_attribution(out.timers, last_it, pipeline))  # type: ignore[arg-type]
+    last = out.iterations[-1].iteration if out.iterations else None
+    out.problems.extend(merge_attribution(out.timers, last, pipeline))  # type: ignore[arg-type]
     failed = next((p for p in runs if p.status == "failed"), None)
     train_iters = out.config.get("train_iters")
-    last = out.iterations[-1].iteration if out.iterations else None
     if failed is not None:
         out.status, out.failure = "failed", failed.failure
         out.interrupted = any(p.interrupted for p in runs)
@@ -145,6 +144,3 @@ def merge_runs(runs: list[ParsedRun]) -> ParsedRun:
     ):
         out.status = "completed"
     return out
-
-
-# -- CLI --------------------------------------------------------------------------------------

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, fields
+from itertools import islice
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from analysis.parse.bulk import Bulk
 from analysis.parse.extract import line_end
 from analysis.parse.keywords import Keywords
-from analysis.parse.lines import MAX_LINE_CHARS, Demux, demux_tagged, strip_prefix
+from analysis.parse.lines import MAX_LINE_CHARS, demux_tagged, strip_prefix
 from analysis.parse.machine import Core
 from analysis.parse.merge import merge_runs
 from analysis.parse.records import RECORD_LISTS, ParsedRun, TimerBlock, TimerTable, block_dict
@@ -82,68 +82,20 @@ def parse_file(path: str | Path, bulk: bool = True) -> list[ParsedRun]:
 CHUNK_BYTES = 8 << 20
 """Bytes read at a time (whole lines are handed on; the rest waits for the next read)."""
 
-_TAG_AT_START_RE = re.compile(rb"\[\d{1,9},\d{1,6}\]<std(?:out|err)>:")
-"""An ``mpirun --tag-output`` tag (``_lines._OMPI_TAG_RE``, on bytes)."""
-
 
 class _Demuxed:
     """The lines of an ``mpirun --tag-output`` log put back together (``demux_tagged``), as a
-    binary file read in chunks of whole lines.  A line that is one rank's whole line (its tag
-    at the start, maybe again at the end: ``python -u`` writes the text, then the newline, two
-    writes that mpirun tags each) while no rank's line is pending is passed on with the
-    repeated tag taken off, as bytes; another goes through ``Demux``, which reads the text."""
+    binary file read in parts of whole lines."""
 
     def __init__(self, fh: BinaryIO) -> None:
-        self.fh = fh
-        self.rest = b""
-        self.demux = Demux()
-        self.done = False
+        text = (line.decode("utf-8", "replace").removesuffix("\n") for line in fh)
+        self.lines = demux_tagged(text)
 
     def seekable(self) -> bool:
         return False
 
     def read(self, _n: int = -1) -> bytes:
-        while not self.done:
-            chunk = self.fh.read(OMPI_PEEK_BYTES)
-            data = self.rest + chunk
-            if not chunk:
-                self.done = True
-                self.rest = b""
-                return self._lines(data.split(b"\n") if data else [], end=True)
-            cut = data.rfind(b"\n") + 1
-            body, self.rest = data[:cut], data[cut:]
-            if body:
-                lines = body.split(b"\n")
-                lines.pop()
-                return self._lines(lines)
-        return b""
-
-    def _lines(self, lines: list[bytes], end: bool = False) -> bytes:
-        """The lines put back together, each ending in a newline (``end``: the rest of the
-        file, a last line without a newline, then what never ended)."""
-        out: list[bytes] = []
-        demux = self.demux
-        match = _TAG_AT_START_RE.match
-        for line in lines:
-            if not demux.pending:
-                if OMPI_TAG_BYTES not in line:
-                    out.append(line)
-                    continue
-                m = match(line)
-                if m is not None:
-                    tag = m.group()
-                    rest = line[m.end() :].rstrip(b"\r")
-                    if rest.endswith(tag):
-                        rest = rest[: -len(tag)]
-                    if OMPI_TAG_BYTES not in rest:
-                        out.append(tag + rest)
-                        continue
-            text = line.decode("utf-8", "replace") + "\n"
-            out.extend(x.rstrip("\r\n").encode() for x in demux.lines([text]))
-        if end:
-            out.extend(x.encode() for x in demux.flush())
-        out.append(b"")
-        return b"\n".join(out) if len(out) > 1 else b""
+        return "".join(line + "\n" for line in islice(self.lines, 1 << 14)).encode()
 
 
 def parse_stream(fh: BinaryIO, source: str, bulk: bool = True) -> list[ParsedRun]:
@@ -299,8 +251,8 @@ def drive_block(
     lines end (default: the end of ``block``)."""
     end = len(block) if end < 0 else end
     pos = 0
+    stepped = False  # the last bulk step ended at ``pos``
     while pos < end:
-        stepped = False
         if bulk is not None and not core.active and not core.timer_keys and bulk.line_budget <= 0:
             pos, lineno, cut = bulk.advance(block, pos, end, lineno)
             if pos >= end:
@@ -310,15 +262,9 @@ def drive_block(
             stepped = True
         start = pos
         pos, lineno = line_step(core, kw, block, pos, end, lineno, look_here=stepped)
-        if bulk is None:
-            continue
-        # Keyword lines of a sparse stretch: feed them here until the budget is spent.
-        budget = bulk.line_budget - (pos - start)
-        while budget > 0 and pos < end and not core.active and not core.timer_keys:
-            start = pos
-            pos, lineno = line_step(core, kw, block, pos, end, lineno)
-            budget -= pos - start
-        bulk.line_budget = budget
+        stepped = False
+        if bulk is not None:  # (keyword lines of a sparse stretch: fed here until it is spent)
+            bulk.line_budget -= pos - start
     return lineno
 
 

@@ -33,9 +33,6 @@ class IterIndex:
         return number in self._seen
 
     def __setitem__(self, number: int, _position: int) -> None:
-        self.add(number)
-
-    def add(self, number: int) -> None:
         """Record a number (added to the table by the caller)."""
         if self._seen is not None:
             self._seen.add(number)
