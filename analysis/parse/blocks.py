@@ -68,7 +68,7 @@ class Blocks:
             self.start[:n], self.body[:n], self.end[:n], self.close[:n]
         )  # fmt: skip
         out.keys = self.keys[:n]
-        mine = self.own_s < (self.start[n] if n < len(self) else 0)
+        mine = self.own_s < self.start[n]
         out.own_s, out.own_e = self.own_s[mine], self.own_e[mine]
         for names, shape, idx, vals in self.groups:
             k = idx < n
@@ -154,11 +154,11 @@ class BlockExtractor:
         # Most blocks are of one stream and kind, printed in one piece: one search reads
         # their bodies (and, when it finds every header, their headers), and an iteration
         # line of the stream right after one closes it.
-        first = block.find(_ACROSS, pos, T)
-        if first < 0:
+        first = HEAD_RE.search(block, pos, T)
+        if first is None:
             return T, Blocks(), False
-        q0, k0 = _kinds(block, pos, np.array([first]))
-        h0 = block.rfind(b"\n", pos, first) + 1 or pos
+        q0, k0 = _kinds(block, pos, np.array([first.start()]))
+        h0 = block.rfind(b"\n", pos, first.start()) + 1 or pos
         p0, k0 = block[h0 : int(q0[0])] if len(q0) else b"", k0[0] if k0 else b"times"
         fixed = len(p0) + len(k0) + len(_ACROSS)
         ws, we, (tails, texts) = matches(self._rx(p0, k0, True), block, pos, T, fixed)
@@ -171,11 +171,6 @@ class BlockExtractor:
             at, kinds = _kinds(block, pos, at)
             hend = hend[: len(at)]
             hs = self.extract.starts(block, pos, nl, at)
-            if len(at) and (block[int(hs[0]) : int(at[0])], kinds[0]) != (p0, k0):
-                p0, k0 = block[int(hs[0]) : int(at[0])], kinds[0]
-                fixed = len(p0) + len(k0) + len(_ACROSS)
-                ws, we, (tails, texts) = matches(self._rx(p0, k0, True), block, pos, T, fixed)
-                lens = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
         n = len(at)
         if not n:
             return T, Blocks(), False
@@ -402,17 +397,11 @@ def _kinds(block: bytes, pos: int, q: np.ndarray) -> tuple[np.ndarray, list[byte
     return q[:n] - lens[which[:n]], kinds
 
 
-def _first_lines(bodies: list[bytes], prefix: bytes) -> list[bytes]:
-    """The lines of the first of ``bodies`` (each line ends in a newline), ``prefix`` (at
-    the start of each line) taken off; the last one empty."""
-    return [x[len(prefix) :] for x in bodies[0].split(b"\n")]
-
-
 def _pair_rows(bodies: list[bytes], prefix: bytes) -> tuple[Any, Any, np.ndarray] | None:
     """(names, shape, values) of bodies of one form of ``name ....: (min, max)`` lines, each
     line after ``prefix`` (a value is the text after its line's last colon), or None when a
     name repeats or, in more than one body, holds a digit (the names may then differ)."""
-    first = _PAIR_VALUES.findall(b"\n".join(_first_lines(bodies, prefix)))
+    first = _PAIR_VALUES.findall(b"\n".join(x[len(prefix) :] for x in bodies[0].split(b"\n")))
     names = tuple(v[0].decode() for v in first)
     shape = tuple(0 if v[3] else 2 for v in first)
     if len(set(names)) != len(names) or (len(bodies) > 1 and any(map(str.isdigit, "".join(names)))):
@@ -439,7 +428,7 @@ def _rank_rows(bodies: list[bytes], prefix: bytes) -> tuple[Any, Any, np.ndarray
     rank lines of the first body are those of each, and a value is the text after its line's
     colon.  None when not read so for certain (a digit in a name line of several bodies: a
     name may differ)."""
-    lines = _first_lines(bodies, prefix)
+    lines = [x[len(prefix) :] for x in bodies[0].split(b"\n")]  # (the last one empty)
     if lines.pop():
         return None
     is_rank = [_RANK_FULL.fullmatch(x) is not None for x in lines]

@@ -17,7 +17,7 @@ from analysis.parse.blocks import BlockExtractor, Blocks
 from analysis.parse.extract import Extractors, Lines
 from analysis.parse.keywords import Keywords
 from analysis.parse.machine import Core
-from analysis.parse.records import Memory, TimerBlock
+from analysis.parse.records import Memory
 from analysis.parse.rules import StreamState
 
 SEG_START, SEG_MIN, SEG_MAX = 1 << 18, 1 << 14, 4 << 20
@@ -383,25 +383,12 @@ class Bulk:
                 it_of[rows] = last_of[key]
                 known[rows] = True
         for names, shape, at, nums in blocks.groups:
-            if last_before is None and not known[at].all():
-                for row, it, i in zip(nums.tolist(), it_of[at].tolist(), at.tolist(), strict=True):
-                    values: dict[str, Any] = {}
-                    j = 0
-                    for name, w in zip(names, shape, strict=True):
-                        values[name] = tuple(row[j : j + w]) if w else row[j]
-                        j += max(w, 1)
-                    table.append(
-                        TimerBlock(
-                            "megatron", values, None, it if known[i] else None, int(hlines[i])
-                        )
-                    )
-                continue
+            g, mine = table.group("megatron", names, shape), known[at]
+            if last_before is None and not mine.all():  # (blocks before the run's first)
+                table.add_rows(g, nums[~mine], None, None, hlines[at][~mine])
+                nums, at = nums[mine], at[mine]
             table.add_rows(
-                table.group("megatron", names, shape),
-                nums,
-                None,
-                np.where(known[at], it_of[at], last_before if last_before is not None else 0),
-                hlines[at],
+                g, nums, None, np.where(known[at], it_of[at], last_before or 0), hlines[at]
             )
 
     def _first_keyword(
