@@ -91,44 +91,25 @@ def demux_tagged(lines: Iterable[str]) -> Iterator[str]:
     ``<tag><whole line>``. Untagged lines (mpirun's own, the launcher's) pass unchanged; pieces
     never completed are yielded at the end (or once longer than ``MAX_LINE_CHARS``).
     """
-    demux = Demux()
-    yield from demux.lines(lines)
-    yield from demux.flush()
-
-
-class Demux:
-    """``demux_tagged`` fed in parts: the pieces of ranks' lines not yet ended are kept
-    between calls."""
-
-    def __init__(self) -> None:
-        self.pending: dict[str, str] = {}
-        """Tag -> the text of that rank's line so far (no newline yet)."""
-
-    def lines(self, lines: Iterable[str]) -> Iterator[str]:
-        """The lines put back together from these physical lines (``demux_tagged``)."""
-        pending = self.pending
-        for raw in lines:
-            if OMPI_TAG_MARK not in raw:
-                yield raw
-                continue
-            parts = _OMPI_TAG_RE.split(raw.rstrip("\r\n"))
-            if len(parts) == 1:
-                yield raw
-                continue
-            if parts[0]:  # untagged text before the first tag
-                yield parts[0]
-            pieces = list(zip(parts[1::2], parts[2::2], strict=True))
-            for tag, data in pieces[:-1]:
-                pending[tag] = pending.get(tag, "") + data
-                if len(pending[tag]) > MAX_LINE_CHARS:  # a rank that never ends its line
-                    yield tag + pending.pop(tag)
-            tag, data = pieces[-1]
-            yield tag + pending.pop(tag, "") + data
-
-    def flush(self) -> Iterator[str]:
-        """What never ended, at the end of the log."""
-        yield from (tag + data for tag, data in self.pending.items())
-        self.pending = {}
+    pending: dict[str, str] = {}  # tag -> the text of that rank's line so far (no newline yet)
+    for raw in lines:
+        if OMPI_TAG_MARK not in raw:
+            yield raw
+            continue
+        parts = _OMPI_TAG_RE.split(raw.rstrip("\r\n"))
+        if len(parts) == 1:
+            yield raw
+            continue
+        if parts[0]:  # untagged text before the first tag
+            yield parts[0]
+        pieces = list(zip(parts[1::2], parts[2::2], strict=True))
+        for tag, data in pieces[:-1]:
+            pending[tag] = pending.get(tag, "") + data
+            if len(pending[tag]) > MAX_LINE_CHARS:  # a rank that never ends its line
+                yield tag + pending.pop(tag)
+        tag, data = pieces[-1]
+        yield tag + pending.pop(tag, "") + data
+    yield from (tag + data for tag, data in pending.items())  # what never ended
 
 
 def strip_prefix(line: str) -> str:
