@@ -711,6 +711,23 @@ def test_several_runs_in_one_file():
     assert [len(r.iterations) for r in parse_text(text)] == [1, 1]
 
 
+def test_launcher_command_options_keep_dashes_in_their_values():
+    """Only an option's name is spelled with underscores; a value keeps its dashes."""
+    cmd = (
+        "[2024-01-01 00:00:00,000] [INFO] [runner.py:630:main] cmd = python -u -m "
+        "deepspeed.launcher.launch pretrain_gpt.py --num-layers 2 --lr=-1e-4 "
+        "--data-path=/data/my-corpus_text_document --split 98,2,0 --lr-decay-style cos-x"
+    )
+    (run,) = parse_text("\n".join([cmd, "training ...", RUN_END]))
+    assert run.config["launcher_args"] == {
+        "num_layers": 2,
+        "lr": -1e-4,
+        "data_path": "/data/my-corpus_text_document",
+        "split": "98,2,0",
+        "lr_decay_style": "cos-x",
+    }
+
+
 @pytest.mark.parametrize(
     "text",
     ["", "\n\n", "\x00\x01\x02garbage\xff", "iteration", "| | | :", "Traceback (most recent"],

@@ -538,7 +538,8 @@ class Core:
         for i, a in enumerate(args):
             if not a.startswith("--"):
                 continue  # (a value, read with its option)
-            name, eq, v = a[2:].replace("-", "_").partition("=")
+            name, eq, v = a[2:].partition("=")
+            name = name.replace("-", "_")  # (the option's name only: values keep their dashes)
             if eq:
                 self.run.cmd_args[name] = typed_value(v)
             elif i + 1 < len(args) and not args[i + 1].startswith("--"):
