@@ -76,15 +76,6 @@ _ALLOC_NOT = (
     b"memory (MB)",
 )
 """Texts that send a line to an earlier branch of ``Core._dispatch`` than ``MemAllocated=``."""
-NEEDLES = {
-    DS_RE: b"] time (ms) |",
-    IT_RE: b"iteration",
-    STEPS_RE: b"steps: ",
-    MEM_RE: b"memory (MB) |",
-    ALLOC_RE: b"MemAllocated=",
-}
-"""A text every match of each family's pattern holds (``bytes.find`` is faster than the
-pattern where a family is absent)."""
 MEM_FIELDS = {
     "allocated": "allocated_mb",
     "max allocated": "max_allocated_mb",
@@ -455,10 +446,7 @@ class Extractors:
     ) -> tuple[Lines, list[list[bytes]]]:
         """The lines of [pos, T) that ``rx`` matches (``matches``), with their stream keys
         (``anchor``: the text where a record starts), those the line path reads otherwise
-        not kept; and the texts of the pattern's groups.  (A stretch without the pattern's
-        literal ``NEEDLES[rx]`` is not searched.)"""
-        if block.find(NEEDLES[rx], pos, T) < 0:
-            return Lines.empty(), [[] for _ in range(rx.groups)]
+        not kept; and the texts of the pattern's groups."""
         at, le, groups = matches(rx, block, pos, T, fixed)
         if not len(at):
             return Lines.empty(), groups
