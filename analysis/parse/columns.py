@@ -341,28 +341,40 @@ class Column:
 
     def text_reader(self) -> Callable[[int, int], np.ndarray]:
         """A function giving the JSON texts of the values ``start:stop`` as an object array
-        (``json_texts``).  Values stored as ints (ints, printed decimals) of a range at most a
-        quarter of the column and ``_TEXT_TABLE`` (timer values to 2 decimals, ranks) are
-        taken from a table of the texts of that range, each formatted once."""
-        a = self._stored()
-        if a.dtype.kind == "i" and len(a):
-            none = none_of(a.dtype)
-            some = a != none
-            lo = int(a.min(where=some, initial=np.iinfo(a.dtype).max))
-            hi = int(a.max(where=some, initial=none))
-            if 0 <= hi - lo < min(len(a) // 4, _TEXT_TABLE):
+        (``json_texts``), read from the stored arrays as they are (not joined: no copy of the
+        column).  Values stored as ints (ints, printed decimals) of a range at most a quarter
+        of the column and ``_TEXT_TABLE`` (timer values to 2 decimals, ranks) are taken from a
+        table of the texts of that range, each formatted once."""
+        self._store_tail()
+        parts = self._parts
+        starts = np.cumsum([0, *map(len, parts)]).tolist()
+
+        def stored(start: int, stop: int) -> np.ndarray:
+            got = [
+                p[max(start - at, 0) : stop - at]
+                for p, at in zip(parts, starts, strict=False)
+                if at < stop and start < at + len(p)
+            ]
+            return got[0] if len(got) == 1 else np.concatenate(got or [np.zeros(0, np.int8)])
+
+        if parts and parts[0].dtype.kind == "i":
+            none = none_of(parts[0].dtype)
+            top = np.iinfo(parts[0].dtype).max
+            lo = min(int(p.min(where=p != none, initial=top)) for p in parts)
+            hi = max(int(p.max(where=p != none, initial=none)) for p in parts)
+            if 0 <= hi - lo < min(len(self) // 4, _TEXT_TABLE):
                 table = np.append(
-                    self._texts((np.arange(hi - lo + 1) + lo).astype(a.dtype)), "null"
+                    self._texts((np.arange(hi - lo + 1) + lo).astype(parts[0].dtype)), "null"
                 )
 
                 def from_table(start: int, stop: int) -> np.ndarray:
-                    raw = a[start:stop]
+                    raw = stored(start, stop)
                     at = raw.astype(np.int64) - lo
                     at[raw == none] = len(table) - 1
                     return table[at]
 
                 return from_table
-        return lambda start, stop: self._texts(a[start:stop])
+        return lambda start, stop: self._texts(stored(start, stop))
 
 
 def decimal_texts(k: np.ndarray, d: int) -> np.ndarray:

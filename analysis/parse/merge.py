@@ -65,18 +65,8 @@ def finished_run(run: RunState) -> ParsedRun:
             if status == "failed"
             else None
         )
-    if not (
-        run.iterations
-        or run.steps
-        or had_ds_blocks
-        or run.megatron_blocks
-        or run.memory
-        or run.memory_other
-        or run.failure
-        or run.outcome
-        or run.args
-        or run.world
-    ):
+    found = (run.iterations, run.steps, run.megatron_blocks, run.memory, run.memory_other)
+    if not (had_ds_blocks or any(found) or run.failure or run.outcome or run.args or run.world):
         out.problems.append("no training output recognised")
     return out
 

@@ -182,12 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         for text in _iter_json(ns.logs):
             write(text)
         return 0
-    try:  # (rich only for the text output: ``--json`` and the library do not load it)
-        from rich.console import Console
+    from rich.console import Console  # (only here: ``--json`` and the library do not load it)
 
-        console: Any = Console(highlight=False)
-    except ImportError:  # pragma: no cover - rich is a project dependency
-        console = None
+    console = Console(highlight=False)
     for p in ns.logs:
         runs = parse_file(p)
         header = f"{p}: {len(runs)} run(s)"
@@ -195,10 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in runs:
             lines.extend(f"    problem: {x}" for x in r.problems[:5])
         for line in lines:
-            if console is not None:
-                console.print(line, markup=False)
-            else:
-                print(line)
+            console.print(line, markup=False)
     return 0
 
 

@@ -498,20 +498,6 @@ class TimerTable(Rows[TimerBlock]):
                 grp = self._groups[g]
                 yield TimerBlock(grp.source, grp.values(next(readers[g])), rank, it, line)  # type: ignore[arg-type]
 
-    def group_views(
-        self, source: str, names: Callable[[tuple[str, ...]], bool] | None = None
-    ) -> list[TimerGroupView]:
-        """The blocks of one source as column groups (``timer_groups``); values are read when
-        asked for."""
-        out = []
-        gid = self.group_ids()
-        for g, grp in enumerate(self._groups):
-            if grp.source == source and (names is None or names(grp.names)):
-                rows = np.flatnonzero(gid == g)
-                its = self._iteration.floats(rows)
-                out.append(TimerGroupView(grp.names, grp.shape, rows, its, _LazyValues(grp)))
-        return out
-
     @property
     def nbytes(self) -> int:
         """Bytes of the stored values."""
@@ -596,4 +582,11 @@ def timer_groups(
     """The blocks of one source as column groups (one per set of names, blocks in order);
     ``names``: only the groups whose names it accepts."""
     table = timers if isinstance(timers, TimerTable) else TimerTable(timers)
-    return table.group_views(source, names)
+    gid = table.group_ids()
+    out = []
+    for g, grp in enumerate(table._groups):
+        if grp.source == source and (names is None or names(grp.names)):
+            rows = np.flatnonzero(gid == g)
+            its = table._iteration.floats(rows)  # values are read when asked for:
+            out.append(TimerGroupView(grp.names, grp.shape, rows, its, _LazyValues(grp)))
+    return out
