@@ -29,7 +29,6 @@ from analysis.parse.rules import TIMER_LINE_RE, TIMER_NAME_RE, TIMER_RANK_RE
 HEAD_RE = re.compile(rb" across ranks \(ms\):([ \t]*\r?\n)")
 """A Megatron timer block's header, after its kind, to its newline."""
 _ACROSS = b" across ranks (ms):"
-_HEAD_FIXED = len(_ACROSS)
 KINDS = (b"(min, max) time", b"max time", b"times")
 """The kinds of block, as their headers name them."""
 _NAME = rb"[A-Za-z_][A-Za-z0-9_-]*+(?: [A-Za-z0-9_-]++)*+"
@@ -161,13 +160,13 @@ class BlockExtractor:
         h0 = block.rfind(b"\n", pos, first.start()) + 1 or pos
         p0, k0 = block[h0 : int(q0[0])] if len(q0) else b"", k0[0] if k0 else b"times"
         fixed = len(p0) + len(k0) + len(_ACROSS)
-        ws, we, (tails, texts) = matches(self._rx(p0, k0, True), block, pos, T, fixed)
+        ws, we, (tails, texts) = matches(self._rx(p0, k0, True), block, pos, T)
         lens = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
         a = np.frombuffer(block, dtype=np.uint8)
         if len(ws) == block.count(_ACROSS, pos, T) and (a[np.maximum(ws - 1, 0)] == 10).all():
             hs, at, hend, kinds = ws, ws + len(p0), ws + fixed + lens, [k0] * len(ws)
         else:
-            at, hend, _nl = matches(HEAD_RE, block, pos, T, _HEAD_FIXED)
+            at, hend, _nl = matches(HEAD_RE, block, pos, T)
             at, kinds = _kinds(block, pos, at)
             hend = hend[: len(at)]
             hs = self.extract.starts(block, pos, nl, at)

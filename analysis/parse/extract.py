@@ -31,7 +31,6 @@ says how many of them really are prefixes)."""
 NUM = rb"-?\d++(?:\.\d++)?+"
 """A plain decimal: ``float()`` reads it as ``lines.to_float`` does."""
 DS_RE = re.compile(rb"\[Rank (\d{1,9})\] time \(ms\) \|([^\n]*)\n")
-_DS_FIXED = len(b"[Rank ] time (ms) |\n")
 """A DeepSpeed ``wall_clock_breakdown`` line: rank, the rest of the line (``DS_FORM``)."""
 DS_FORM = re.compile(rb"(?: [A-Za-z_]+: +[-+.eE]* *\|)* [A-Za-z_]+: +[-+.eE]*[ \t]*\r?\Z")
 """The form (the text without its digits) of the ``name: value`` pieces of a DeepSpeed line
@@ -39,7 +38,6 @@ that is read in bulk (each value then a number ``float()`` reads, each name with
 DS_PLAIN = re.compile(rb"(?: [A-Za-z_]+: +[-+.]* *\|)* [A-Za-z_]+: +[-+.]*[ \t]*\r?\Z")
 """A ``DS_FORM`` of plain decimals (no exponent): its values are read by ``_plain_values``."""
 IT_RE = re.compile(rb"iteration( +\d{1,18}/ *\d{1,18} *)\|([^\n]*)\n")
-_IT_FIXED = len(b"iteration|\n")
 """A Megatron iteration line from ``iteration``: `` number/ total `` and the rest of the line
 (``IT_FORM``)."""
 IT_FORM = re.compile(rb"(?: *[A-Za-z][A-Za-z _/().,%'-]*: +[-+.eE]* *\|)+[ \t]*\r?\Z")
@@ -49,13 +47,11 @@ STEPS_RE = re.compile(
     rb"((?: samples/sec: " + NUM + rb")?)([ \t]*\r?)\n"
 )
 """A PipelineEngine step line: step, loss, seconds, `` samples/sec: S`` (maybe absent)."""
-_STEPS_FIXED = len(b"steps:  loss:  iter time (s): \n")
 MEM_RE = re.compile(
     rb"\[Rank (\d{1,9})\] \(after (\d{1,18}) iterations\) memory \(MB\) \|([^\n]*)\n"
 )
 """A Megatron memory report of one rank after some iterations: rank, iterations, the rest of
 the line (``MEM_FORM``)."""
-_MEM_FIXED = len(b"[Rank ] (after  iterations) memory (MB) |\n")
 _MEM_NAME = rb"(?:max )?(?:allocated|reserved)"
 MEM_FORM = re.compile(
     rb"(?: " + _MEM_NAME + rb": +[-+.]* *\|)* " + _MEM_NAME + rb": +[-+.]*[ \t]*\|?[ \t]*\r?\Z"
@@ -66,7 +62,6 @@ ALLOC_RE = re.compile(
     rb"([^\n]*)\n"
 )
 """DeepSpeed's ``see_memory_usage``-style ``MemAllocated=..GB MaxMemAllocated=..GB`` line."""
-_ALLOC_FIXED = len(b"[Rank ] MemAllocated=GB MaxMemAllocated=GB\n")
 _ALLOC_NOT = (
     b"# run outcome",
     b"iteration",
@@ -142,11 +137,11 @@ def _plain_values(joined: bytes, n: int, k: int) -> np.ndarray | None:
 
 
 def matches(
-    rx: re.Pattern[bytes], block: bytes, pos: int, T: int, fixed: int
+    rx: re.Pattern[bytes], block: bytes, pos: int, T: int
 ) -> tuple[np.ndarray, np.ndarray, list[list[bytes]]]:
     """Where each match of ``rx`` in [pos, T) starts and ends, and the values of each of its
     groups, from one ``split`` (no object per match): every byte of a match that is not in a
-    group is of its fixed text, ``fixed`` bytes."""
+    group is of its fixed text, as long in each as in the first."""
     parts = rx.split(block[pos:T])
     k = rx.groups
     n = (len(parts) - 1) // (k + 1)
@@ -154,6 +149,9 @@ def matches(
         none = np.zeros(0, dtype=np.int64)
         return none, none, [[] for _ in range(k)]
     lens = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    first = rx.match(block, pos + len(parts[0]), T)
+    assert first is not None
+    fixed = first.end() - first.start() - int(lens[1 : k + 1].sum())
     gaps = lens[0 :: k + 1][:n]
     width = fixed + lens[:-1].reshape(n, k + 1)[:, 1:].sum(axis=1)
     ends = pos + np.cumsum(gaps + width)
@@ -437,7 +435,6 @@ class Extractors:
     def found(
         self,
         rx: re.Pattern[bytes],
-        fixed: int,
         anchor: bytes,
         block: bytes,
         pos: int,
@@ -447,7 +444,7 @@ class Extractors:
         """The lines of [pos, T) that ``rx`` matches (``matches``), with their stream keys
         (``anchor``: the text where a record starts), those the line path reads otherwise
         not kept; and the texts of the pattern's groups."""
-        at, le, groups = matches(rx, block, pos, T, fixed)
+        at, le, groups = matches(rx, block, pos, T)
         if not len(at):
             return Lines.empty(), groups
         ls = self.starts(block, pos, nl, at)
@@ -462,7 +459,7 @@ class Extractors:
     def ds_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
         """DeepSpeed ``[Rank N] time (ms) | name: value | ...`` lines of [pos, T); values by
         names in ``groups``, ``keep`` where taken."""
-        out, (ranks, bodies) = self.found(DS_RE, _DS_FIXED, b"[Rank", block, pos, T, nl)
+        out, (ranks, bodies) = self.found(DS_RE, b"[Rank", block, pos, T, nl)
         if not len(out):
             return out
         out.cols["rank"] = int_tokens(ranks)
@@ -501,7 +498,7 @@ class Extractors:
 
     def iteration_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
         """Megatron ``iteration N/ M | key: value | ... |`` lines of [pos, T)."""
-        out, (counters, rests) = self.found(IT_RE, _IT_FIXED, b"iteration", block, pos, T, nl)
+        out, (counters, rests) = self.found(IT_RE, b"iteration", block, pos, T, nl)
         n = len(out)
         if not n:
             return out
@@ -542,7 +539,7 @@ class Extractors:
     def steps_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
         """PipelineEngine ``steps: N loss: L iter time (s): T samples/sec: S`` lines of
         [pos, T)."""
-        out, groups = self.found(STEPS_RE, _STEPS_FIXED, b"steps:", block, pos, T, nl)
+        out, groups = self.found(STEPS_RE, b"steps:", block, pos, T, nl)
         if not len(out):
             return out
         step, loss, secs, sps, _end = groups
@@ -556,7 +553,7 @@ class Extractors:
 
     def mem_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
         """Megatron ``[Rank N] (after K iterations) memory (MB) | ...`` reports of [pos, T)."""
-        out, (ranks, afters, bodies) = self.found(MEM_RE, _MEM_FIXED, b"[Rank", block, pos, T, nl)
+        out, (ranks, afters, bodies) = self.found(MEM_RE, b"[Rank", block, pos, T, nl)
         if not len(out):
             return out
         out.cols = {f: np.full(len(out), np.nan) for f in MEM_FIELDS.values()}
@@ -578,7 +575,7 @@ class Extractors:
 
     def alloc_lines(self, block: bytes, pos: int, T: int, nl: np.ndarray) -> Lines:
         """DeepSpeed ``[Rank N] MemAllocated=..GB MaxMemAllocated=..GB ...`` lines of [pos, T)."""
-        out, groups = self.found(ALLOC_RE, _ALLOC_FIXED, b"[Rank", block, pos, T, nl)
+        out, groups = self.found(ALLOC_RE, b"[Rank", block, pos, T, nl)
         if not len(out):
             return out
         rank, a, top, rests = groups
