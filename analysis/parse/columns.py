@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
-from numpy.dtypes import StringDType
 
 _BATCH = 4096
 """Values added one at a time that wait before they are stored as an array."""
@@ -324,8 +323,6 @@ class Column:
         """Stored values as JSON texts (an object array)."""
         if self._objs:
             return np.array([json_text(v) for v in raw.tolist()], dtype=object)
-        if self._scale is not None and raw.dtype.itemsize <= 4:
-            return decimal_texts(raw, self._scale)
         vals = self._decode(raw)
         texts = np.empty(len(raw), dtype=object)
         texts[:] = list(map(int.__repr__ if self.kind == "i" else float.__repr__, vals.tolist()))
@@ -375,46 +372,6 @@ class Column:
 
                 return from_table
         return lambda start, stop: self._texts(stored(start, stop))
-
-
-def decimal_texts(k: np.ndarray, d: int) -> np.ndarray:
-    """``repr`` of the floats ``k / 10.0**d`` (``k`` stored ints below 2**31, ``d`` <= 6; None
-    as ``null``), an object array, written from the digits of ``k``: the integer part, the
-    point, the decimals without their trailing zeros but the first.  That is the shortest text
-    that reads back as the float, as ``repr`` writes it, but for 0 < |v| < 1e-4 (an
-    exponent): those few by ``repr``."""
-    none = k == none_of(k.dtype)
-    a = np.where(none, 0, np.abs(k.astype(np.int64)))
-    scale = d
-    if not d:  # a whole number: "5.0"
-        a, d = a * 10, 1
-    whole = a // 10**d
-    wide = len(str(int(whole.max(initial=0))))  # integer digits of the widest
-    width = wide + d + 2  # (the sign, the digits, the point, the decimals)
-    chars = np.empty((len(a), width), dtype=np.uint8)
-    chars[:, width - 1 - d] = ord(".")
-    x = a
-    for col in [*range(width - 1, width - 1 - d, -1), *range(width - 2 - d, 0, -1)]:
-        x, digit = np.divmod(x, 10)
-        chars[:, col] = digit + ord("0")
-    start = np.full(len(a), width - d - 2)  # where each text starts: one digit, more below
-    for i in range(1, wide):
-        start -= whole >= 10**i
-    neg = np.flatnonzero((k < 0) & ~none)
-    start[neg] -= 1
-    chars[neg, start[neg]] = ord("-")
-    length = width - start
-    for i in range(1, d):
-        length -= a % 10**i == 0
-    c = np.arange(width)
-    chars = np.take_along_axis(chars, np.minimum(c + start[:, None], width - 1), axis=1)
-    chars[c >= length[:, None]] = 0  # (left-aligned, NUL after: bytes of that length)
-    texts = chars.view(f"S{width}").ravel().astype(StringDType()).astype(object)
-    texts[none] = "null"
-    if scale > 4:
-        for i in np.flatnonzero((a > 0) & (a < 10 ** (scale - 4))).tolist():
-            texts[i] = float.__repr__(int(k[i]) / 10.0**scale)
-    return texts
 
 
 def _widened(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
