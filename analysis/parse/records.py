@@ -382,7 +382,8 @@ class TimerTable(Rows[TimerBlock]):
 
     def set_source(self, g: int, source: str) -> None:
         """Change the source of a group (the merge re-sources DeepSpeed blocks of a pipeline
-        run); a group of that source and names already present is joined."""
+        run); when a group of that source and names is already present, the two stay
+        apart (each keeps its blocks in their order) and new blocks go to the first."""
         grp = self._groups[g]
         del self._gindex[(grp.source, grp.names, grp.shape)]
         grp.source = source
