@@ -4,15 +4,113 @@ per-node files of one run merged into one ``ParsedRun``.
 
 from __future__ import annotations
 
-from analysis.parse.records import Failure, ParsedRun, PipelineStep, PipelineStepTable
-from analysis.parse.rules import (
-    RunState,
-    attribute_ds_blocks,
-    is_pipeline,
-    num_parameters_of,
-    run_summary,
+from typing import Any
+
+import numpy as np
+
+from analysis.parse.records import Failure, ParsedRun, PipelineStep, PipelineStepTable, TimerTable
+from analysis.parse.rules import RunState
+from analysis.parse.storage import (
+    DeepSpeedBlocks,
+    attribute_blocks,
+    merge_attribution,
+    merge_iterations,
 )
-from analysis.parse.storage import DeepSpeedBlocks, merge_attribution, merge_iterations
+
+_SUMMARY_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "seq_length",
+    "micro_batch_size",
+    "global_batch_size",
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "data_parallel_size",
+    "zero_stage",
+    "world_size",
+    "padded_vocab_size",
+    "num_parameters",
+)
+
+DS_BATCH_KEYS = (
+    ("global_batch_size", "train_batch_size"),
+    ("micro_batch_size", "train_micro_batch_size_per_gpu"),
+)
+"""Summary keys the DeepSpeed config gives when nothing else does: (key, its name there)."""
+
+
+def attribute_ds_blocks(run: RunState, pipeline: bool) -> tuple[TimerTable, list[str]]:
+    """DeepSpeed/pipeline timer blocks with their iteration (see module doc)."""
+    steps = run.steps.column("step").ints() if len(run.steps) else np.zeros(0, dtype=np.int64)
+    return attribute_blocks(run.ds_blocks, run.iter_numbers, steps, pipeline)
+
+
+def run_summary(run: RunState) -> tuple[dict[str, Any], list[str]]:
+    """The config dict: Megatron's typed args plus the summary keys (None when unknown)."""
+    problems: list[str] = []
+    config: dict[str, Any] = dict(run.args)
+    sources = (run.args, run.world, run.cmd_args)
+    for key in _SUMMARY_KEYS:
+        config[key] = next((s[key] for s in sources if s.get(key) is not None), None)
+    zero = run.ds_config.get("zero_optimization")
+    ds_stage = zero.get("stage") if isinstance(zero, dict) else None
+    if not isinstance(ds_stage, int):
+        ds_stage = run.ds_engine.get("zero_optimization_stage")
+    if isinstance(ds_stage, int):
+        if config["zero_stage"] is not None and config["zero_stage"] != ds_stage:
+            problems.append(
+                f"zero stage: Megatron argument says {config['zero_stage']}, DeepSpeed's config "
+                f"says {ds_stage}; using DeepSpeed's"
+            )
+        config["zero_stage"] = ds_stage
+    for name, ds_name in DS_BATCH_KEYS:
+        value = run.ds_config.get(ds_name)
+        if config[name] is None and isinstance(value, int):
+            config[name] = value
+    if run.vocab:
+        config["padded_vocab_size"] = run.vocab["padded_vocab_size"]
+        config["vocab_size"] = run.vocab["vocab_size"]
+    if run.cmd_args:
+        config["launcher_args"] = dict(run.cmd_args)
+    config["train_iters"] = run.train_iters
+    if run.train_iters is None:
+        given = (s["train_iters"] for s in sources if isinstance(s.get("train_iters"), int))
+        config["train_iters"] = next(given, None)
+    if run.params:
+        config["num_parameters_by_rank"] = dict(run.params)
+    config["num_parameters"], why = num_parameters_of(config, run.params)
+    if why:
+        problems.append(why)
+    return config, problems
+
+
+def num_parameters_of(config: dict[str, Any], params: dict[str, int]) -> tuple[int | None, str]:
+    """Parameters of the model as printed, when the log states it for the whole model.
+
+    Megatron prints ``number of parameters on (tensor, pipeline) model parallel rank (t, p)``
+    per model-parallel rank.  With tp = pp = 1 that is the model's count.  With model
+    parallelism the per-rank counts do not add up to it (tensor-parallel ranks each hold the
+    replicated layer norms and biases; with pipelining the tied word embedding lives on the
+    first and the last stage), so the count is left unknown and the per-rank counts are kept
+    in ``num_parameters_by_rank``.
+    """
+    if not params:
+        return None, ""
+    tp = config.get("tensor_model_parallel_size") or 1
+    pp = config.get("pipeline_model_parallel_size") or 1
+    if tp * pp == 1 and len(params) == 1:
+        return next(iter(params.values())), ""
+    return None, (
+        f"num_parameters not derivable from the log: with tp({tp}) * pp({pp}) = {tp * pp} "
+        f"model-parallel ranks the per-rank counts {sorted(params.items())} count replicated "
+        "and tied weights more than once; see num_parameters_by_rank"
+    )
+
+
+def is_pipeline(config: dict[str, Any], has_steps: bool) -> bool:
+    pp = config.get("pipeline_model_parallel_size")
+    return has_steps or (isinstance(pp, int) and pp > 1)
 
 
 def finished_run(run: RunState) -> ParsedRun:
