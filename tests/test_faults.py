@@ -180,7 +180,8 @@ def test_killed_peer_then_hang_is_recorded_as_killed(tmp_path) -> None:
     outcome = execute.run(run_dir, stall_s=2, show_progress=False)
     assert (outcome.status, outcome.kind) == ("failed", "killed")
     assert outcome.reason == (
-        "exits with return code = -9; then no output for 2 s (last iteration 4): stopped as hung"
+        "exits with return code = -9 (died of SIGKILL: Killed); then no output for 2 s "
+        "(last iteration 4): stopped as hung"
     )
     assert outcome.failure_line == "launcher.log:4"  # after "# started" and 2 iterations
 

@@ -89,6 +89,14 @@ def test_dry_run_plan_on_a_cpu_machine():
     assert "-m analysis.report " in out and out.index("matrix --model large") < out.index(
         "analysis.report"
     )
+    assert f"gpu-check plan (budget {gpu_check.BUDGET_S:g} s;" in out
+
+
+def test_gpu_budget_sets_the_budget():
+    """GPU_BUDGET: a session with less device time than nine minutes (the second H200 call)."""
+    out = dry_run("GPU_BUDGET=328")
+    assert "gpu-check plan (budget 328 s;" in out
+    assert "--timeout 298" in out  # the first run: the budget less the report's 30 s
 
 
 def test_dry_run_plan_from_a_wheelhouse(tmp_path):

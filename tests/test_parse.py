@@ -579,7 +579,14 @@ RUN_END = MDS.replace("5/      30", "30/      30")
             "with return code = -9",
             "failed",
             "killed",
-            "exits with return code = -9",
+            "exits with return code = -9 (died of SIGKILL: Killed)",
+        ),
+        (  # a rank's segmentation fault, as upstream's C++ helpers died on a GPU machine
+            "[2026-11-28 17:03:10,533] [ERROR] [launch.py:341:sigkill_handler] ['python'] exits "
+            "with return code = -11",
+            "failed",
+            "other",
+            "exits with return code = -11 (died of SIGSEGV: Segmentation fault)",
         ),
         (
             "slurmstepd: error: *** JOB 1234 ON node01 CANCELLED AT 2024-01-01T00:00:00 DUE TO "
@@ -615,6 +622,7 @@ RUN_END = MDS.replace("5/      30", "30/      30")
         "gloo",
         "killed",
         "rc-9",
+        "rc-11-segfault",
         "slurm-time-limit",
         "slurm-cancelled",
         "marker-hang",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -113,7 +114,7 @@ def test_helpers_build_with_the_venv_even_when_python3_on_path_lacks_pybind11(
     monkeypatch, tmp_path
 ):
     clone = _fresh_clone(tmp_path)
-    assert not upstream.helpers_importable(clone)[0]
+    assert not upstream.helpers_work(clone)[0]
     # The system's python3 as a newcomer has it: first on PATH, no pybind11.
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
@@ -128,18 +129,66 @@ def test_helpers_build_with_the_venv_even_when_python3_on_path_lacks_pybind11(
     said: list[str] = []
     library = upstream.ensure_helpers(clone, log=said.append)
     assert library == upstream.helpers_library(clone) and library.is_file()
-    assert upstream.helpers_importable(clone)[0]
+    assert upstream.helpers_work(clone)[0]
     assert said[0].startswith(f"helpers: building {library.name} with {sys.executable}")
-    assert said[-1] == f"helpers: built {library} (imports with {sys.executable})"
+    assert said[-1] == (
+        f"helpers: built {library} (g++, upstream's flags; works with {sys.executable})"
+    )
     said.clear()
     upstream.ensure_helpers(clone, log=said.append)
-    assert said == [f"helpers: reusing {library} (imports with {sys.executable})"]
+    assert said == [f"helpers: reusing {library} (works with {sys.executable})"]
 
 
 def test_helpers_that_do_not_import_are_named(tmp_path):
     (tmp_path / "megatron" / "data").mkdir(parents=True)
-    ok, why = upstream.helpers_importable(tmp_path)
+    ok, why = upstream.helpers_work(tmp_path)
     assert not ok and str(upstream.helpers_library(tmp_path)) in why
     upstream.helpers_library(tmp_path).write_bytes(b"not an ELF file")
-    ok, why = upstream.helpers_importable(tmp_path)
+    ok, why = upstream.helpers_work(tmp_path)
     assert not ok and "ImportError" in why
+
+
+CRASH_HEADER = Path(__file__).parent / "fixtures" / "crashing-cxx" / "crash.h"
+
+
+@needs_upstream
+@pytest.mark.slow
+def test_helpers_that_crash_when_called_are_rebuilt_another_way(monkeypatch, tmp_path):
+    """On an H200 machine, modules built by the image's CXX (/opt/gcc/bin/g++) imported and then
+    died of SIGSEGV in build_sample_idx, with its C++ runtime linked in too; the system's g++
+    built one that works. Here a compiler whose modules die unless the runtime is linked in."""
+    clone = _fresh_clone(tmp_path)
+    real = shutil.which("g++")
+    assert real, "g++ is needed to build upstream's helpers"
+    fake = tmp_path / "bin" / "crashing-g++"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'case " $* " in *" -static-libstdc++ "*) exec {real} "$@";; esac\n'
+        f'exec {real} -include {CRASH_HEADER} "$@"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    said: list[str] = []
+    library = upstream.ensure_helpers(clone, log=said.append)
+    assert said[1] == (
+        f"helpers: {fake}, upstream's flags: built, but build_sample_idx died of SIGSEGV; "
+        "trying the next build"
+    )
+    assert said[2] == (
+        f"helpers: built {library} ({fake}, its C++ runtime linked in; works with {sys.executable})"
+    )
+    assert upstream.helpers_work(clone) == (True, "")
+
+
+def test_helpers_builds_try_other_compilers_last(monkeypatch):
+    monkeypatch.delenv("CXX", raising=False)
+    builds = upstream.helpers_builds("g++")
+    assert builds[0] == ("g++, upstream's flags", [])
+    assert builds[1][1] == [
+        f"CXXFLAGS={upstream.MAKEFILE_CXXFLAGS} -static-libstdc++ -static-libgcc"
+    ]
+    others = [extra for _, extra in builds[2:]]
+    assert all(len(e) == 1 and e[0].startswith("CXX=") for e in others)
+    gxx = os.path.realpath(shutil.which("g++"))
+    assert gxx not in {os.path.realpath(e[0].removeprefix("CXX=")) for e in others}

@@ -15,8 +15,8 @@ environment's interpreter. Upstream's ``megatron/data/Makefile`` asks ``python3 
 --includes`` and ``python3-config`` for its flags, and rank 0 runs it at start-up: with the
 ``python3`` first on ``PATH`` being another interpreter (a system one without pybind11), the run
 dies with "Making C++ dataset helpers module failed". Setup passes the venv's flags to ``make``
-explicitly, checks that the venv imports the module, and says so; the launchers also put the
-venv's ``bin`` first on ``PATH`` on every node.
+explicitly, checks that the venv loads the module and can call it, and says so; the launchers
+also put the venv's ``bin`` first on ``PATH`` on every node.
 
 ``python -m launchers.config.upstream setup|check|paths``.
 """
@@ -28,6 +28,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -412,30 +413,45 @@ def venv_path_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-_IMPORT_MODULE = (
-    "import importlib.util, sys; "
-    "spec = importlib.util.spec_from_file_location('helpers', sys.argv[1]); "
-    "spec.loader.exec_module(importlib.util.module_from_spec(spec))"
-)
+_CALL_HELPERS = """
+import importlib.util, sys
+try:
+    import torch  # noqa: F401  (as in a run: torch and its C++ runtime are loaded first)
+except Exception:
+    pass
+import numpy as np
+spec = importlib.util.spec_from_file_location("helpers", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+sizes = np.array([5, 7, 3], dtype=np.int32)
+doc_idx = np.array([0, 1, 2, 0, 1, 2], dtype=np.int32)
+sample_idx = module.build_sample_idx(sizes, doc_idx, 4, 2, 15)
+assert sample_idx.shape == (8, 2), sample_idx.shape
+"""
+"""Loads the module by its file path (importing ``megatron.data.helpers`` would import
+``megatron``, torch and all, seconds for a check) and calls ``build_sample_idx`` as
+``megatron/data/gpt_dataset.py`` does: 3 documents, 2 epochs of 15 tokens, sequences of 4."""
 
 
-def helpers_importable(upstream: Path) -> tuple[bool, str]:
-    """Whether this interpreter loads upstream's built helpers module (and why not).
-
-    The module is loaded by its file path: importing ``megatron.data.helpers`` would first
-    import ``megatron`` (torch and all), seconds for a check.
-    """
+def helpers_work(upstream: Path) -> tuple[bool, str]:
+    """Whether this interpreter loads upstream's built helpers module and can call it (and why
+    not): a module that imports can still die when called, as one built by a compiler whose C++
+    runtime is not the one the process loaded."""
     library = helpers_library(upstream)
     if not library.is_file():
         return False, f"{library} does not exist"
     res = subprocess.run(
-        [sys.executable, "-c", _IMPORT_MODULE, str(library)],
+        [sys.executable, "-c", _CALL_HELPERS, str(library)],
         capture_output=True,
         text=True,
         check=False,
     )
+    if res.returncode == 0:
+        return True, ""
+    if res.returncode < 0:
+        return False, f"build_sample_idx died of {signal.Signals(-res.returncode).name}"
     lines = (res.stderr or res.stdout).strip().splitlines()
-    return res.returncode == 0, (lines[-1] if lines else f"exit {res.returncode}")
+    return False, (lines[-1] if lines else f"exit {res.returncode}")
 
 
 def _pybind11_includes() -> str:
@@ -453,17 +469,46 @@ def _pybind11_includes() -> str:
     return res.stdout.strip()
 
 
+MAKEFILE_CXXFLAGS = "-O3 -Wall -shared -std=c++11 -fPIC"
+"""The flags of upstream's ``megatron/data/Makefile`` (``CXXFLAGS +=``); a ``CXXFLAGS`` given
+on make's command line replaces them, so a build that adds flags repeats these."""
+
+
+def helpers_builds(cxx: str | None = None) -> list[tuple[str, list[str]]]:
+    """The builds :func:`ensure_helpers` tries in order, each a description and the variables
+    passed to ``make``: upstream's own flags; then the compiler's C++ runtime linked into the
+    module (``-static-libstdc++``), for a compiler newer than the ``libstdc++`` the process
+    loads first (torch's); then each other C++ compiler on the machine."""
+    cxx = cxx or os.environ.get("CXX", "g++")
+    builds = [
+        (f"{cxx}, upstream's flags", []),
+        (
+            f"{cxx}, its C++ runtime linked in",
+            [f"CXXFLAGS={MAKEFILE_CXXFLAGS} -static-libstdc++ -static-libgcc"],
+        ),
+    ]
+    seen = {os.path.realpath(p) for p in [shutil.which(cxx)] if p}
+    for other in ("/usr/bin/g++", "c++", "clang++"):
+        path = shutil.which(other)
+        if path and os.path.realpath(path) not in seen:
+            seen.add(os.path.realpath(path))
+            builds.append((path, [f"CXX={path}"]))
+    return builds
+
+
 def ensure_helpers(upstream: Path, log=print) -> Path:
-    """Build upstream's C++ dataset helpers with this interpreter unless they import already.
+    """Build upstream's C++ dataset helpers with this interpreter unless they work already.
 
     Upstream's Makefile takes its flags from whatever ``python3`` and ``python3-config`` come
     first on ``PATH``; here ``CPPFLAGS`` (pybind11's and Python's include directories) and
     ``LIBEXT`` (the extension suffix) come from this interpreter, passed to ``make`` on its
-    command line, and ``PATH`` starts with this interpreter's ``bin``.
+    command line, and ``PATH`` starts with this interpreter's ``bin``. Each build is checked by
+    calling it (:func:`helpers_work`); one that fails gives way to the next of
+    :func:`helpers_builds`, and the log says which was kept and why the others were not.
     """
     library = helpers_library(upstream)
-    if helpers_importable(upstream)[0]:
-        log(f"helpers: reusing {library} (imports with {sys.executable})")
+    if helpers_work(upstream)[0]:
+        log(f"helpers: reusing {library} (works with {sys.executable})")
         return library
     if shutil.which("make") is None or shutil.which(os.environ.get("CXX", "g++")) is None:
         raise UpstreamError(
@@ -471,25 +516,35 @@ def ensure_helpers(upstream: Path, log=print) -> Path:
             f"({os.environ.get('CXX', 'g++')}): install them (Debian: apt-get install "
             "build-essential) and rerun `make setup`"
         )
-    cmd = [
+    common = [
         "make",
+        "-B",
         "-C",
         str(upstream / HELPERS_DIR),
         f"CPPFLAGS={_pybind11_includes()}",
         f"LIBEXT={library.name.removeprefix('helpers')}",
     ]
     log(f"helpers: building {library.name} with {sys.executable} (pybind11 and Python headers)")
-    res = subprocess.run(cmd, capture_output=True, text=True, env=venv_path_env(), check=False)
-    ok, why = helpers_importable(upstream) if res.returncode == 0 else (False, "")
-    if not ok:
-        tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-10:])
-        raise UpstreamError(
-            f"building upstream's C++ dataset helpers failed (make exit {res.returncode}"
-            f"{'; import: ' + why if why else ''}):\n{tail}\nCheck that a C++ compiler and "
-            "Python's headers are installed, then rerun `make setup`"
+    failed: list[str] = []
+    for what, extra in helpers_builds():
+        res = subprocess.run(
+            common + extra, capture_output=True, text=True, env=venv_path_env(), check=False
         )
-    log(f"helpers: built {library} (imports with {sys.executable})")
-    return library
+        if res.returncode != 0:
+            tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-10:])
+            failed.append(f"{what}: make exit {res.returncode}:\n{tail}")
+            continue
+        ok, why = helpers_work(upstream)
+        if ok:
+            log(f"helpers: built {library} ({what}; works with {sys.executable})")
+            return library
+        failed.append(f"{what}: built, but {why}")
+        log(f"helpers: {what}: built, but {why}; trying the next build")
+    raise UpstreamError(
+        "building upstream's C++ dataset helpers failed:\n"
+        + "\n".join(f"- {f}" for f in failed)
+        + "\nCheck that a C++ compiler and Python's headers are installed, then rerun `make setup`"
+    )
 
 
 _SHM_OP = (
@@ -581,10 +636,10 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
-        ok, why = helpers_importable(status.path)
+        ok, why = helpers_work(status.path)
         if not ok:
             print(
-                f"upstream's C++ dataset helpers do not import with {sys.executable} ({why}): "
+                f"upstream's C++ dataset helpers do not work with {sys.executable} ({why}): "
                 "run `make setup` (it builds them with this interpreter)",
                 file=sys.stderr,
             )
