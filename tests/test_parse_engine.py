@@ -305,6 +305,37 @@ def test_column_gives_back_what_was_put_in(args):
     assert blocks == one_by_one
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["i", "f"]).flatmap(
+        lambda k: st.tuples(
+            st.just(k),
+            st.lists(_VALUES[k], min_size=1, max_size=40).flatmap(
+                lambda pool: st.lists(st.sampled_from(pool), min_size=65, max_size=400)
+            ),
+            st.booleans(),
+        )
+    )
+)
+@example(("f", [round(0.01 * (i % 37), 2) for i in range(300)] + [None, 1e300], True))
+@example(("i", [i % 5 or None for i in range(200)] + [2**40], False))
+def test_json_texts_of_blocks_with_repeated_values(args):
+    """Blocks of more than 64 values with repeats (each distinct value formatted once) give
+    the texts that ``json`` gives value by value."""
+    kind, values, bulk = args
+    col = Column(kind)
+    _add(col, values, bulk)
+    try:
+        one_by_one: list[str] | type[ValueError] = [json_text(v) for v in values]
+    except ValueError:
+        one_by_one = ValueError
+    try:
+        blocks: list[str] | type[ValueError] = [t for b in col.json_texts(size=100) for t in b]
+    except ValueError:
+        blocks = ValueError
+    assert blocks == one_by_one
+
+
 def test_a_column_of_printed_decimals_keeps_four_bytes_a_value():
     """Timer values printed with up to two decimals take 4 bytes each, and come back exactly;
     a value that is not such a decimal turns the column to float64, the others unchanged."""

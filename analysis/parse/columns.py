@@ -341,7 +341,8 @@ class Column:
         (``json_texts``), read from the stored arrays as they are (not joined: no copy of the
         column).  Values stored as ints (ints, printed decimals) of a range at most a quarter
         of the column and ``_TEXT_TABLE`` (timer values to 2 decimals, ranks) are taken from a
-        table of the texts of that range, each formatted once."""
+        table of the texts of that range, each formatted once; other stored ints, a block at a
+        time, from the texts of its distinct values when they are at most half of it."""
         self._store_tail()
         parts = self._parts
         starts = np.cumsum([0, *map(len, parts)]).tolist()
@@ -371,7 +372,16 @@ class Column:
                     return table[at]
 
                 return from_table
-        return lambda start, stop: self._texts(stored(start, stop))
+
+        def by_value(start: int, stop: int) -> np.ndarray:
+            raw = stored(start, stop)
+            if raw.dtype.kind == "i" and len(raw) > 64:  # each distinct value formatted once
+                distinct, at = np.unique(raw, return_inverse=True)
+                if len(distinct) <= len(raw) // 2:
+                    return self._texts(distinct)[at]
+            return self._texts(raw)
+
+        return by_value
 
 
 def _widened(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
