@@ -104,7 +104,8 @@ help:
 	@echo "make gpu-check        on a GPU machine: its PyTorch, apex for its sm, small/large x"
 	@echo "                      baseline/ZeRO-1/2/3 in bf16 for real, the report with MFU (9 min);"
 	@echo "                      stops at once without a GPU; DRY_RUN=1 DEVICE=cuda prints the plan;"
-	@echo "                      GPU_BUDGET=seconds for another budget than nine minutes"
+	@echo "                      GPU_BUDGET=seconds for another budget than nine minutes;"
+	@echo "                      GPU_RESUME=1 skips the runs an earlier call completed"
 	@echo "make test             the fast suite: unit, parse, report, one real upstream run"
 	@echo "make test-all         everything: adds the lab, Slurm, Open MPI and fault suites (CI)"
 	@echo "make demo             tiny model, every core strategy, emulated 2-node lab, report"
@@ -174,7 +175,8 @@ GPU_VENV    ?= .venv-gpu
 gpu-check:
 	$(GPU_PYTHON) -m launchers.config.gpu_check --venv $(GPU_VENV) \
 		$(if $(DRY_RUN),--dry-run) $(if $(filter cuda,$(DEVICE)),--device cuda) \
-		$(if $(WHEELS),--wheels $(WHEELS)) $(if $(GPU_BUDGET),--budget-s $(GPU_BUDGET))
+		$(if $(WHEELS),--wheels $(WHEELS)) $(if $(GPU_BUDGET),--budget-s $(GPU_BUDGET)) \
+		$(if $(GPU_RESUME),--resume)
 
 # Every node of HOSTS, through the path the run will use (pdsh/ssh, or the lab's namespaces);
 # LINKS=1: also every pair's link (launchers/doctor/links.py).

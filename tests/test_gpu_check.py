@@ -92,6 +92,16 @@ def test_dry_run_plan_on_a_cpu_machine():
     assert f"gpu-check plan (budget {gpu_check.BUDGET_S:g} s;" in out
 
 
+def test_gpu_resume_leaves_completed_runs_to_the_matrix():
+    """GPU_RESUME=1: the runs are not forced, so a second call on the same machine skips what
+    the first completed (the matrix's completed-twin rule, tests/test_faults.py) and runs the
+    rest; without it every run is forced."""
+    forced, resumed = dry_run(), dry_run("GPU_RESUME=1")
+    runs = [line for line in resumed.splitlines() if " matrix --model " in line]
+    assert len(runs) == len(gpu_check.RUN_ORDER) and not any("--force" in r for r in runs)
+    assert forced.count("--skip-doctor --force") == len(gpu_check.RUN_ORDER)
+
+
 def test_gpu_budget_sets_the_budget():
     """GPU_BUDGET: a session with less device time than nine minutes (the second H200 call)."""
     out = dry_run("GPU_BUDGET=328")
@@ -192,7 +202,7 @@ def test_steps_run_in_order_and_a_failed_run_still_gets_the_report(tmp_path, mon
     monkeypatch.setenv("PATH", fake_smi(tmp_path, 'echo "GPU 0: NVIDIA A10 (UUID: x)"')["PATH"])
     trail = tmp_path / "trail"
 
-    def plan(venv, logs, python, wheels):
+    def plan(venv, logs, python, wheels, resume=False):
         return [
             gpu_check.Step("first", mark(trail, "first")),
             gpu_check.Step("runs", mark(trail, "runs", "matrix")),

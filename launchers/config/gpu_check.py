@@ -167,8 +167,12 @@ def apex_file(wheels: Path) -> Path:
         return wheels / APEX_BUNDLE_NAME
 
 
-def plan(venv: Path, logs: Path, base_python: str, wheels: Path | None) -> list[Step]:
-    """Every command of the check, in order."""
+def plan(
+    venv: Path, logs: Path, base_python: str, wheels: Path | None, resume: bool = False
+) -> list[Step]:
+    """Every command of the check, in order. ``resume``: a run that completed under ``logs`` in
+    an earlier call is not run again (the matrix skips a completed identical run unless
+    forced), so a second call on the same machine goes on where the first one's time ran out."""
     py = str(venv / "bin" / "python")
     hostfile = logs / "hostfile"
     steps = [
@@ -214,7 +218,7 @@ def plan(venv: Path, logs: Path, base_python: str, wheels: Path | None) -> list[
                     "--set",
                     f"log_interval={LOG_INTERVAL}",
                     "--skip-doctor",
-                    "--force",
+                    *([] if resume else ["--force"]),
                 ],
             )
         )
@@ -303,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logs", type=Path, default=ROOT / "logs" / "gpu-check")
     ap.add_argument("--wheels", type=Path, help="set up from this wheelhouse, no network")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S)
+    ap.add_argument(
+        "--resume", action="store_true", help="skip the runs that completed in an earlier call"
+    )
     args = ap.parse_args(argv)
     start = time.monotonic()
     gpus, why = ([], "") if args.dry_run and args.device == "cuda" else detect()
@@ -312,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logs, venv = args.logs.absolute(), args.venv.absolute()
     wheels = args.wheels.absolute() if args.wheels else None
-    steps = plan(venv, logs, sys.executable, wheels)
+    steps = plan(venv, logs, sys.executable, wheels, args.resume)
     if args.dry_run:
         show_plan(steps, logs, args.budget_s, gpus)
         return 0
