@@ -342,7 +342,7 @@ class Column:
         column).  Values stored as ints (ints, printed decimals) of a range at most a quarter
         of the column and ``_TEXT_TABLE`` (timer values to 2 decimals, ranks) are taken from a
         table of the texts of that range, each formatted once; other stored ints, a block at a
-        time, from the texts of its distinct values when they are at most half of it."""
+        time, from the texts of its distinct values while they are at most half of a block."""
         self._store_tail()
         parts = self._parts
         starts = np.cumsum([0, *map(len, parts)]).tolist()
@@ -373,12 +373,15 @@ class Column:
 
                 return from_table
 
+        repeats = [True]  # until a block of this column has few repeats
+
         def by_value(start: int, stop: int) -> np.ndarray:
             raw = stored(start, stop)
-            if raw.dtype.kind == "i" and len(raw) > 64:  # each distinct value formatted once
+            if repeats[0] and raw.dtype.kind == "i" and len(raw) > 64:
                 distinct, at = np.unique(raw, return_inverse=True)
-                if len(distinct) <= len(raw) // 2:
+                if len(distinct) <= len(raw) // 2:  # each distinct value formatted once
                     return self._texts(distinct)[at]
+                repeats[0] = False
             return self._texts(raw)
 
         return by_value
