@@ -238,6 +238,11 @@ def test_runs_that_do_not_fit_are_left_out_and_the_report_runs(tmp_path, monkeyp
     out = capsys.readouterr()
     assert "not run for want of time: left-out run" in out.out
     assert "'slow run' ran past the budget" in out.err
+    took_lines = [line for line in out.out.splitlines() if "' took " in line]
+    steps_timed = [line.split("'")[1] for line in took_lines]
+    assert steps_timed == ["setup", "quick run", "slow run", "report"]
+    slow = took_lines[2].removeprefix("gpu-check: 'slow run' took ").split(" s, ")[0]
+    assert 1 <= int(slow) <= 2  # stopped at the budget, 3 s, less the report's 1 s
 
 
 def test_a_failed_setup_step_stops_the_check(tmp_path):

@@ -351,6 +351,7 @@ def execute(steps: list[Step], budget_s: float, start: float, logs: Path) -> int
         first_run = first_run and not run
         print(f"gpu-check: {step.what}: {shlex.join(cmd)}", flush=True)
         limit = left if report else left - REPORT_S
+        began = time.monotonic()
         try:
             rc = subprocess.run(
                 cmd, cwd=ROOT, env=environment(step), timeout=limit, check=False
@@ -358,6 +359,8 @@ def execute(steps: list[Step], budget_s: float, start: float, logs: Path) -> int
         except subprocess.TimeoutExpired:
             rc = 124
             print(f"gpu-check: '{step.what}' ran past the budget and was stopped", file=sys.stderr)
+        print(f"gpu-check: '{step.what}' took {time.monotonic() - began:.0f} s, "
+              f"{time.monotonic() - start:.0f} s of the budget used", flush=True)  # fmt: skip
         if rc != 0 and not run:
             print(f"gpu-check: '{step.what}' failed (exit {rc})", file=sys.stderr)
             return 1
