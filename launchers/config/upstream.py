@@ -435,8 +435,8 @@ assert sample_idx.shape == (8, 2), sample_idx.shape
 
 def helpers_work(upstream: Path) -> tuple[bool, str]:
     """Whether this interpreter loads upstream's built helpers module and can call it (and why
-    not): a module that imports can still die when called, as one built by a compiler whose C++
-    runtime is not the one the process loaded."""
+    not): a module that imports can still die when called, as the ones the ``CXX`` of an H200
+    machine's image built did (SIGSEGV in ``build_sample_idx``)."""
     library = helpers_library(upstream)
     if not library.is_file():
         return False, f"{library} does not exist"
@@ -477,8 +477,9 @@ on make's command line replaces them, so a build that adds flags repeats these."
 def helpers_builds(cxx: str | None = None) -> list[tuple[str, list[str]]]:
     """The builds :func:`ensure_helpers` tries in order, each a description and the variables
     passed to ``make``: upstream's own flags; then the compiler's C++ runtime linked into the
-    module (``-static-libstdc++``), for a compiler newer than the ``libstdc++`` the process
-    loads first (torch's); then each other C++ compiler on the machine."""
+    module (``-static-libstdc++``), so that it does not depend on the ``libstdc++`` the process
+    loaded first (torch's); then each other C++ compiler on the machine. On the H200 image the
+    first two died when called and the system's ``/usr/bin/g++`` built one that works."""
     cxx = cxx or os.environ.get("CXX", "g++")
     builds = [
         (f"{cxx}, upstream's flags", []),
