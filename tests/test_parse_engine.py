@@ -263,6 +263,21 @@ def _add(col: Column, batch: list, bulk: bool) -> None:
         col.extend(batch)
 
 
+def assert_json_texts(col: Column, want: list, size: int) -> None:
+    """The column's JSON texts, ``size`` at a time, are what ``json`` gives value by value; a
+    value ``json`` refuses (a float that is not finite) makes both raise ``ValueError``."""
+
+    def texts_or_error(texts) -> list[str] | type[ValueError]:
+        try:
+            return list(texts())
+        except ValueError:
+            return ValueError
+
+    one_by_one = texts_or_error(lambda: (json_text(v) for v in want))
+    blocks = texts_or_error(lambda: (t for b in col.json_texts(size=size) for t in b))
+    assert blocks == one_by_one
+
+
 def _batches(kind: str, size: int, count: int) -> st.SearchStrategy:
     """Batches of values of one kind, each with whether it is added as an array."""
     batch = st.tuples(st.lists(_VALUES[kind], max_size=size), st.booleans())
@@ -294,15 +309,7 @@ def test_column_gives_back_what_was_put_in(args):
         floats = np.array([math.nan if v is None else float(v) for v in want], dtype=float)
         np.testing.assert_array_equal(col.floats(), floats)
         np.testing.assert_array_equal(col.floats(rows), floats[rows])
-    try:
-        one_by_one: list[str] | type[ValueError] = [json_text(v) for v in want]
-    except ValueError:
-        one_by_one = ValueError
-    try:
-        blocks: list[str] | type[ValueError] = [t for b in col.json_texts(size=3) for t in b]
-    except ValueError:
-        blocks = ValueError
-    assert blocks == one_by_one
+    assert_json_texts(col, want, size=3)
 
 
 @settings(max_examples=200, deadline=None)
@@ -325,15 +332,7 @@ def test_json_texts_of_blocks_with_repeated_values(args):
     kind, values, bulk = args
     col = Column(kind)
     _add(col, values, bulk)
-    try:
-        one_by_one: list[str] | type[ValueError] = [json_text(v) for v in values]
-    except ValueError:
-        one_by_one = ValueError
-    try:
-        blocks: list[str] | type[ValueError] = [t for b in col.json_texts(size=100) for t in b]
-    except ValueError:
-        blocks = ValueError
-    assert blocks == one_by_one
+    assert_json_texts(col, values, size=100)
 
 
 def test_a_column_of_printed_decimals_keeps_four_bytes_a_value():
