@@ -373,15 +373,16 @@ class Column:
 
                 return from_table
 
-        repeats = [True]  # until a block of this column has few repeats
+        repeats = True  # until a block of this column has few repeats
 
         def by_value(start: int, stop: int) -> np.ndarray:
+            nonlocal repeats
             raw = stored(start, stop)
-            if repeats[0] and raw.dtype.kind == "i" and len(raw) > 64:
+            if repeats and raw.dtype.kind == "i" and len(raw) > 64:
                 distinct, at = np.unique(raw, return_inverse=True)
                 if len(distinct) <= len(raw) // 2:  # each distinct value formatted once
                     return self._texts(distinct)[at]
-                repeats[0] = False
+                repeats = False
             return self._texts(raw)
 
         return by_value

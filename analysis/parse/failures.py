@@ -143,11 +143,13 @@ def outcome(run: RunState, key: str, text: str, lineno: int) -> None:
 def died_of(code: int) -> str:
     """What a negative return code of the launcher's rank says: Python's ``Popen`` gives -N for
     a process ended by signal N (-11: `` (died of SIGSEGV: Segmentation fault)``); else ''."""
+    if code >= 0:
+        return ""
     try:
-        sig = signal.Signals(-code) if code < 0 else None
+        sig = signal.Signals(-code)
     except ValueError:
         return ""
-    return f" (died of {sig.name}: {signal.strsignal(sig)})" if sig else ""
+    return f" (died of {sig.name}: {signal.strsignal(sig)})"
 
 
 def exit_line(run: RunState, key: str, text: str, lineno: int) -> None:

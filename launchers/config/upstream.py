@@ -488,10 +488,9 @@ def helpers_builds(cxx: str | None = None) -> list[tuple[str, list[str]]]:
             [f"CXXFLAGS={MAKEFILE_CXXFLAGS} -static-libstdc++ -static-libgcc"],
         ),
     ]
-    seen = {os.path.realpath(p) for p in [shutil.which(cxx)] if p}
-    for other in ("/usr/bin/g++", "c++", "clang++"):
-        path = shutil.which(other)
-        if path and os.path.realpath(path) not in seen:
+    seen = {os.path.realpath(path) for path in [shutil.which(cxx)] if path}
+    for path in filter(None, map(shutil.which, ("/usr/bin/g++", "c++", "clang++"))):
+        if os.path.realpath(path) not in seen:
             seen.add(os.path.realpath(path))
             builds.append((path, [f"CXX={path}"]))
     return builds
