@@ -140,7 +140,11 @@ def test_presets_on_gpu_reproduce_the_study() -> None:
     assert (small.model.precision, small.training.activation_checkpointing) == ("fp16", True)
     assert (small.training.train_iters, small.training.log_interval) == (100, 10)
     assert (large.training.train_iters, large.model.global_batch_size) == (50, 16)
-    assert small.adjustments == ()
+    assert [(a.key, a.requested, a.applied) for a in small.adjustments] == [
+        ("micro_batch_size", 2, 1)
+    ]
+    assert "fails with a micro-batch > 1" in small.adjustments[0].reason
+    assert (small.model.micro_batch_size, small.gradient_accumulation_steps) == (1, 4)  # DP 2
 
 
 def test_cpu_adjusts_gpu_presets_and_records_why() -> None:
@@ -273,10 +277,11 @@ def test_invalid_strategy_variants(strategy: str, changes: dict[str, Any], messa
         with_strategy(base, **changes)
 
 
-def test_micro_batch_above_one_is_rejected_on_cpu_when_built_directly() -> None:
-    base = spec()
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_micro_batch_above_one_is_rejected_when_built_directly(device: str) -> None:
+    base = spec(device=device)
     model = dataclasses.replace(base.model, micro_batch_size=2)
-    with pytest.raises(SpecError, match=re.escape("micro_batch_size(2) != 1 on device cpu")):
+    with pytest.raises(SpecError, match=re.escape("micro_batch_size(2) != 1: upstream's")):
         dataclasses.replace(base, model=model)
 
 

@@ -75,18 +75,20 @@ def test_axes_are_checked() -> None:
         resolve_points([], _cluster(2), {"micro_batch_size": 2}, _resolver("cpu"))
 
 
-def test_memory_filter_large_on_two_24g_gpus() -> None:
-    """Large on 2 nodes x 1 GPU of 24 GiB: the big micro-batches without recompute do not fit,
-    each with its estimate; on CPU nothing is judged."""
+def test_memory_filter_large_on_two_8g_gpus() -> None:
+    """Large on 2 nodes x 1 GPU of 8 GiB: without recompute ZeRO-0 does not fit, with it it does,
+    each with its estimate; micro-batches > 1 are invalid on GPU too (upstream's attention); on
+    CPU nothing is judged."""
     m = get_model("large").model
     cluster = _cluster(2)
     configs = candidates(m.num_layers, m.global_batch_size, cluster.slots, "cuda", Axes())
-    points = [p for p in resolve_points(configs, cluster, {}, _resolver("cuda")) if p.spec]
-    verdicts = {p.config.name: memory_verdict(p.spec, 24 * 2**30) for p in points}
+    points = resolve_points(configs, cluster, {}, _resolver("cuda"))
+    invalid = {p.config.name: p.invalid for p in points if p.spec is None}
+    assert invalid["tp1-pp1-dp2-z0-mb8"].startswith("micro_batch_size 8 -> 1: upstream's non-flash")
+    verdicts = {p.config.name: memory_verdict(p.spec, 8 * 2**30) for p in points if p.spec}
     out = [n for n, v in verdicts.items() if v.fits is False]
-    fit = [n for n, v in verdicts.items() if v.fits]
-    assert "tp1-pp1-dp2-z0-mb8" in out and "tp1-pp1-dp2-z0-mb1" in fit
-    assert "vs 21.6 GiB usable (90% of 24 GiB)" in verdicts["tp1-pp1-dp2-z0-mb8"].reason
+    assert out == ["tp1-pp1-dp2-z0-mb1"] and verdicts["tp1-pp1-dp2-z0-mb1-rc"].fits
+    assert "vs 7.2 GiB usable (90% of 8 GiB)" in verdicts["tp1-pp1-dp2-z0-mb1"].reason
     cpu = _tiny_points(Axes())[0]
     assert memory_verdict(cpu.spec, None).fits is None
 

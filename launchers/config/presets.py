@@ -238,6 +238,23 @@ def detect_device() -> Device:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _micro_batch_adjustment(model: dict[str, Any]) -> list[Adjustment]:
+    """Micro-batch 1 on every device: upstream's attention fails with a larger one."""
+    if model["micro_batch_size"] == 1:
+        return []
+    requested, model["micro_batch_size"] = model["micro_batch_size"], 1
+    return [
+        Adjustment(
+            "micro_batch_size",
+            requested,
+            1,
+            "upstream's non-flash attention fails with a micro-batch > 1 ('view size is not "
+            "compatible with input tensor's size and stride' in CoreAttention, seen on CPU and "
+            "on an H200); the global batch is reached by gradient accumulation",
+        )
+    ]
+
+
 def _cpu_adjustments(
     model: dict[str, Any], training: dict[str, Any], explicit: set[str]
 ) -> list[Adjustment]:
@@ -253,18 +270,6 @@ def _cpu_adjustments(
             )
         )
         model["precision"] = "fp32"
-    if model["micro_batch_size"] != 1:
-        changes.append(
-            Adjustment(
-                "micro_batch_size",
-                model["micro_batch_size"],
-                1,
-                "on CPU upstream's non-flash attention fails with a micro-batch > 1 ('view size "
-                "is not compatible with input tensor's size and stride'); the global batch is "
-                "reached by gradient accumulation",
-            )
-        )
-        model["micro_batch_size"] = 1
     if training["activation_checkpointing"] and "activation_checkpointing" not in explicit:
         changes.append(
             Adjustment(
@@ -314,9 +319,9 @@ def resolve_spec(
     model_values |= {k: v for k, v in overrides.items() if k in MODEL_KEYS}
     training_values = {k: getattr(preset.training, k) for k in TRAINING_KEYS}
     training_values |= {k: v for k, v in overrides.items() if k in TRAINING_KEYS}
-    adjustments = []
+    adjustments = _micro_batch_adjustment(model_values)
     if device == "cpu":
-        adjustments = _cpu_adjustments(model_values, training_values, set(overrides))
+        adjustments += _cpu_adjustments(model_values, training_values, set(overrides))
 
     paths = paths or default_paths(env)
     path_values = {k: v for k, v in overrides.items() if k in PATH_KEYS}

@@ -491,9 +491,9 @@ def validate(spec: RunSpec) -> None:
         "(--set precision=fp32 or precision=bf16)",
     )
     check(
-        not (spec.device == "cpu" and m.micro_batch_size != 1),
-        f"micro_batch_size({m.micro_batch_size}) != 1 on device cpu: upstream's non-flash "
-        "attention fails with 'view size is not compatible with input tensor's size and stride'",
+        m.micro_batch_size == 1,
+        f"micro_batch_size({m.micro_batch_size}) != 1: upstream's non-flash attention fails "
+        "with 'view size is not compatible with input tensor's size and stride' on every device",
     )
     check(
         not (spec.device == "cpu" and spec.training.activation_checkpointing and pp > 1),

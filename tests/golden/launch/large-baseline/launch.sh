@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run large-baseline: model large (24 layers, hidden 1024, 16 heads, seq 1024, 354,871,296
-# parameters), fp16, micro-batch 2, global batch 16, gradient accumulation 4.
+# parameters), fp16, micro-batch 1, global batch 16, gradient accumulation 8.
 # Vocabulary: 50,304 embedding rows (50,257 tokens padded for tp 1); the data's tokenizer could
 # not be read.
 # Strategy baseline: tp 1 x pp 1 x dp 2, ZeRO-0; world size 2 on node1(1), node2(1); device cuda.
@@ -8,6 +8,9 @@
 # pdsh. Every host needs the same paths (upstream, data, this run directory).
 # Expect 50 iterations: an iteration line every 10 (5 lines, from the last rank), Megatron timers
 # (--timing-log-level 2), DeepSpeed's wall-clock breakdown (rank 0).
+# Adjusted micro_batch_size: 2 -> 1 (upstream's non-flash attention fails with a micro-batch > 1
+# ('view size is not compatible with input tensor's size and stride' in CoreAttention, seen on CPU
+# and on an H200); the global batch is reached by gradient accumulation).
 # Output goes to stdout/stderr: the executor captures it.
 set -euo pipefail
 
@@ -32,7 +35,7 @@ exec /venv/bin/deepspeed \
   --num-attention-heads 16 \
   --seq-length 1024 \
   --max-position-embeddings 1024 \
-  --micro-batch-size 2 \
+  --micro-batch-size 1 \
   --global-batch-size 16 \
   --train-iters 50 \
   --lr 0.001 \
