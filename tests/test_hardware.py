@@ -364,6 +364,42 @@ def test_cuda_memory_per_rank_beside_the_model_state(tmp_path):
     assert "model state per rank at DP 8, MiB: DP 20,078; ZeRO-1 6,902; ZeRO-2 4,706; " in section
 
 
+H200_RUNS = Path(__file__).parent / "fixtures" / "gpu-h200"
+"""Four real run directories of ``make gpu-check`` on one H200 (bf16, micro-batch 1, world size
+1, upstream f4157bea, torch 2.11 + CUDA 13): small baseline completed, three large runs cut by
+a 70 s limit (tensorboard/ dropped, paths renamed)."""
+
+
+def test_report_on_real_h200_runs(tmp_path):
+    """MFU against the H200 that run.json names, tensor memory from DeepSpeed's memory lines, and
+    runs cut by their time limit shown with what they logged but kept out of every ratio."""
+    out = tmp_path / "report"
+    assert report.main([str(H200_RUNS), "--out", str(out)]) == 0
+    rows = summary(out)
+    small = rows["small-baseline"]
+    assert (small["status"], small["gpu"], small["precision"]) == ("completed", "H200", "bf16")
+    assert (small["micro_batch_size"], small["gas"], small["iter_ms_n"]) == (1, 8, 5)
+    assert small["iter_ms_mean"] == pytest.approx(599.3, abs=0.05)  # iterations 3-12
+    assert small["tflops"] == pytest.approx(3.8165, abs=1e-4)
+    assert small["mfu"] == pytest.approx(100 * small["tflops"] / 989.0, rel=1e-9)
+    assert small["peak_mem_mb"] == pytest.approx(1308.90, abs=0.01)  # max allocated, rank 0
+    assert small["speedup"] == pytest.approx(1.0)
+    large = rows["large-baseline"]
+    assert (large["status"], large["failure_kind"], large["last_iteration"]) == (
+        "failed",
+        "time_limit",
+        8,
+    )
+    assert large["iter_ms_mean"] == pytest.approx(2423.1, abs=0.05)
+    assert large["mfu"] == pytest.approx(2.2088, abs=1e-4) and large["speedup"] is None
+    zero3 = rows["large-zero3"]
+    assert zero3["iter_ms_mean"] is None and zero3["mfu"] is None
+    assert zero3["peak_mem_mb"] == pytest.approx(8496.28, abs=0.01)
+    text = (out / "report.md").read_text()
+    row = "| small-baseline | H200 | 989 TFLOP/s dense bf16, H200 | 3.8 | 0.4% | 3.84 | 0.4% |"
+    assert row in text
+
+
 def test_cpu_runs_have_no_gpu_section(tmp_path):
     from conftest import LAB_LOGS
 

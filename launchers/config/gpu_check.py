@@ -72,7 +72,7 @@ RUN_ORDER = (
 first (each model's reference, then the stage that saves most), so that what the budget leaves
 out is the least telling."""
 
-TRAIN_ITERS = {"small": 20, "large": 12}
+TRAIN_ITERS = {"small": 20, "large": 8}
 """Iterations per run: a warm-up window and steady windows of LOG_INTERVAL (as ``make demo``,
 few iterations: a run's start-up costs more than its iterations)."""
 
