@@ -398,6 +398,13 @@ def test_report_on_real_h200_runs(tmp_path):
     text = (out / "report.md").read_text()
     row = "| small-baseline | H200 | 989 TFLOP/s dense bf16, H200 | 3.8 | 0.4% | 3.84 | 0.4% |"
     assert row in text
+    # One machine, one rank: nothing calibrates a link, and the report says so, not "noise".
+    assert "within the measurement noise" not in text
+    assert (
+        "- zero1 vs the baseline across link rates: not predicted: the time model cannot "
+        "evaluate both setups (baseline: no calibration for inter-node collectives (all_reduce "
+        "gradients);"
+    ) in text
 
 
 def test_cpu_runs_have_no_gpu_section(tmp_path):

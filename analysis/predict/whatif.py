@@ -143,8 +143,16 @@ def crossover(base: RunSetup, zs: RunSetup, cal: Calibration) -> BandwidthCrosso
     extra = (z_plan.bytes_per_iter - dp_plan.bytes_per_iter) / 1e6 if dp_plan and z_plan else None
     fa, fz = _affine(base, cal), _affine(zs, cal)
     if fa is None or fz is None:
+        probes = [replace(s, link_mbit=PROBE_RATES_MBIT[0]) for s in (base, zs)]
+        why = [f"{s.strategy}: {p.reason}" for s in probes if (p := predict(s, cal)).reason]
         return BandwidthCrossover(
-            name, "unknown", None, None, None, extra, "the time model cannot evaluate both setups"
+            name,
+            "unknown",
+            None,
+            None,
+            None,
+            extra,
+            "the time model cannot evaluate both setups" + (f" ({'; '.join(why)})" if why else ""),
         )
     da, db = fz[0] - fa[0], fz[1] - fa[1]
     how, ref = predict(zs, cal), predict(base, cal)

@@ -298,6 +298,10 @@ def _recommendations(
                     f"within the measurement noise, so {question} is not decidable from these "
                     "runs; longer runs of both would decide."
                 )
+            elif c.fixed_ms_diff is None:  # the model could not evaluate a setup
+                out.append(
+                    f"- {c.strategy} vs the baseline across link rates: not predicted: {c.reason}."
+                )
             else:
                 out.append(
                     f"- {c.strategy} vs the baseline across link rates: not decidable from "
