@@ -398,6 +398,9 @@ def test_report_on_real_h200_runs(tmp_path):
     text = (out / "report.md").read_text()
     row = "| small-baseline | H200 | 989 TFLOP/s dense bf16, H200 | 3.8 | 0.4% | 3.84 | 0.4% |"
     assert row in text
+    assert small["na_reasons"]["predicted_iter_ms"] == (
+        "leave-one-out: no other completed timed run of this model and batch to predict it from"
+    )
     # One machine, one rank: nothing calibrates a link, and the report says so, not "noise".
     assert "within the measurement noise" not in text
     assert (

@@ -233,8 +233,12 @@ def leave_one_out(observations: Sequence[Observation]) -> list[LooResult]:
             for x in observations
             if x.name != o.name and _layout_key(x.setup)[:8] == _layout_key(o.setup)[:8]
         ]
-        cal = calibrate(same_model)
-        out.append(LooResult(o.name, o.iter_ms, predict(o.setup, cal), o.repeats))
+        if not same_model:
+            none = "no other completed timed run of this model and batch to predict it from"
+            p = Prediction(label(o.setup), o.setup, None, "none", reason=none)
+        else:
+            p = predict(o.setup, calibrate(same_model))
+        out.append(LooResult(o.name, o.iter_ms, p, o.repeats))
     return out
 
 
@@ -247,7 +251,7 @@ def fill_rows(rows: Sequence[RunMetrics], loo: Sequence[LooResult]) -> list[RunM
         na = dict(row.na_reasons)
         res = by_name.get((row.name, row.setup_key))
         if res is None or res.prediction.iter_ms is None:
-            why = res.prediction.reason if res else None
+            why = f"leave-one-out: {res.prediction.reason}" if res else None
             na["predicted_iter_ms"] = why or "not a completed timed run with a known layout"
             out.append(replace(row, na_reasons=na))
             continue
