@@ -272,7 +272,8 @@ def executive_summary(groups: dict[str, list[RunMetrics]]) -> list[str]:
             best = min(stopped, key=lambda r: r.iter_ms_mean or 0.0)
             md.append(
                 f"- **{key}**: no run to compare (failed runs stay out of every ratio); "
-                f"{len(stopped)} timed before it stopped ({best.name} {best.status}: "
+                f"{len(stopped)} timed before {'it' if len(stopped) == 1 else 'they'} stopped "
+                f"({'fastest ' if len(stopped) > 1 else ''}{best.name} {best.status}: "
                 f"{best.iter_ms_mean:,.1f} ms/iteration, not in any ratio)" + counts
             )
         else:
