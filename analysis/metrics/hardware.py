@@ -1,11 +1,13 @@
 """Figures against the hardware: MFU per run, and GPU tensor memory per rank.
 
-MFU = the analyzer's TFLOP/s per GPU (``RunMetrics.tflops``: the spec's FLOPs over the
-steady-state mean iteration time, the same window as every other figure) / the GPU's dense peak
-for the run's dtype (``analysis.theory.hardware``). ``mfu_printed`` puts the TFLOPs Megatron
-itself printed over the same windows (``TFLOPs:`` of Megatron-DeepSpeed,
-``throughput per GPU (TFLOP/s/GPU)`` of Megatron-Core; the parser's ``tflops`` field) against
-the same peak, as a check.
+MFU = the model's FLOPs per second per GPU (``RunMetrics.tflops_model``: the spec's FLOPs over
+the steady-state mean iteration time, the same window as every other figure, the recomputed
+forward not counted, as PaLM defines it) / the GPU's dense peak for the run's dtype
+(``analysis.theory.hardware``); HFU counts the recomputed forward too (``tflops``, as
+Megatron-DeepSpeed's ``throughput_calculator`` does: x 4/3 with full recompute).
+``mfu_printed`` puts the TFLOPs Megatron itself printed over the same windows (``TFLOPs:`` of
+Megatron-DeepSpeed, ``throughput per GPU (TFLOP/s/GPU)`` of Megatron-Core; the parser's
+``tflops`` field) against the same peak, as a check.
 
 The GPU is run.json's ``provenance.gpus`` (``nvidia-smi`` on every node when a CUDA run
 started, ``launchers.run.gpus``), else ``--gpu NAME`` of ``python -m analysis.report`` for bare
@@ -81,11 +83,13 @@ def with_mfu(row: Any, record: RunRecord | None, given: HardwareGiven) -> Any:
     else:
         na["peak_tflops"] = f"dense peak from {pk.source}"
         if row.tflops is not None:
-            out["mfu"] = 100.0 * row.tflops / pk.tflops
-            if out["mfu"] > 100.0:
+            out["hfu"] = 100.0 * row.tflops / pk.tflops
+            out["mfu"] = 100.0 * (row.tflops_model or row.tflops) / pk.tflops
+            if out["hfu"] > 100.0:
                 na["mfu"] = "above 100%: the GPU or the dtype of the peak is not the run's"
         else:
             na["mfu"] = f"no TFLOP/s for this run ({na.get('tflops') or 'no steady state'})"
+            na["hfu"] = na["mfu"]
         if row.tflops_printed is not None:
             out["mfu_printed"] = 100.0 * row.tflops_printed / pk.tflops
         else:
@@ -101,7 +105,10 @@ def mfu_text(row: Any, digits: int = 1) -> str:
             text += f"; Megatron's printed TFLOPs give {row.mfu_printed:.{digits}f}%"
             text += f" of {row.peak_label}"
         return text
-    return f"MFU {row.mfu:.{digits}f}% of {row.peak_label}"
+    text = f"MFU {row.mfu:.{digits}f}% of {row.peak_label}"
+    if row.hfu is not None and row.hfu != row.mfu:
+        text += f" (HFU {row.hfu:.{digits}f}%, the recomputed forward counted)"
+    return text
 
 
 def memory_per_rank(parsed: ParsedRun | None) -> list[dict[str, Any]] | None:

@@ -43,6 +43,7 @@ from analysis.runs.tensorboard import MEMORY_NA, TFLOPS_NA
 from analysis.theory import comm
 from analysis.theory.formulas import (
     flops_per_iteration,
+    forward_passes,
     gpt_parameters,
     steady_split,
     zero_state_bytes,
@@ -275,7 +276,8 @@ class RunMetrics:
     tokens_per_s: float | None
     """samples_per_s * seq_length."""
     tflops: float | None
-    """Recomputed TFLOP/s per rank from the spec and the mean iteration time."""
+    """Recomputed TFLOP/s per rank from the spec and the mean iteration time, as Megatron-DeepSpeed
+    counts them (``throughput_calculator``: the recomputed forward included)."""
     tflops_printed: float | None
     """Mean of the TFLOPs Megatron printed over the steady windows (2 decimals)."""
     tflops_check: str | None
@@ -390,10 +392,18 @@ class RunMetrics:
     """Dense peak TFLOP/s per GPU for the run's dtype (analysis.theory.hardware)."""
     peak_label: str | None = None
     """What MFU is out of: ``989 TFLOP/s dense bf16, H100 SXM``."""
+    tflops_model: float | None = None
+    """TFLOP/s per rank of the model's own FLOPs: ``tflops`` without the recomputed forward (x 3/4
+    with full recompute), MFU's numerator."""
     mfu: float | None = None
-    """Model FLOPs utilisation, percent: ``tflops / peak_tflops * 100`` (metrics.hardware)."""
+    """Model FLOPs utilisation, percent: ``tflops_model / peak_tflops * 100`` (metrics.hardware;
+    PaLM's definition: recomputation is not counted)."""
+    hfu: float | None = None
+    """Hardware FLOPs utilisation, percent: ``tflops / peak_tflops * 100`` (recomputation
+    counted); equal to ``mfu`` without recompute."""
     mfu_printed: float | None = None
-    """The same from Megatron's printed TFLOPs (``tflops_printed``), percent."""
+    """Megatron's printed TFLOPs (``tflops_printed``) over the same peak, percent: an HFU for
+    Megatron-DeepSpeed, which counts the recomputed forward."""
     mem_per_rank: list[dict[str, Any]] | None = None
     """Per rank: ``rank``, ``allocated_mb`` and ``reserved_mb`` peaks (MiB), ``after_iteration``."""
     problems: list[Problem] = field(default_factory=list)
@@ -613,6 +623,7 @@ def compute(run: LoadedRun) -> RunMetrics:
             bool(s.activation_checkpointing),
         )  # type: ignore[arg-type]
         row["tflops"] = tflops_per_gpu(flops, st.mean, s.world_size)
+        row["tflops_model"] = row["tflops"] * 3 / forward_passes(bool(s.activation_checkpointing))
     else:
         na["tflops"] = "model dimensions, padded vocabulary, batch or world size unknown"
     tf, el = record_values(p.iterations, "tflops"), record_values(p.iterations, "elapsed_ms")

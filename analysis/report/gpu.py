@@ -35,17 +35,20 @@ def mfu_lines(rows: list[RunMetrics]) -> list[str]:
                 r.peak_label or "n/a",
                 number(r.tflops, 1) or "n/a",
                 _pct(r.mfu),
+                _pct(r.hfu),
                 number(r.tflops_printed, 2) or "n/a",
                 _pct(r.mfu_printed),
             ]
         )
-    headers = ["run", "GPU", "peak (dense)", "TFLOP/s/GPU", "MFU"]
-    headers += ["TFLOP/s printed", "MFU (printed)"]
+    headers = ["run", "GPU", "peak (dense)", "TFLOP/s/GPU", "MFU", "HFU"]
+    headers += ["TFLOP/s printed", "printed / peak"]
     out = [
-        "MFU = TFLOP/s per GPU over the steady-state window / the GPU's dense peak for the "
-        "run's dtype (analysis.theory.hardware: vendor datasheets, never the sparse figure; "
-        "fp32 is the non-tensor-core figure unless the run states tf32). The printed column "
-        "uses Megatron's own TFLOPs over the same windows.",
+        "MFU = the model's FLOP/s per GPU over the steady-state window / the GPU's dense peak "
+        "for the run's dtype (analysis.theory.hardware: vendor datasheets, never the sparse "
+        "figure; fp32 is the non-tensor-core figure unless the run states tf32); the recomputed "
+        "forward of activation checkpointing is not counted (PaLM's definition). HFU counts it, "
+        "as the TFLOP/s/GPU column and Megatron-DeepSpeed's printed TFLOPs do (x 4/3 with full "
+        "recompute). The printed columns use Megatron's own TFLOPs over the same windows.",
         "",
         *md_table(headers, table),
         "",
