@@ -422,6 +422,29 @@ def test_report_on_real_h200_runs(tmp_path):
     ) in text
 
 
+def test_report_on_a_real_h200_run_from_tensorboard_alone(tmp_path):
+    """The same small run without its log: times from TensorBoard's iteration-time (float32),
+    and memory as TensorBoard has it, the current allocation at each logged iteration: shown as
+    a lower bound of the peak, never as a peak, and kept out of the allocated - state column."""
+    out = tmp_path / "report"
+    assert report.main([str(H200_RUNS.parent / "gpu-h200-tensorboard"), "--out", str(out)]) == 0
+    row = summary(out)["small-baseline"]
+    assert (row["status"], row["gpu"], row["iter_ms_n"]) == ("completed", "H200", 5)
+    assert row["iter_ms_mean"] == pytest.approx(599.2774, abs=1e-4)  # the log: 599.26
+    assert row["mfu"] == pytest.approx(100 * row["tflops"] * 0.75 / 989.0, rel=1e-9)
+    assert row["peak_mem_is_peak"] is False
+    assert row["peak_mem_mb"] == pytest.approx(929.3325, abs=1e-4)  # the log's peak: 1,308.90
+    assert row["na_reasons"]["peak_mem_mb"].startswith(
+        "the largest current allocation in TensorBoard's mem-allocated-bytes (rank not recorded"
+    )
+    text = (out / "report.md").read_text()
+    assert (
+        "| small-baseline | baseline | not recorded | >= 929 (current) | 1,704 | 974 | n/a |"
+        in text
+    )
+    assert "- small-baseline: no allocator peak recorded (TensorBoard logs the current " in text
+
+
 def test_cpu_runs_have_no_gpu_section(tmp_path):
     from conftest import LAB_LOGS
 

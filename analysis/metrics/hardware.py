@@ -114,25 +114,34 @@ def mfu_text(row: Any, digits: int = 1) -> str:
 def memory_per_rank(parsed: ParsedRun | None) -> list[dict[str, Any]] | None:
     """Per rank, the largest ``max allocated`` and ``max reserved`` its memory lines print, MiB
     (``allocated``/``reserved`` where the line has no max), with the iteration of the first
-    line printing that allocated peak. None when the logs print no memory line."""
+    line printing that allocated peak, and ``peak``: whether that figure is a ``max allocated``
+    (False: a current allocation, as TensorBoard's ``mem-allocated-bytes``, a lower bound of the
+    peak). None when the logs print no memory line."""
     if parsed is None or not len(parsed.memory):
         return None
     mem = parsed.memory
-    alloc = record_values(mem, "max_allocated_mb")
-    alloc = np.where(np.isnan(alloc), record_values(mem, "allocated_mb"), alloc)
+    maxed = record_values(mem, "max_allocated_mb")
+    alloc = np.where(np.isnan(maxed), record_values(mem, "allocated_mb"), maxed)
     res = record_values(mem, "max_reserved_mb")
     res = np.where(np.isnan(res), record_values(mem, "reserved_mb"), res)
     ranks: dict[Any, dict[str, Any]] = {}
     for i, rec in enumerate(mem):
         entry = ranks.setdefault(
             rec.rank,
-            {"rank": rec.rank, "allocated_mb": None, "reserved_mb": None, "after_iteration": None},
+            {
+                "rank": rec.rank,
+                "allocated_mb": None,
+                "reserved_mb": None,
+                "after_iteration": None,
+                "peak": None,
+            },
         )
         if not np.isnan(alloc[i]) and (
             entry["allocated_mb"] is None or alloc[i] > entry["allocated_mb"]
         ):
             entry["allocated_mb"] = float(alloc[i])
             entry["after_iteration"] = rec.after_iteration
+            entry["peak"] = not np.isnan(maxed[i])
         if not np.isnan(res[i]) and (entry["reserved_mb"] is None or res[i] > entry["reserved_mb"]):
             entry["reserved_mb"] = float(res[i])
     return sorted(ranks.values(), key=lambda e: (e["rank"] is None, e["rank"] or 0))

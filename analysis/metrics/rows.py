@@ -286,6 +286,9 @@ class RunMetrics:
     """Max over ranks and nodes of ``max allocated``, MiB."""
     peak_reserved_mb: float | None
     """Max over ranks of ``max reserved``, MiB."""
+    peak_mem_is_peak: bool | None
+    """Whether ``peak_mem_mb`` is an allocator's peak (``max allocated``); False: the largest
+    current allocation recorded (TensorBoard's ``mem-allocated-bytes``), a lower bound of it."""
     mem_kind: str | None
     """What the memory figure measures (tensor memory, or process RSS on CPU)."""
     model_state_mb: float | None
@@ -425,22 +428,28 @@ SCHEMA: dict[str, str] = {
 """Column -> pandas dtype of the one DataFrame (derived from ``RunMetrics``)."""
 
 
-def _peak_memory(parsed: ParsedRun) -> tuple[float | None, float | None, int | None, int | None]:
+def _peak_memory(
+    parsed: ParsedRun,
+) -> tuple[float | None, float | None, int | None, int | None, bool]:
+    """(allocated peak, reserved peak, its rank, its iteration, whether that allocated figure is
+    an allocator's peak: ``max allocated``, not the current allocation of a report)."""
     peak = reserved = rank = after = None
     mem = parsed.memory
     if not len(mem):
-        return peak, reserved, rank, after
+        return peak, reserved, rank, after, False
     # Column-wise: the first report with the largest figure, as a loop over reports would.
-    alloc = record_values(mem, "max_allocated_mb")
-    alloc = np.where(np.isnan(alloc), record_values(mem, "allocated_mb"), alloc)
+    maxed = record_values(mem, "max_allocated_mb")
+    alloc = np.where(np.isnan(maxed), record_values(mem, "allocated_mb"), maxed)
     res = record_values(mem, "max_reserved_mb")
     res = np.where(np.isnan(res), record_values(mem, "reserved_mb"), res)
+    is_max = False
     if not np.isnan(alloc).all():
         i = int(np.nanargmax(alloc))
         peak, rank, after = float(alloc[i]), mem[i].rank, mem[i].after_iteration
+        is_max = not np.isnan(maxed[i])
     if not np.isnan(res).all():
         reserved = float(np.nanmax(res))
-    return peak, reserved, rank, after
+    return peak, reserved, rank, after, is_max
 
 
 def _last_number(records: Sequence[Any], name: str) -> int | None:
@@ -539,8 +548,9 @@ def compute(run: LoadedRun) -> RunMetrics:
         na["iter_ms_mean"] = why or "no timing"
         if run.status != "completed":
             na["iter_ms_mean"] += f"; run {run.status}"
-    peak, reserved, mem_rank, mem_after = _peak_memory(p)
+    peak, reserved, mem_rank, mem_after, is_max = _peak_memory(p)
     row["peak_mem_mb"], row["peak_reserved_mb"] = peak, reserved
+    row["peak_mem_is_peak"] = is_max if peak is not None else None
     from_events = bool(run.event_files) and not run.log_files  # (read from TensorBoard)
     if peak is None and from_events:
         na["peak_mem_mb"] = MEMORY_NA
@@ -554,15 +564,22 @@ def compute(run: LoadedRun) -> RunMetrics:
             else "accelerator allocator (tensor memory)"
         )
         when = f"after iteration {mem_after}" if mem_after else "once"
-        na["peak_mem_mb"] = (
-            f"max over ranks of 'max allocated' (rank {mem_rank}), printed {when} only; "
-            "logs print 'MB' = bytes/1024^2 (MiB)"
-            + (
-                "; on CPU DeepSpeed's accelerator reports psutil RSS of the process "
-                "(deepspeed/accelerator/cpu_accelerator.py memory_allocated)"
-                if on_cpu
-                else ""
+        if is_max:
+            what = f"max over ranks of 'max allocated' (rank {mem_rank}), printed {when} only"
+        else:  # (TensorBoard's mem-allocated-bytes, or reports without a 'max allocated')
+            where = "TensorBoard's mem-allocated-bytes" if from_events else "the memory reports"
+            what = (
+                f"the largest current allocation in {where} "
+                f"(rank {'not recorded' if mem_rank is None else mem_rank}, {when}): no "
+                "allocator peak ('max allocated') was recorded, so the peak is at least this"
             )
+            if not on_cpu:
+                row["mem_kind"] += ", current at the reports: the peak is at least this"
+        na["peak_mem_mb"] = f"{what}; logs print 'MB' = bytes/1024^2 (MiB)" + (
+            "; on CPU DeepSpeed's accelerator reports psutil RSS of the process "
+            "(deepspeed/accelerator/cpu_accelerator.py memory_allocated)"
+            if on_cpu
+            else ""
         )
     if steady is None:
         return RunMetrics(**row)

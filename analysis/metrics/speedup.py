@@ -132,6 +132,12 @@ def compare(rows: list[RunMetrics], baseline: str | None = None) -> list[RunMetr
             changes["baseline"] = base.name
         if not compared_status(row.status):
             na["mem_saving_pct"] = f"run {row.status}: its memory line is not comparable"
+        elif base is not None and False in (base.peak_mem_is_peak, row.peak_mem_is_peak):
+            na["mem_saving_pct"] = (
+                "no allocator peak recorded for "
+                + (base.name if base.peak_mem_is_peak is False else row.name)
+                + " (only current allocations, as TensorBoard logs them): peaks not compared"
+            )
         elif base is not None and base.peak_mem_mb and row.peak_mem_mb is not None:
             changes["mem_saving_pct"] = (base.peak_mem_mb - row.peak_mem_mb) / base.peak_mem_mb
             changes["mem_saving_pct"] *= 100.0

@@ -78,16 +78,19 @@ def memory_lines(rows: list[RunMetrics]) -> list[str]:
         state = number(r.model_state_mb, 0) or "n/a"
         for m in r.mem_per_rank or []:
             alloc = m.get("allocated_mb")
+            peak = m.get("peak") is not False  # (False: a current allocation, a lower bound)
             table.append(
                 [
                     repeats.label(r),
                     r.strategy or "?",
-                    str(m.get("rank")),
-                    number(alloc, 0) or "n/a",
+                    "not recorded" if m.get("rank") is None else str(m.get("rank")),
+                    ("" if peak else ">= ")
+                    + (number(alloc, 0) or "n/a")
+                    + ("" if peak else " (current)"),
                     number(m.get("reserved_mb"), 0) or "n/a",
                     state,
                     number(alloc - r.model_state_mb, 0)
-                    if alloc is not None and r.model_state_mb is not None
+                    if peak and alloc is not None and r.model_state_mb is not None
                     else "n/a",
                 ]
             )
@@ -111,6 +114,12 @@ def memory_lines(rows: list[RunMetrics]) -> list[str]:
             out.append(f"- {r.setup_key}: model state per rank at DP {r.dp}, MiB: {states}.")
         ref = by_name.get((r.setup_key, r.baseline)) if r.baseline else None
         text = f"- {repeats.label(r)}: peak allocated {number(r.peak_mem_mb, 0) or 'n/a'} MiB"
+        if r.peak_mem_is_peak is False:
+            text = (
+                f"- {repeats.label(r)}: no allocator peak recorded (TensorBoard logs the current "
+                f"allocation only): the peak is at least {number(r.peak_mem_mb, 0)} MiB, the "
+                "largest current allocation seen"
+            )
         if ref is not None and ref is not r and ref.peak_mem_mb and r.peak_mem_mb is not None:
             saved = ref.peak_mem_mb - r.peak_mem_mb
             text += f", saves {saved:,.0f} MiB ({_pct(r.mem_saving_pct)}) of tensor memory"
