@@ -413,6 +413,14 @@ def test_report_on_real_h200_runs(tmp_path):
         "every ratio); 2 timed before they stopped (fastest large-baseline failed: 2,423.1 "
         "ms/iteration, not in any ratio); 0 timed run(s), 3 not completed."
     ) in text
+    assert small["provenance"].startswith(
+        "upstream f4157bea, DeepSpeed 0.19.6, torch 2.11.0 + CUDA 13.0 from system ("
+    )
+    assert (
+        "Python 3.12.3; 1 x NVIDIA H200 (143,771 MiB, driver 580.159.04); torch 2.11.0 is "
+        in (small["provenance"])
+    )
+    assert f"Every run: {small['provenance']}." in text  # (the same for all four: said once)
     # One machine, one rank: nothing calibrates a link, and the report says so, not "noise".
     assert "within the measurement noise" not in text
     assert (

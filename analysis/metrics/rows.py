@@ -286,6 +286,8 @@ class RunMetrics:
     """Max over ranks and nodes of ``max allocated``, MiB."""
     peak_reserved_mb: float | None
     """Max over ranks of ``max reserved``, MiB."""
+    provenance: str | None
+    """What ran, from run.json: upstream's commit, versions, GPUs, warnings (``describe``)."""
     peak_mem_is_peak: bool | None
     """Whether ``peak_mem_mb`` is an allocator's peak (``max allocated``); False: the largest
     current allocation recorded (TensorBoard's ``mem-allocated-bytes``), a lower bound of it."""
@@ -493,6 +495,8 @@ def compute(run: LoadedRun) -> RunMetrics:
     row |= {f.name: None for f in fields(RunMetrics) if f.name not in row}
     row["na_reasons"] = na
     row |= identity(run.record, s)
+    if run.record is not None and run.record.provenance is not None:
+        row["provenance"] = run.record.provenance.describe() or None
 
     dims = (s.num_layers, s.hidden_size, s.positions, s.padded_vocab_size)
     row["num_parameters"] = num_parameters(s)

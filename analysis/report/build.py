@@ -540,10 +540,14 @@ def render(
         cfg,
     )
     md += ["", "## Hardware and provenance", ""]
+    shared = {r.provenance for r in rows}  # (said once when every run has the same)
+    if len(shared) == 1 and None not in shared:
+        md += [f"Every run: {shared.pop()}.", ""]
     for r in rows:
         md.append(
             f"- {repeats.label(r)}: `{r.path}`, {r.nodes if r.nodes is not None else '?'} node(s), "
             f"{r.world_size} ranks, device {r.device or '?'}"
+            + (f"; {r.provenance}" if r.provenance and len(shared) > 1 else "")
             + (f"; problems: {'; '.join(p.message for p in r.problems)}" if r.problems else "")
         )
     if figures:

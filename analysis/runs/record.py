@@ -118,6 +118,42 @@ class Provenance:
     """The GPUs of every node when a CUDA run started (``launchers.run.gpus``); None on CPU or
     for a run recorded before they were."""
 
+    def describe(self) -> str:
+        """One line of what ran: upstream's commit, the versions, the GPUs and the warnings
+        recorded (``upstream f4157bea, DeepSpeed 0.19.6, torch 2.11.0 + CUDA 13.0 (system
+        ...), Python 3.12.3; 1 x NVIDIA H200 (143,771 MiB, driver 580.159.04)``)."""
+        parts = []
+        if self.upstream and self.upstream.commit:
+            parts.append(
+                f"upstream {self.upstream.commit[:8]}" + (" + patch" * bool(self.upstream.patch))
+            )
+        if self.deepspeed:
+            parts.append(f"DeepSpeed {self.deepspeed}")
+        if self.torch:
+            cuda = f" + CUDA {self.torch_cuda}" if self.torch_cuda else ""
+            origin = (
+                f" from {self.torch_origin}"
+                if self.torch_origin and self.torch_origin != "venv"
+                else ""
+            )
+            parts.append(f"torch {self.torch}{cuda}{origin}")
+        if self.python:
+            parts.append(f"Python {self.python}")
+        text = ", ".join(parts)
+        kinds: dict[str, int] = {}
+        for g in self.gpus or []:
+            if g.name:
+                memory = f"{g.memory_total_mib:,.0f} MiB, " if g.memory_total_mib else ""
+                key = f"{g.name} ({memory}driver {g.driver_version or '?'})"
+                kinds[key] = kinds.get(key, 0) + 1
+        gpus = [f"{n} x {k}" for k, n in kinds.items()]
+        gpus += [f"{g.node}: GPUs not read ({g.error})" for g in self.gpus or [] if not g.name]
+        if gpus:
+            text += "; " + ", ".join(gpus)
+        if self.torch_warnings:
+            text += "; " + "; ".join(self.torch_warnings)
+        return text
+
 
 @dataclass(frozen=True)
 class Outcome:
