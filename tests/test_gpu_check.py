@@ -85,7 +85,7 @@ def test_dry_run_plan_on_a_cpu_machine():
             f"-m launchers matrix --model {model} --strategies {strategy} --device cuda --hosts "
             in out
         )
-    assert out.count("--set precision=bf16") == 8 and "localhost slots=1" in out
+    assert out.count("--set precision=bf16") == 9 and "localhost slots=1" in out  # 8 + profiled
     assert "-m analysis.report " in out and out.index("matrix --model large") < out.index(
         "analysis.report"
     )
@@ -98,8 +98,9 @@ def test_gpu_resume_leaves_completed_runs_to_the_matrix():
     rest; without it every run is forced."""
     forced, resumed = dry_run(), dry_run("GPU_RESUME=1")
     runs = [line for line in resumed.splitlines() if " matrix --model " in line]
-    assert len(runs) == len(gpu_check.RUN_ORDER) and not any("--force" in r for r in runs)
-    assert forced.count("--skip-doctor --force") == len(gpu_check.RUN_ORDER)
+    assert len(runs) == len(gpu_check.RUN_ORDER) + 1  # (and the profiled small baseline)
+    assert not any("--force" in r for r in runs)
+    assert forced.count(" --force") == len(gpu_check.RUN_ORDER) + 1
 
 
 def test_gpu_budget_sets_the_budget():
@@ -190,8 +191,19 @@ def test_every_model_and_strategy_runs_once_most_telling_first(tmp_path):
     steps = gpu_check.plan(tmp_path / "v", tmp_path / "logs", "python3", None)
     runs = [s.argv for s in steps if "matrix" in s.argv]
     said = [(a[a.index("--model") + 1], a[a.index("--strategies") + 1]) for a in runs]
-    assert said == list(gpu_check.RUN_ORDER)
-    assert "analysis.report" in steps[-1].argv
+    # The small baseline once more, profiled, right after it, into its own folder.
+    assert said == [*gpu_check.RUN_ORDER[:2], ("small", "baseline"), *gpu_check.RUN_ORDER[2:]]
+    profiled = [a for a in runs if "--profile" in a]
+    assert profiled == [runs[2]]
+    assert runs[2][runs[2].index("--logs") + 1] == str(tmp_path / "logs" / "profiled")
+    assert all(a[a.index("--logs") + 1] == str(tmp_path / "logs" / "runs") for a in runs[3:])
+    assert "analysis.report" in steps[-1].argv and str(tmp_path / "logs" / "runs") in steps[-1].argv
+    assert steps[-2].argv[-3:] == [
+        str(tmp_path / "logs" / "profiled"),
+        "--out",
+        str(tmp_path / "logs" / "profiled-report"),
+    ]
+    assert steps[-2].needs == tmp_path / "logs" / "profiled"
 
 
 def mark(trail, word, *extra):
@@ -208,6 +220,11 @@ def test_steps_run_in_order_and_a_failed_run_still_gets_the_report(tmp_path, mon
             gpu_check.Step("runs", mark(trail, "runs", "matrix")),
             gpu_check.Step("failing runs", ["sh", "-c", "exit 3", "matrix"]),
             gpu_check.Step("later runs", mark(trail, "later", "matrix")),
+            gpu_check.Step(
+                "report of nothing",
+                ["sh", "-c", "exit 4", "analysis.report"],
+                needs=tmp_path / "absent",
+            ),
             gpu_check.Step("report", mark(trail, "report", "analysis.report")),
         ]
 

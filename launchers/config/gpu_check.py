@@ -21,7 +21,10 @@ torch import, well under 5 s) and says so. On a GPU machine, within ``--budget-s
 4. ``small`` and ``large`` with the baseline and ZeRO-1/2/3, bf16, world size 1 (ZeRO at DP 1
    is degenerate but runs its code), few iterations, one run at a time in :data:`RUN_ORDER`
    (most telling first), each bounded by what is left; a run that would not fit is not started;
-5. ``python -m analysis.report`` on whatever ran, with :data:`REPORT_S` kept for it: iteration
+   the small baseline also once more with upstream's PyTorch profiler (:data:`PROFILED`), right
+   after the baselines, into ``profiled/``;
+5. ``python -m analysis.report`` on the profiled run (compute, communication, memory copy and
+   idle per step), then on whatever else ran, with :data:`REPORT_S` kept for it: iteration
    time, TFLOP/s, MFU, tensor memory.
 
 ``--dry-run`` prints the plan (every command, in order, the set-up's as ``make -n`` expands
@@ -79,6 +82,12 @@ few iterations: a run's start-up costs more than its iterations)."""
 LOG_INTERVAL = 2
 """Iterations per logged window."""
 
+PROFILED = ("small", "baseline")
+"""Run once more after the baselines with upstream's PyTorch profiler over its last logged
+window (``--profile``), into its own folder and report: on a GPU the report breaks the profiled
+steps into compute kernels, communication, memory copies and idle (docs/profiling.md), which
+says where the time goes when MFU is low."""
+
 APEX_NEEDED = ("amp_C", "fused_layer_norm_cuda", "fused_weight_gradient_mlp_cuda")
 """The apex extensions upstream imports (``launchers.config.gpu.APEX_EXTENSIONS``, which the
 tests compare this with; spelled out here because this module imports nothing of the project)."""
@@ -101,6 +110,8 @@ class Step:
     """When the step is left out at run time (said in the plan)."""
     unset: tuple[str, ...] = ()
     """Variables removed from the environment."""
+    needs: Path | None = None
+    """Left out when this path does not exist when its turn comes."""
 
 
 def detect() -> tuple[list[str], str]:
@@ -192,10 +203,13 @@ def plan(
             skip_if="every one imports already",
         ),
     ]
-    for model, strategy in RUN_ORDER:
+    order = [(m, s, False) for m, s in RUN_ORDER]
+    order.insert(order.index((*PROFILED, False)) + 1, (*PROFILED, True))
+    for model, strategy, profiled in order:
         steps.append(
             Step(
-                f"{model} {strategy} in bf16 at world size 1",
+                f"{model} {strategy} in bf16 at world size 1"
+                + (", profiled (PyTorch profiler over the last window)" if profiled else ""),
                 [
                     py,
                     "-m",
@@ -210,7 +224,7 @@ def plan(
                     "--hosts",
                     str(hostfile),
                     "--logs",
-                    str(logs / "runs"),
+                    str(logs / ("profiled" if profiled else "runs")),
                     "--set",
                     "precision=bf16",
                     "--set",
@@ -218,10 +232,26 @@ def plan(
                     "--set",
                     f"log_interval={LOG_INTERVAL}",
                     "--skip-doctor",
+                    *(["--profile"] if profiled else []),
                     *([] if resume else ["--force"]),
                 ],
             )
         )
+    steps.append(
+        Step(
+            "the profiled run's report: compute, communication, memory copy and idle per step",
+            [
+                py,
+                "-m",
+                "analysis.report",
+                str(logs / "profiled"),
+                "--out",
+                str(logs / "profiled-report"),
+            ],
+            skip_if="the profiled run did not start",
+            needs=logs / "profiled",
+        )
+    )
     steps.append(
         Step(
             "the report: iteration time, TFLOP/s, MFU, tensor memory",
@@ -339,6 +369,9 @@ def execute(steps: list[Step], budget_s: float, start: float, logs: Path) -> int
         left = budget_s - (time.monotonic() - start)
         report = "analysis.report" in step.argv
         run = "matrix" in step.argv
+        if step.needs is not None and not step.needs.exists():
+            print(f"gpu-check: '{step.what}' left out: no {step.needs}", flush=True)
+            continue
         if run and left - REPORT_S < MIN_RUN_S:
             left_out.append(step.what)
             print(f"gpu-check: out of time for '{step.what}' ({left:.0f} s left, "
