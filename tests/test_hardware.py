@@ -422,6 +422,8 @@ def test_report_on_real_h200_runs(tmp_path):
     )
     assert f"Every run: {small['provenance']}." in text  # (the same for all four: said once)
     # One machine, one rank: nothing calibrates a link, and the report says so, not "noise".
+    assert "No time can be predicted at any of them: nothing here calibrates an inter-node " in text
+    assert "| baseline | n/a | n/a |" not in text  # (no table of n/a)
     assert "within the measurement noise" not in text
     assert (
         "- zero1 vs the baseline across link rates: not predicted: the time model cannot "

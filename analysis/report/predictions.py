@@ -207,13 +207,24 @@ def report_sections(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics]) -> Re
         except ValueError as exc:
             cells.append(f"n/a ({exc})")
         table.append(cells)
-    md += md_table(["strategy", *heads], table)
-    md += [
-        "",
-        f"With {2 * nodes} nodes the data-parallel degree and the micro-batches per rank "
-        "change, so no run anchors those figures: they come from the components.",
-        "",
-    ]
+    if any(p.iter_ms is not None for p in preds.values()):
+        md += md_table(["strategy", *heads], table)
+        md += [
+            "",
+            f"With {2 * nodes} nodes the data-parallel degree and the micro-batches per rank "
+            "change, so no run anchors those figures: they come from the components.",
+            "",
+        ]
+    else:  # (a table of n/a says less than its reasons)
+        why = sorted({p.reason for p in preds.values() if p.reason})
+        head = "no calibration for inter-node collectives ("
+        links = [w.removeprefix(head)[:-1] for w in why if w.startswith(head)]
+        why = [w for w in why if not w.startswith(head)]
+        if links:  # (one reason: no measured run moved data between nodes)
+            why.insert(0, "nothing here calibrates an inter-node link (a completed run across "
+                       "nodes with a known link rate and DeepSpeed's communication timers, or "
+                       f"its netbench.json, would), which {', '.join(links)} need")  # fmt: skip
+        md += [f"No time can be predicted at any of them: {'; '.join(why) or 'unknown'}.", ""]
 
     try:
         base = what_if(ref, "baseline", nodes, rpn, rate0)
