@@ -452,7 +452,7 @@ def test_report_on_a_real_h200_run_from_tensorboard_alone(tmp_path):
         "| small-baseline | baseline | not recorded | >= 929 (current) | 1,704 | 974 | n/a |"
         in text
     )
-    assert "- small-baseline: no allocator peak recorded (TensorBoard logs the current " in text
+    assert "- small-baseline: no allocator peak recorded (only current allocations, as in " in text
 
 
 def test_cpu_runs_have_no_gpu_section(tmp_path):

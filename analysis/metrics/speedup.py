@@ -136,7 +136,8 @@ def compare(rows: list[RunMetrics], baseline: str | None = None) -> list[RunMetr
             na["mem_saving_pct"] = (
                 "no allocator peak recorded for "
                 + (base.name if base.peak_mem_is_peak is False else row.name)
-                + " (only current allocations, as TensorBoard logs them): peaks not compared"
+                + " (only current allocations, as TensorBoard's memory scalars): peaks not "
+                "compared"
             )
         elif base is not None and base.peak_mem_mb and row.peak_mem_mb is not None:
             changes["mem_saving_pct"] = (base.peak_mem_mb - row.peak_mem_mb) / base.peak_mem_mb

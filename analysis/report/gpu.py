@@ -116,9 +116,9 @@ def memory_lines(rows: list[RunMetrics]) -> list[str]:
         text = f"- {repeats.label(r)}: peak allocated {number(r.peak_mem_mb, 0) or 'n/a'} MiB"
         if r.peak_mem_is_peak is False:
             text = (
-                f"- {repeats.label(r)}: no allocator peak recorded (TensorBoard logs the current "
-                f"allocation only): the peak is at least {number(r.peak_mem_mb, 0)} MiB, the "
-                "largest current allocation seen"
+                f"- {repeats.label(r)}: no allocator peak recorded (only current allocations, as "
+                f"in TensorBoard's memory scalars): the peak is at least "
+                f"{number(r.peak_mem_mb, 0)} MiB, the largest current allocation seen"
             )
         if ref is not None and ref is not r and ref.peak_mem_mb and r.peak_mem_mb is not None:
             saved = ref.peak_mem_mb - r.peak_mem_mb
