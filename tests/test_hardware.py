@@ -432,7 +432,7 @@ def test_report_on_real_h200_runs(tmp_path):
     ) in text
 
 
-def test_report_on_a_real_h200_run_from_tensorboard_alone(tmp_path):
+def test_report_on_a_real_h200_run_from_tensorboard_alone(tmp_path, capsys):
     """The same small run without its log: times from TensorBoard's iteration-time (float32),
     and memory as TensorBoard has it, the current allocation at each logged iteration: shown as
     a lower bound of the peak, never as a peak, and kept out of the allocated - state column."""
@@ -443,6 +443,7 @@ def test_report_on_a_real_h200_run_from_tensorboard_alone(tmp_path):
     assert row["iter_ms_mean"] == pytest.approx(599.2774, abs=1e-4)  # the log: 599.26
     assert row["mfu"] == pytest.approx(100 * row["tflops"] * 0.75 / 989.0, rel=1e-9)
     assert row["peak_mem_is_peak"] is False
+    assert ">= 929" in capsys.readouterr().out  # the console table's peak column
     assert row["peak_mem_mb"] == pytest.approx(929.3325, abs=1e-4)  # the log's peak: 1,308.90
     assert row["na_reasons"]["peak_mem_mb"].startswith(
         "the largest current allocation in TensorBoard's mem-allocated-bytes (rank not recorded"

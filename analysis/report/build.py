@@ -687,7 +687,10 @@ def console_table(rows: list[RunMetrics]) -> None:
         ("samples/s", lambda r: number(r.samples_per_s, 2) or "n/a"),
         ("speedup", lambda r: f"{r.speedup:.2f}x" if r.speedup else "n/a"),
         ("MFU", lambda r: f"{r.mfu:.1f}%" if r.mfu is not None else "n/a"),
-        ("peak MiB", lambda r: number(r.peak_mem_mb, 0) or "n/a"),
+        (
+            "peak MiB",
+            lambda r: (">= " * (r.peak_mem_is_peak is False)) + (number(r.peak_mem_mb, 0) or "n/a"),
+        ),
         ("MB/iter", lambda r: number((r.comm_bytes_per_iter or 0) / 1e6, 2) or "n/a"),
     ]
     for name, _ in cols:
