@@ -421,6 +421,7 @@ def test_report_on_real_h200_runs(tmp_path):
         in (small["provenance"])
     )
     assert f"Every run: {small['provenance']}." in text  # (the same for all four: said once)
+    assert small["na_reasons"]["comm_ms"].startswith("dp = 1: the gradient all-reduce exchanges")
     # One machine, one rank: nothing calibrates a link, and the report says so, not "noise".
     assert "No time can be predicted at any of them: nothing here calibrates an inter-node " in text
     assert "| baseline | n/a | n/a |" not in text  # (no table of n/a)

@@ -691,6 +691,11 @@ def compute(run: LoadedRun) -> RunMetrics:
             )
         if (s.tp or 1) > 1:
             na["comm_ms"] = "TP all-reduces run inside forward/backward: that time is in fwd/bwd"
+        if s.dp == 1 and (s.tp or 1) * (s.pp or 1) == 1 and bd.communication_ms is not None:
+            na["comm_ms"] = (
+                "dp = 1: the gradient all-reduce exchanges nothing; this is the time of "
+                "DeepSpeed's reduction path on one rank (bucketing, averaging, copies)"
+            )
 
     _timer_bandwidth(row, s, cplan, ds, na)
     _measured_bandwidth(row, run, cplan, na)
