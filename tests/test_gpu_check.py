@@ -225,6 +225,7 @@ def test_steps_run_in_order_and_a_failed_run_still_gets_the_report(tmp_path, mon
                 ["sh", "-c", "exit 4", "analysis.report"],
                 needs=tmp_path / "absent",
             ),
+            gpu_check.Step("failing report", ["sh", "-c", "exit 5", "analysis.report"]),
             gpu_check.Step("report", mark(trail, "report", "analysis.report")),
         ]
 

@@ -361,8 +361,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def execute(steps: list[Step], budget_s: float, start: float, logs: Path) -> int:
     """Run ``steps`` in order within ``budget_s`` of ``start``: a set-up step that fails stops the
-    check; a run that fails or is not started for want of time leaves the others to go on; the
-    report (the last step) runs whatever the runs did, with :data:`REPORT_S` kept for it.
+    check; a run or a report that fails, or a run not started for want of time, leaves the others
+    to go on; the report (the last step) runs whatever the runs did, with :data:`REPORT_S` kept
+    for it.
     Exit 0 when every step ran and succeeded, 1 otherwise."""
     first_run, failed, left_out = True, [], []
     for step in steps:
@@ -394,10 +395,13 @@ def execute(steps: list[Step], budget_s: float, start: float, logs: Path) -> int
             print(f"gpu-check: '{step.what}' ran past the budget and was stopped", file=sys.stderr)
         print(f"gpu-check: '{step.what}' took {time.monotonic() - began:.0f} s, "
               f"{time.monotonic() - start:.0f} s of the budget used", flush=True)  # fmt: skip
-        if rc != 0 and not run:
+        if rc != 0 and not run and not report:  # (a set-up step: nothing after it can run)
             print(f"gpu-check: '{step.what}' failed (exit {rc})", file=sys.stderr)
             return 1
-        if rc != 0:
+        if rc != 0 and report:  # (a report that fails leaves the others to run)
+            failed.append(step.what)
+            print(f"gpu-check: '{step.what}' failed (exit {rc})", file=sys.stderr)
+        elif rc != 0:
             failed.append(step.what)
             print(f"gpu-check: '{step.what}' did not complete (exit {rc}); the report says "
                   "what it logged", flush=True)  # fmt: skip
