@@ -183,6 +183,39 @@ def test_gpu_breakdown_reads_the_kernels_as_hta_does(tmp_path: Path) -> None:
     assert b.overlap_pct == pytest.approx(100 / 3)
 
 
+def test_gpu_steps_are_the_kernels_their_steps_launched(tmp_path: Path) -> None:
+    """On the GPU the steps run behind the host: the kernels launched (correlation ids) within
+    the profiled steps are the steps' GPU time, wherever they run, and only those."""
+    launch = {"cat": "cuda_runtime"}
+    events = [
+        op("ProfilerStep#0", 0, 1000, cat="user_annotation"),
+        {**op("cudaLaunchKernel", -50, -40), **launch, "args": {"correlation": 1}},  # before
+        {**op("cudaLaunchKernel", 10, 20), **launch, "args": {"correlation": 2}},
+        {**op("cudaLaunchKernel", 900, 910), **launch, "args": {"correlation": 3}},
+        {**op("sgemm_before", 0, 150, tid=7, cat="kernel"), "args": {"correlation": 1}},
+        {**op("sgemm", 200, 600, tid=7, cat="kernel"), "args": {"correlation": 2}},
+        {**op("ncclKernel_AllReduce", 1000, 1400, tid=9, cat="kernel"), "args": {"correlation": 3}},
+    ]
+    b = breakdown(read_trace(write_trace(tmp_path / "c.pt.trace.json", events)))
+    # The GPU span of the step: 200 (its first kernel) to 1400 (its last one's end).
+    assert b.iteration_ms == pytest.approx(1.2)
+    assert (b.compute_ms, b.comm_ms, b.memcpy_ms, b.idle_ms) == pytest.approx((0.4, 0.4, 0, 0.4))
+
+
+def test_a_real_cuda_trace_breaks_down_as_hta_does() -> None:
+    """One rank of HTA's own test data (fixtures/traces/hta/SOURCES.md): the microseconds HTA's
+    temporal breakdown gives for it (kernel time, compute, idle, the rest) and its overlap."""
+    b = breakdown(read_trace(FIXTURES / "hta" / "sampled_rank-0.pt.trace.json.gz"))
+    assert (b.timeline, b.steps) == ("gpu", 2)
+    us = {
+        k: round(v * b.steps * 1000) for k, v in dataclasses.asdict(b).items() if k.endswith("_ms")
+    }
+    assert us["iteration_ms"] == 1_222_847
+    assert (us["compute_ms"], us["idle_ms"]) == (210_320, 675_191)
+    assert round((b.comm_ms + b.memcpy_ms) * b.steps * 1000) == 337_336  # HTA's non-compute
+    assert round(b.overlap_pct, 2) == 14.95
+
+
 def test_a_trace_without_steps_says_so(tmp_path: Path) -> None:
     trace = read_trace(write_trace(tmp_path / "n.pt.trace.json", [op("aten::mm", 0, 5)]))
     with pytest.raises(ValueError, match="no ProfilerStep#N annotation"):

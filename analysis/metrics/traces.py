@@ -17,11 +17,16 @@ which a compute kernel runs. The same definitions are applied here to the timeli
 Each instant of an iteration counts once, first match: compute, then communication (the part
 not hidden behind compute: the exposed communication), then memory copy, then idle; so the four
 add up to the iteration. Iterations are the profiler's ``ProfilerStep#N`` annotations, which
-tile the recorded steps (each from one ``profiler.step()`` to the next).
+tile the recorded steps (each from one ``profiler.step()`` to the next). Those are CPU times;
+the GPU runs behind them. So on a CUDA trace whose events carry correlation ids the steps are
+taken on the GPU, as HTA takes them: the kernels and copies launched (by a runtime call, matched
+by correlation id) within the profiled steps, from the first one's start to the last one's end,
+divided by the number of steps.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -46,6 +51,8 @@ GPU_COPY_CATS = ("gpu_memcpy", "gpu_memset")
 """Categories of GPU memory copies and sets (HTA's memory category)."""
 GPU_COMM_MARK = "nccl"
 """A GPU kernel whose name holds this (any case) is communication, as HTA classifies it."""
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+"""Categories of the CPU-side calls that launch GPU work (``cudaLaunchKernel``, copies)."""
 
 
 # ------------------------------------------------------------------------------ intervals
@@ -149,6 +156,23 @@ def _gpu_timelines(spans: Sequence[Span]) -> dict[str, list[Interval]]:
     return {k: union(v) for k, v in raw.items()}
 
 
+def _launched_in(spans: Sequence[Span], window: Sequence[Interval]) -> list[Span] | None:
+    """The GPU kernels and copies launched by a runtime call that starts inside ``window`` (the
+    profiled steps, CPU side), matched by correlation id, as HTA keeps a trace's kernels; None
+    when the trace's GPU events carry no correlation id."""
+    gpu = [s for s in spans if s.cat == KERNEL_CAT or s.cat in GPU_COPY_CATS]
+    if not any(s.correlation is not None for s in gpu):
+        return None
+    starts = [a for a, _ in window]
+    ids = set()
+    for s in spans:
+        if s.cat in LAUNCH_CATS and s.correlation is not None:
+            i = bisect.bisect_right(starts, s.start_us) - 1
+            if i >= 0 and s.start_us < window[i][1]:
+                ids.add(s.correlation)
+    return [s for s in gpu if s.correlation in ids]
+
+
 # ------------------------------------------------------------------------------ breakdown
 
 
@@ -201,7 +225,14 @@ def breakdown(trace: RankTrace) -> RankBreakdown:
         )
     window = union((s.start_us, s.end_us) for s in steps)
     has_gpu = any(s.cat == KERNEL_CAT for s in trace.spans)
-    lines = _gpu_timelines(trace.spans) if has_gpu else _cpu_timelines(trace.spans)
+    launched = _launched_in(trace.spans, window) if has_gpu else None
+    if launched:  # the steps on the GPU: from their first kernel or copy to their last one's end
+        window = [(min(s.start_us for s in launched), max(s.end_us for s in launched))]
+    lines = (
+        _gpu_timelines(launched if launched is not None else trace.spans)
+        if has_gpu
+        else _cpu_timelines(trace.spans)
+    )
     compute = intersect(lines["compute"], window)
     comm_all = intersect(lines["comm"], window)
     comm = subtract(comm_all, compute)

@@ -8,7 +8,8 @@ say the rank; the trace's own ``distributedInfo`` (``rank``, ``world_size``, ``b
 when ``torch.distributed`` was initialised.
 
 Only complete events (``"ph": "X"``) are kept: the profiler's operators, annotations, GPU
-kernels and copies, each with its thread (or CUDA stream) and its start and duration in us.
+kernels and copies, each with its thread (or CUDA stream), its start and duration in us, and
+the correlation id that ties a GPU event to the runtime call that launched it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class Span:
     """Process (the rank's process on CPU, the device for GPU events)."""
     tid: str
     """Thread (CPU events) or CUDA stream (GPU events)."""
+    correlation: int | None = None
+    """``args.correlation``: links a GPU kernel or copy to the CUDA runtime call that launched it
+    (the same number on both); None where the event has none."""
 
     @property
     def end_us(self) -> float:
@@ -98,6 +102,12 @@ def _number(event: dict[str, Any], key: str, path: Path, index: int) -> float:
     return float(value)
 
 
+def _correlation(event: dict[str, Any]) -> int | None:
+    args = event.get("args")
+    value = args.get("correlation") if isinstance(args, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def read_trace(path: Path) -> RankTrace:
     """One trace file (gzipped or not) as a :class:`RankTrace`; :class:`TraceError` names the
     file and field when it is not a profiler trace."""
@@ -121,6 +131,7 @@ def read_trace(path: Path) -> RankTrace:
                 dur_us=_number(event, "dur", path, i),
                 pid=str(event.get("pid", "")),
                 tid=str(event.get("tid", "")),
+                correlation=_correlation(event),
             )
         )
     info = doc.get("distributedInfo")
