@@ -59,8 +59,9 @@ STYLES: dict[str, Callable[[int, str], str]] = {
 ALWAYS_EXEMPT = ("name", "path", "problems", "event_files", "since_last_write_s")
 # spec_hash: the identity of a configuration covers every setting of the setup, DeepSpeed's
 # steps_per_print and wall_clock_breakdown included, which only the config beside a log gives
-# when the log prints no config dump (the lab logs print none).
-RUN_JSON_ONLY = ("wire_bytes_per_iter", "wire_over_model", "spec_hash")
+# when the log prints no config dump (the lab logs print none); provenance: run.json's versions
+# and GPUs.
+RUN_JSON_ONLY = ("wire_bytes_per_iter", "wire_over_model", "spec_hash", "provenance")
 NETBENCH_ONLY = ("busbw_gbps_measured", "busbw_inferred_warning", "predicted_iter_ms",
                  "prediction_error")  # fmt: skip
 REPEAT_ONLY = ("repeat_group", "repeat_round", "speedup_ci95_lo", "speedup_ci95_hi",

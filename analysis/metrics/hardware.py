@@ -1,4 +1,5 @@
-"""Figures against the hardware: MFU per run, and GPU tensor memory per rank.
+"""Figures against the hardware: MFU per run, and the memory reports' peaks (per run, and per
+rank for GPU tensor memory).
 
 MFU = the model's FLOPs per second per GPU (``RunMetrics.tflops_model``: the spec's FLOPs over
 the steady-state mean iteration time, the same window as every other figure, the recomputed
@@ -109,6 +110,30 @@ def mfu_text(row: Any, digits: int = 1) -> str:
     if row.hfu is not None and row.hfu != row.mfu:
         text += f" (HFU {row.hfu:.{digits}f}%, the recomputed forward counted)"
     return text
+
+
+def peak_memory(
+    parsed: ParsedRun,
+) -> tuple[float | None, float | None, int | None, int | None, bool]:
+    """Over every memory report of a run: (allocated peak, reserved peak, the allocated peak's
+    rank and iteration, whether that figure is an allocator's peak: ``max allocated``, not the
+    current allocation of a report), MiB; the first report with the largest figure wins."""
+    peak = reserved = rank = after = None
+    mem = parsed.memory
+    if not len(mem):
+        return peak, reserved, rank, after, False
+    maxed = record_values(mem, "max_allocated_mb")
+    alloc = np.where(np.isnan(maxed), record_values(mem, "allocated_mb"), maxed)
+    res = record_values(mem, "max_reserved_mb")
+    res = np.where(np.isnan(res), record_values(mem, "reserved_mb"), res)
+    is_max = False
+    if not np.isnan(alloc).all():
+        i = int(np.nanargmax(alloc))
+        peak, rank, after = float(alloc[i]), mem[i].rank, mem[i].after_iteration
+        is_max = not np.isnan(maxed[i])
+    if not np.isnan(res).all():
+        reserved = float(np.nanmax(res))
+    return peak, reserved, rank, after, is_max
 
 
 def memory_per_rank(parsed: ParsedRun | None) -> list[dict[str, Any]] | None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from analysis.metrics import hardware
 from analysis.metrics.stats import Stats, describe, sample_std
 from analysis.metrics.timers import (
     Breakdown,
@@ -430,30 +431,6 @@ SCHEMA: dict[str, str] = {
 """Column -> pandas dtype of the one DataFrame (derived from ``RunMetrics``)."""
 
 
-def _peak_memory(
-    parsed: ParsedRun,
-) -> tuple[float | None, float | None, int | None, int | None, bool]:
-    """(allocated peak, reserved peak, its rank, its iteration, whether that allocated figure is
-    an allocator's peak: ``max allocated``, not the current allocation of a report)."""
-    peak = reserved = rank = after = None
-    mem = parsed.memory
-    if not len(mem):
-        return peak, reserved, rank, after, False
-    # Column-wise: the first report with the largest figure, as a loop over reports would.
-    maxed = record_values(mem, "max_allocated_mb")
-    alloc = np.where(np.isnan(maxed), record_values(mem, "allocated_mb"), maxed)
-    res = record_values(mem, "max_reserved_mb")
-    res = np.where(np.isnan(res), record_values(mem, "reserved_mb"), res)
-    is_max = False
-    if not np.isnan(alloc).all():
-        i = int(np.nanargmax(alloc))
-        peak, rank, after = float(alloc[i]), mem[i].rank, mem[i].after_iteration
-        is_max = not np.isnan(maxed[i])
-    if not np.isnan(res).all():
-        reserved = float(np.nanmax(res))
-    return peak, reserved, rank, after, is_max
-
-
 def _last_number(records: Sequence[Any], name: str) -> int | None:
     """The largest iteration (or step) number of the records, None when there is none."""
     numbers = int_values(records, name)
@@ -552,7 +529,7 @@ def compute(run: LoadedRun) -> RunMetrics:
         na["iter_ms_mean"] = why or "no timing"
         if run.status != "completed":
             na["iter_ms_mean"] += f"; run {run.status}"
-    peak, reserved, mem_rank, mem_after, is_max = _peak_memory(p)
+    peak, reserved, mem_rank, mem_after, is_max = hardware.peak_memory(p)
     row["peak_mem_mb"], row["peak_reserved_mb"] = peak, reserved
     row["peak_mem_is_peak"] = is_max if peak is not None else None
     from_events = bool(run.event_files) and not run.log_files  # (read from TensorBoard)
