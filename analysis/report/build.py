@@ -419,11 +419,13 @@ def render(
     )
     md += [
         "",
-        "The logs print 'MB' = bytes / 1024^2: figures here are MiB. The memory line is printed "
-        "once, after the first log interval, by every rank whose data-parallel rank is 0; the "
-        "peak is the max over ranks and nodes. The Adam model state per rank follows the ZeRO "
-        "paper with Psi the busiest rank's parameters (its TP shard and pipeline stage) and N "
-        "the data-parallel size: fp16/bf16 16 Psi (DP), 4 Psi + 12 Psi/N (ZeRO-1), "
+        "The logs print 'MB' = bytes / 1024^2: figures here are MiB. Megatron's memory line is "
+        "printed once, after the first log interval, by every rank whose data-parallel rank is "
+        "0 (TensorBoard's memory scalars, every logged iteration, hold the current allocation "
+        "only: a lower bound); the peak is the max over ranks and nodes. The Adam model state "
+        "per rank follows the ZeRO paper with Psi the busiest rank's parameters (its TP shard "
+        "and pipeline stage) and N the data-parallel size: fp16/bf16 16 Psi (DP), "
+        "4 Psi + 12 Psi/N (ZeRO-1), "
         "2 Psi + 14 Psi/N (ZeRO-2), 16 Psi/N (ZeRO-3); fp32 16 Psi, 8 Psi + 12 Psi/N, "
         "4 Psi + 16 Psi/N, 20 Psi/N (DeepSpeed keeps an fp32 copy of the partition).",
         "",
