@@ -112,6 +112,15 @@ def mfu_text(row: Any, digits: int = 1) -> str:
     return text
 
 
+def _memory_columns(mem: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per report: ``max allocated`` (NaN where none), allocated (its max, else the current
+    allocation) and reserved (its max, else the current), MiB."""
+    maxed = record_values(mem, "max_allocated_mb")
+    alloc = np.where(np.isnan(maxed), record_values(mem, "allocated_mb"), maxed)
+    res = record_values(mem, "max_reserved_mb")
+    return maxed, alloc, np.where(np.isnan(res), record_values(mem, "reserved_mb"), res)
+
+
 def peak_memory(
     parsed: ParsedRun,
 ) -> tuple[float | None, float | None, int | None, int | None, bool]:
@@ -122,10 +131,7 @@ def peak_memory(
     mem = parsed.memory
     if not len(mem):
         return peak, reserved, rank, after, False
-    maxed = record_values(mem, "max_allocated_mb")
-    alloc = np.where(np.isnan(maxed), record_values(mem, "allocated_mb"), maxed)
-    res = record_values(mem, "max_reserved_mb")
-    res = np.where(np.isnan(res), record_values(mem, "reserved_mb"), res)
+    maxed, alloc, res = _memory_columns(mem)
     is_max = False
     if not np.isnan(alloc).all():
         i = int(np.nanargmax(alloc))
@@ -145,10 +151,7 @@ def memory_per_rank(parsed: ParsedRun | None) -> list[dict[str, Any]] | None:
     if parsed is None or not len(parsed.memory):
         return None
     mem = parsed.memory
-    maxed = record_values(mem, "max_allocated_mb")
-    alloc = np.where(np.isnan(maxed), record_values(mem, "allocated_mb"), maxed)
-    res = record_values(mem, "max_reserved_mb")
-    res = np.where(np.isnan(res), record_values(mem, "reserved_mb"), res)
+    maxed, alloc, res = _memory_columns(mem)
     ranks: dict[Any, dict[str, Any]] = {}
     for i, rec in enumerate(mem):
         entry = ranks.setdefault(

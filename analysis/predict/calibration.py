@@ -486,6 +486,11 @@ def _inter_fit(rate: float, host: float, eff: float, source: str) -> LinkFit:
     return LinkFit("inter-node", rate, 0.0, host, eff, source)
 
 
+UNCALIBRATED = "no calibration for"
+"""How :func:`comm_time` begins its reason when no fit covers a collective's link: ``no
+calibration for <link> collectives (<op> <purpose>)``."""
+
+
 def comm_time(
     setup: RunSetup,
     intra: LinkFit | None,
@@ -510,7 +515,7 @@ def comm_time(
         if c.link == "unknown":
             fit = inter if (setup.nodes or 1) > 1 else intra
         if fit is None:
-            return None, f"no calibration for {c.link} collectives ({c.op} {c.purpose})"
+            return None, f"{UNCALIBRATED} {c.link} collectives ({c.op} {c.purpose})"
         total += fit.time_ms(c, setup.link_mbit)
     return total, None
 

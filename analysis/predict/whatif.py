@@ -119,15 +119,16 @@ class BandwidthCrossover:
     """The reasoning, with the numbers."""
 
 
-def _affine(setup: RunSetup, cal: Calibration) -> tuple[float, float] | None:
-    """(A, B) with T(R) = A + B / R, from the model at two rates (it is exactly affine)."""
+def _affine(setup: RunSetup, cal: Calibration) -> tuple[float, float] | str:
+    """(A, B) with T(R) = A + B / R, from the model at two rates (it is exactly affine); else
+    why the model cannot evaluate ``setup``."""
     r1, r2 = PROBE_RATES_MBIT
-    t1 = predict(replace(setup, link_mbit=r1), cal).iter_ms
+    p1 = predict(replace(setup, link_mbit=r1), cal)
     t2 = predict(replace(setup, link_mbit=r2), cal).iter_ms
-    if t1 is None or t2 is None:
-        return None
-    b = (t1 - t2) / (1 / r1 - 1 / r2)
-    return t1 - b / r1, b
+    if p1.iter_ms is None or t2 is None:
+        return f"{setup.strategy}: {p1.reason or 'no prediction'}"
+    b = (p1.iter_ms - t2) / (1 / r1 - 1 / r2)
+    return p1.iter_ms - b / r1, b
 
 
 def bandwidth_crossover(base: RunSetup, stage: int, cal: Calibration) -> BandwidthCrossover:
@@ -142,9 +143,8 @@ def crossover(base: RunSetup, zs: RunSetup, cal: Calibration) -> BandwidthCrosso
     dp_plan, z_plan = comm.plan(base)[0], comm.plan(zs)[0]
     extra = (z_plan.bytes_per_iter - dp_plan.bytes_per_iter) / 1e6 if dp_plan and z_plan else None
     fa, fz = _affine(base, cal), _affine(zs, cal)
-    if fa is None or fz is None:
-        probes = [replace(s, link_mbit=PROBE_RATES_MBIT[0]) for s in (base, zs)]
-        why = [f"{s.strategy}: {p.reason}" for s in probes if (p := predict(s, cal)).reason]
+    if isinstance(fa, str) or isinstance(fz, str):
+        why = [f for f in (fa, fz) if isinstance(f, str)]
         return BandwidthCrossover(
             name,
             "unknown",
@@ -152,7 +152,7 @@ def crossover(base: RunSetup, zs: RunSetup, cal: Calibration) -> BandwidthCrosso
             None,
             None,
             extra,
-            "the time model cannot evaluate both setups" + (f" ({'; '.join(why)})" if why else ""),
+            f"the time model cannot evaluate both setups ({'; '.join(why)})",
         )
     da, db = fz[0] - fa[0], fz[1] - fa[1]
     how, ref = predict(zs, cal), predict(base, cal)

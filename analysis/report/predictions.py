@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from analysis.metrics.rows import RunMetrics
-from analysis.predict.calibration import Calibration, calibrate, observations_from
+from analysis.predict.calibration import UNCALIBRATED, Calibration, calibrate, observations_from
 from analysis.predict.prediction import LooResult, Prediction, leave_one_out, predict
 from analysis.predict.whatif import (
     STRATEGIES,
@@ -217,7 +217,7 @@ def report_sections(runs: Sequence[LoadedRun], rows: Sequence[RunMetrics]) -> Re
         ]
     else:  # (a table of n/a says less than its reasons)
         why = sorted({p.reason for p in preds.values() if p.reason})
-        head = "no calibration for inter-node collectives ("
+        head = f"{UNCALIBRATED} inter-node collectives ("
         links = [w.removeprefix(head)[:-1] for w in why if w.startswith(head)]
         why = [w for w in why if not w.startswith(head)]
         if links:  # (one reason: no measured run moved data between nodes)
