@@ -409,7 +409,7 @@ def test_report_on_real_h200_runs(tmp_path):
         "leave-one-out: no other completed timed run of this model and batch to predict it from"
     )
     assert (
-        "- **large / 1 node, 1 ranks / one machine**: no run to compare (failed runs stay out of "
+        "- **large / 1 node, 1 rank / one machine**: no run to compare (failed runs stay out of "
         "every ratio); 2 timed before they stopped (fastest large-baseline failed: 2,423.1 "
         "ms/iteration, not in any ratio); 0 timed run(s), 3 not completed."
     ) in text

@@ -133,7 +133,7 @@ def _context(rows: list[RunMetrics]) -> str:
     return (
         f"Model {r.model} ({params}), global batch {r.global_batch_size}, micro-batch "
         f"{r.micro_batch_size}, sequence {r.seq_length}, {r.precision or 'precision unknown'}; "
-        f"{r.nodes if r.nodes is not None else '?'} node(s), {r.world_size} ranks, device "
+        f"{r.nodes if r.nodes is not None else '?'} node(s), {r.world_size} rank{'s' if r.world_size != 1 else ''}, device "
         f"{r.device or 'unknown'}" + (f", link {r.link_mbit:g} Mbit/s" if r.link_mbit else "") + "."
     )
 
@@ -549,7 +549,7 @@ def render(
     for r in rows:
         md.append(
             f"- {repeats.label(r)}: `{r.path}`, {r.nodes if r.nodes is not None else '?'} node(s), "
-            f"{r.world_size} ranks, device {r.device or '?'}"
+            f"{r.world_size} rank{'s' if r.world_size != 1 else ''}, device {r.device or '?'}"
             + (f"; {r.provenance}" if r.provenance and len(shared) > 1 else "")
             + (f"; problems: {'; '.join(p.message for p in r.problems)}" if r.problems else "")
         )

@@ -116,7 +116,8 @@ class RunSetup:
     def setup_key(self) -> str:
         """Runs are compared only within one key: model, cluster shape and network."""
         nodes = f"{self.nodes} node{'s' if self.nodes != 1 else ''}" if self.nodes else "? nodes"
-        world = f"{self.world_size} ranks" if self.world_size is not None else "? ranks"
+        n = self.world_size
+        world = f"{n} rank{'s' if n != 1 else ''}" if n is not None else "? ranks"
         link = f"{self.link_mbit:g} Mbit/s" if self.link_mbit is not None else "unknown link"
         if self.nodes == 1:
             link = "one machine"
