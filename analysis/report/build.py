@@ -133,8 +133,10 @@ def _context(rows: list[RunMetrics]) -> str:
     return (
         f"Model {r.model} ({params}), global batch {r.global_batch_size}, micro-batch "
         f"{r.micro_batch_size}, sequence {r.seq_length}, {r.precision or 'precision unknown'}; "
-        f"{r.nodes if r.nodes is not None else '?'} node(s), {r.world_size} rank{'s' if r.world_size != 1 else ''}, device "
-        f"{r.device or 'unknown'}" + (f", link {r.link_mbit:g} Mbit/s" if r.link_mbit else "") + "."
+        f"{r.nodes if r.nodes is not None else '?'} node(s), {r.world_size} "
+        f"rank{'s' if r.world_size != 1 else ''}, device {r.device or 'unknown'}"
+        + (f", link {r.link_mbit:g} Mbit/s" if r.link_mbit else "")
+        + "."
     )
 
 
