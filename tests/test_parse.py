@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import LAB_LOGS
 
+from analysis.parse import reader
 from analysis.parse.lines import demux_tagged
 from analysis.parse.reader import merge_runs, parse_file, parse_text, strip_prefix
 
@@ -388,6 +389,13 @@ def test_prefixes_do_not_change_values(prefix):
         ),
         ("[1,0]<stdout>:[2026-11-22 01:30:03,047] [INFO] x", "[2026-11-22 01:30:03,047] [INFO] x"),
         ("[1,1]<stderr>:RuntimeError: boom", "RuntimeError: boom"),
+        (
+            "2026-11-28T10:00:00.1234Z node1:     optimizer ...: (1.5, 2.0)",
+            "    optimizer ...: (1.5, 2.0)",
+        ),
+        ("2026-11-28 10:00:00,123 [Rank 0] time (ms) | fwd: 1", "[Rank 0] time (ms) | fwd: 1"),
+        ("Nov 28 10:00:00  0:   rank  1: 3.5", "  rank  1: 3.5"),
+        ("2026-11-28T10:00:00+01:00 iteration 5/ 30 |", "iteration 5/ 30 |"),
     ],
     ids=[
         "pdsh-steps",
@@ -399,10 +407,34 @@ def test_prefixes_do_not_change_values(prefix):
         "rank-then-bracket",
         "mpirun-tag",
         "mpirun-tag-exception",
+        "kubectl-then-pdsh",
+        "iso-with-comma",
+        "ts-then-srun",
+        "rfc3339-offset",
     ],
 )
 def test_strip_prefix(line, content):
     assert strip_prefix(line) == content
+
+
+@pytest.mark.parametrize("name", ["dp2.log", "2n_dp2_1000mbit_node1.log", "pp2.log"])
+def test_collector_time_stamps_change_nothing(tmp_path, monkeypatch, name):
+    """A log collected with ``kubectl logs --timestamps`` (or piped through ``ts``) reads as the
+    log itself, in both readers, also read in parts that cut lines: Megatron's timer names
+    without the stamp, every record."""
+    plain = (LAB_LOGS / name).read_text()
+    p = tmp_path / name
+    want = [r.to_dict() | {"sources": []} for r in parse_text(plain, str(p))]
+    stamps = [f"2026-11-28T10:{k // 60 % 60:02d}:{k % 60:02d}.{k * 7919 % 10**6}Z " for k in
+              range(len(plain.splitlines()))]  # fmt: skip
+    stamped = "".join(t + line + "\n" for t, line in zip(stamps, plain.splitlines(), strict=True))
+    p.write_text(stamped)
+    for got in (parse_text(stamped, str(p)), parse_file(p), parse_file(p, bulk=False)):
+        assert [r.to_dict() | {"sources": []} for r in got] == want
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 1000)  # (lines cut between reads)
+    assert [r.to_dict() | {"sources": []} for r in parse_file(p)] == want
+    timers = {n for r in parse_file(p) for b in r.timers for n in b.values_ms}
+    assert "forward-backward" in timers or name == "pp2.log"
 
 
 def test_glued_and_interleaved_iteration_lines():

@@ -35,6 +35,7 @@ import random
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,21 @@ STYLES: dict[str, Callable[[int, str], str]] = {
     "default": lambda i, host: f"[default{i}]:",
 }
 """Prefix of stream ``i`` (host name ``host``) in each launcher's style."""
+
+_T0 = datetime(2026, 11, 28, 10, 0, 0)
+COLLECTORS: dict[str, Callable[[int], str]] = {
+    # RFC 3339 with nanoseconds, trailing zeros dropped (Go's RFC3339Nano)
+    "kubectl": lambda n: (
+        (_T0 + timedelta(microseconds=1237 * n))
+        .strftime("%Y-%m-%dT%H:%M:%S.%f")
+        .rstrip("0")
+        .rstrip(".")
+        + "Z "
+    ),
+    "ts": lambda n: (_T0 + timedelta(milliseconds=37 * n)).strftime("%b %d %H:%M:%S "),
+}
+"""Time stamp before line ``n`` of a log collector: ``kubectl logs --timestamps`` (and ``docker
+logs -t``), moreutils ``ts``."""
 
 # event_files: the run directory's tensorboard/ folder, which a bare log has not;
 # since_last_write_s: the files' modification time (a rewritten bare log is new).
@@ -196,7 +212,7 @@ def interleave(
     node = 0
     for host in hosts:
         if host:
-            prefixes.append(STYLES[style](node, host))
+            prefixes.append(STYLES[style.split("+")[0]](node, host))
             node += 1
         else:
             prefixes.append("")  # the launching host's own lines carry no prefix
@@ -237,10 +253,13 @@ def compare_source(src: Source, tmp: Path, seed: int, modes=("line", "block")) -
     rnd = random.Random(seed)
     problems: list[str] = []
     COUNTS["runs"] += len(src.streams)
-    variants = [(mode, style) for mode in modes for style in STYLES]
+    variants = [(mode, style, "") for mode in modes for style in STYLES]
+    # The same collected by kubectl or piped through ts: a time stamp before every line.
+    variants += [("block", "pdsh", "kubectl"), ("line", "srun", "ts")]
     if src.recorded and set(src.recorded) == set(src.streams):
-        variants.append(("recorded", "pdsh"))  # the launcher's own interleaving, bare
-    for mode, style in variants:
+        variants.append(("recorded", "pdsh", ""))  # the launcher's own interleaving, bare
+    for mode, style, collector in variants:
+        style = f"{style}+{collector}" if collector else style
         bare = tmp / f"{src.label}-{mode}-{style}"
         bare.mkdir(parents=True)
         for name in src.streams:
@@ -248,6 +267,8 @@ def compare_source(src: Source, tmp: Path, seed: int, modes=("line", "block")) -
                 shutil.copy2(src.recorded[name], bare / f"{name}.log")
             else:
                 lines = interleave(src.streams[name], src.hosts[name], rnd, mode, style)
+                if collector:
+                    lines = [COLLECTORS[collector](n) + line for n, line in enumerate(lines)]
                 (bare / f"{name}.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
             COUNTS["interleavings"] += 1
         rows = _rows(bare)

@@ -16,6 +16,17 @@ MAX_LINE_CHARS = 64 * 1024
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
+TIME_STAMP = (
+    r"(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
+    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,9})?)[ \t]"
+)
+"""A time stamp that a log collector writes at the start of every line, and the one blank after
+it: RFC 3339 (``kubectl logs --timestamps``, ``docker logs -t``), ISO 8601 with a space, or
+moreutils ``ts``'s default ``Nov 28 10:00:00``.  Taken off before the launcher prefixes, and no
+part of the stream key.  (A bracketed one, ``[2026-11-22 01:30:03,047] [INFO]``, is DeepSpeed's
+logger, printed by the program: content.)"""
+_STAMP_RE = re.compile(TIME_STAMP)
+
 # Launcher prefixes, tried repeatedly at the start of a line:
 #   srun --label            "0: " / " 12: "
 #   mpirun --tag-output     "[1,0]<stdout>:" (Open MPI: [job,rank]<stream>)
@@ -52,11 +63,15 @@ def split_prefix(line: str) -> tuple[str, str]:
 
     The stream key names the launcher prefixes that were removed (``node1|rank3``, or ``""``),
     so that lines of several nodes or ranks interleaved in one file can be told apart. ANSI
-    escape codes are removed everywhere; timestamps such as ``[2026-11-22 01:30:03,047]`` are
-    content and stay.
+    escape codes are removed everywhere, and a collector's time stamp at the start
+    (``TIME_STAMP``); timestamps such as ``[2026-11-22 01:30:03,047]`` are content and stay.
     """
     if "\x1b" in line:
         line = _ANSI_RE.sub("", line)
+    if line[:1].isdigit() or line[:1].isupper():
+        stamp = _STAMP_RE.match(line)
+        if stamp is not None:
+            line = line[stamp.end() :]
     key = ""
     for _ in range(4):
         m = _PREFIX_RE.match(line)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, fields
@@ -22,7 +23,7 @@ from typing import Any, BinaryIO
 from analysis.parse.bulk import Bulk
 from analysis.parse.extract import line_end
 from analysis.parse.keywords import Keywords
-from analysis.parse.lines import MAX_LINE_CHARS, demux_tagged, strip_prefix
+from analysis.parse.lines import MAX_LINE_CHARS, TIME_STAMP, demux_tagged, strip_prefix
 from analysis.parse.machine import Core
 from analysis.parse.merge import merge_runs
 from analysis.parse.records import RECORD_LISTS, ParsedRun, TimerBlock, TimerTable, block_dict
@@ -98,15 +99,51 @@ class _Demuxed:
         return "".join(line + "\n" for line in islice(self.lines, 1 << 14)).encode()
 
 
+_STAMPS = re.compile(b"\n" + TIME_STAMP.encode())
+"""A newline and the collector's time stamp at the start of the line after it."""
+
+
+class _Unstamped:
+    """A log whose lines start with a collector's time stamp (``lines.TIME_STAMP``: kubectl,
+    docker, ``ts``), read in parts of whole lines with each line's stamp taken off, as
+    ``split_prefix`` takes it off: the bulk path then reads its records too."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh = fh
+        self.carry = b""  # the start of a line the last read cut
+        self.at_line_start = True  # whether ``carry`` starts a line
+
+    def seekable(self) -> bool:
+        return False
+
+    def read(self, _n: int = -1) -> bytes:
+        while True:
+            data = self.fh.read(CHUNK_BYTES)
+            buf = self.carry + data
+            if not buf:
+                return b""
+            cut = buf.rfind(b"\n") + 1 if data else len(buf)
+            if not cut and len(buf) < 4 * CHUNK_BYTES:
+                self.carry = buf  # (no whole line yet)
+                continue
+            cut = cut or len(buf)  # (an over-long line: handed on as it is)
+            head = b"\n" if self.at_line_start else b"x"
+            out = _STAMPS.sub(b"\n", head + buf[:cut])[1:]
+            self.carry, self.at_line_start = buf[cut:], buf[cut - 1 : cut] == b"\n"
+            return out
+
+
 def parse_stream(fh: BinaryIO, source: str, bulk: bool = True) -> list[ParsedRun]:
     """Parse a log from an open binary file (``parse_file`` without the opening)."""
     core = Core(source)
     try:
         if fh.seekable():
-            tagged = OMPI_TAG_BYTES in fh.read(OMPI_PEEK_BYTES)
+            peek = fh.read(OMPI_PEEK_BYTES)
             fh.seek(0)
-            if tagged:  # mpirun --tag-output splits lines across ranks: put them back first
+            if OMPI_TAG_BYTES in peek:  # mpirun --tag-output cuts lines: put them back first
                 fh = _Demuxed(fh)  # type: ignore[assignment]
+            elif _STAMPS.search(b"\n" + peek):
+                fh = _Unstamped(fh)  # type: ignore[assignment]
         drive_file(core, KW, fh, bulk=bulk)
     except OSError as exc:
         core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
