@@ -12,6 +12,8 @@ Six generators, each writing about ``size_mb`` MiB and returning a ``Written`` r
   prefixed by pdsh (``node0: `` / ``node1: ``), and about as many NCCL INFO lines as content
   lines interleaved (a timer block stays together, as pdsh prints what it read from a node,
   except 1 in 50 that the other node's lines split). About 1.5M iterations per GB.
+  With ``stamped``, the same as ``kubectl logs --timestamps`` collects it: an RFC 3339 time
+  stamp before every line (the ``stamped`` log of the benchmark).
 - ``write_ranks``: a 64-rank run shaped differently: ``srun --label`` prefixes (`` 12: ``),
   ``--log-interval 1``, every rank printing DeepSpeed's per-step timers (three names, another
   order), a Megatron-LM style iteration line (``throughput per GPU``, ``grad norm``), per-rank
@@ -60,17 +62,31 @@ class Written:
     """Lines no parser record comes from (NCCL INFO, warnings)."""
 
 
-class _Out:
-    """Buffered writer that counts lines."""
+def kubectl_stamp(n: int) -> str:
+    """The time stamp ``kubectl logs --timestamps`` writes before line ``n`` (RFC 3339 with
+    nanoseconds, trailing zeros dropped, as Go's RFC3339Nano), a line every 1.237 ms."""
+    sec, frac = divmod(n * 1237, 10**6)
+    hours, rest = divmod(sec, 3600)
+    digits = f"{frac:06d}".rstrip("0")
+    return f"2026-11-28T{hours % 24:02d}:{rest // 60:02d}:{rest % 60:02d}" + (
+        f".{digits}Z " if digits else "Z "
+    )
 
-    def __init__(self, path: Path) -> None:
+
+class _Out:
+    """Buffered writer that counts lines; ``stamped``: a kubectl time stamp before each."""
+
+    def __init__(self, path: Path, stamped: bool = False) -> None:
         self.fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
         self.parts: list[str] = []
         self.size = 0
         self.lines = 0
         self._pending = 0
+        self.stamped = stamped
 
     def add(self, lines: list[str]) -> None:
+        if self.stamped:
+            lines = [kubectl_stamp(self.lines + i) + ln for i, ln in enumerate(lines)]
         text = "\n".join(lines) + "\n"
         self.parts.append(text)
         self.size += len(text)
@@ -303,8 +319,13 @@ def _dense_window(
     return lines, op
 
 
-def write_dense(path: Path, size_mb: float, lab: Path, seed: int = 0) -> Written:
-    """Content-dense: the real two-node run replayed (module doc)."""
+def write_dense(
+    path: Path, size_mb: float, lab: Path, seed: int = 0, stamped: bool = False
+) -> Written:
+    """Content-dense: the real two-node run replayed (module doc); ``stamped``: as collected by
+    ``kubectl logs --timestamps``, a time stamp before every line (the same size in all)."""
+    if stamped:
+        size_mb *= 0.8  # (the stamps make up about a fifth of such a log)
     run = _read_lab(lab)
     step = run.interval
     probe = random.Random(seed + 1)  # the size of a window, measured on 500 of them
@@ -314,7 +335,7 @@ def write_dense(path: Path, size_mb: float, lab: Path, seed: int = 0) -> Written
     windows = max(2, int(size_mb * 2**20 * 500 / sample))
     iters = windows * step
     rng = random.Random(seed)
-    out = _Out(path)
+    out = _Out(path, stamped)
     out.add([run.runner.format(iters=iters)])
     out.add(["node0: " + ln.format(iters=iters) for ln in run.head0])
     out.add(["node1: " + ln.format(iters=iters) for ln in run.head1])
