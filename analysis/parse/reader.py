@@ -142,7 +142,7 @@ def parse_stream(fh: BinaryIO, source: str, bulk: bool = True) -> list[ParsedRun
             fh.seek(0)
             if OMPI_TAG_BYTES in peek:  # mpirun --tag-output cuts lines: put them back first
                 fh = _Demuxed(fh)  # type: ignore[assignment]
-            elif _STAMPS.search(b"\n" + peek):
+            elif 2 * len(_STAMPS.findall(b"\n" + peek)) > peek.count(b"\n"):  # most lines
                 fh = _Unstamped(fh)  # type: ignore[assignment]
         drive_file(core, KW, fh, bulk=bulk)
     except OSError as exc:
