@@ -396,6 +396,8 @@ def test_prefixes_do_not_change_values(prefix):
         ("2026-11-28 10:00:00,123 [Rank 0] time (ms) | fwd: 1", "[Rank 0] time (ms) | fwd: 1"),
         ("Nov 28 10:00:00  0:   rank  1: 3.5", "  rank  1: 3.5"),
         ("2026-11-28T10:00:00+01:00 iteration 5/ 30 |", "iteration 5/ 30 |"),
+        ("00:01:05.250 node0: [Rank 0] x", "[Rank 0] x"),
+        (" 12: 10:00:00 x", "10:00:00 x"),
     ],
     ids=[
         "pdsh-steps",
@@ -411,6 +413,8 @@ def test_prefixes_do_not_change_values(prefix):
         "iso-with-comma",
         "ts-then-srun",
         "rfc3339-offset",
+        "ts-relative",
+        "srun-then-content-time",
     ],
 )
 def test_strip_prefix(line, content):

@@ -17,14 +17,14 @@ MAX_LINE_CHARS = 64 * 1024
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
 TIME_STAMP = (
-    r"(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
-    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,9})?)[ \t]"
+    r"(?:\d{4}-\d\d-\d\d[T ]|[A-Z][a-z]{2} [ \d]\d )?\d\d:\d\d:\d\d(?:[.,]\d{1,9})?"
+    r"(?:Z|[+-]\d\d:?\d\d)?[ \t]"
 )
 """A time stamp that a log collector writes at the start of every line, and the one blank after
 it: RFC 3339 (``kubectl logs --timestamps``, ``docker logs -t``), ISO 8601 with a space, or
-moreutils ``ts``'s default ``Nov 28 10:00:00``.  Taken off before the launcher prefixes, and no
-part of the stream key.  (A bracketed one, ``[2026-11-22 01:30:03,047] [INFO]``, is DeepSpeed's
-logger, printed by the program: content.)"""
+moreutils ``ts``'s ``Nov 28 10:00:00`` (its default) and ``00:01:05`` (``ts -s``, ``-i``).  Taken
+off before the launcher prefixes, and no part of the stream key.  (A bracketed one, ``[2026-11-22
+01:30:03,047] [INFO]``, is DeepSpeed's logger, printed by the program: content.)"""
 _STAMP_RE = re.compile(TIME_STAMP)
 
 # Launcher prefixes, tried repeatedly at the start of a line:
