@@ -103,48 +103,19 @@ _STAMPS = re.compile(b"\n" + TIME_STAMP.encode())
 """A newline and the collector's time stamp at the start of the line after it."""
 
 
-class _Unstamped:
-    """A log whose lines start with a collector's time stamp (``lines.TIME_STAMP``: kubectl,
-    docker, ``ts``), read in parts of whole lines with each line's stamp taken off, as
-    ``split_prefix`` takes it off: the bulk path then reads its records too."""
-
-    def __init__(self, fh: BinaryIO) -> None:
-        self.fh = fh
-        self.carry = b""  # the start of a line the last read cut
-        self.at_line_start = True  # whether ``carry`` starts a line
-
-    def seekable(self) -> bool:
-        return False
-
-    def read(self, _n: int = -1) -> bytes:
-        while True:
-            data = self.fh.read(CHUNK_BYTES)
-            buf = self.carry + data
-            if not buf:
-                return b""
-            cut = buf.rfind(b"\n") + 1 if data else len(buf)
-            if not cut and len(buf) < 4 * CHUNK_BYTES:
-                self.carry = buf  # (no whole line yet)
-                continue
-            cut = cut or len(buf)  # (an over-long line: handed on as it is)
-            head = b"\n" if self.at_line_start else b"x"
-            out = _STAMPS.sub(b"\n", head + buf[:cut])[1:]
-            self.carry, self.at_line_start = buf[cut:], buf[cut - 1 : cut] == b"\n"
-            return out
-
-
 def parse_stream(fh: BinaryIO, source: str, bulk: bool = True) -> list[ParsedRun]:
     """Parse a log from an open binary file (``parse_file`` without the opening)."""
     core = Core(source)
+    stamped = False
     try:
         if fh.seekable():
             peek = fh.read(OMPI_PEEK_BYTES)
             fh.seek(0)
             if OMPI_TAG_BYTES in peek:  # mpirun --tag-output cuts lines: put them back first
                 fh = _Demuxed(fh)  # type: ignore[assignment]
-            elif 2 * len(_STAMPS.findall(b"\n" + peek)) > peek.count(b"\n"):  # most lines
-                fh = _Unstamped(fh)  # type: ignore[assignment]
-        drive_file(core, KW, fh, bulk=bulk)
+            else:  # most lines carry a collector's stamp: taken off a block at a time
+                stamped = 2 * len(_STAMPS.findall(b"\n" + peek)) > peek.count(b"\n")
+        drive_file(core, KW, fh, bulk=bulk, stamped=stamped)
     except OSError as exc:
         core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
     return core.finish()
@@ -274,13 +245,23 @@ def line_step(
 
 
 def drive_block(
-    core: Core, kw: Keywords, bulk: Bulk | None, block: bytes, lineno: int, end: int = -1
+    core: Core,
+    kw: Keywords,
+    bulk: Bulk | None,
+    block: bytes,
+    lineno: int,
+    end: int = -1,
+    stamped: bool = False,
 ) -> int:
     """Feed the whole lines of ``block``; return the line number after it.  Where the last
     bulk step took few lines (a log of mostly NCCL chatter), the line path, which jumps
     from keyword to keyword, reads the next ``SPARSE_BYTES``.  ``end``: where the whole
-    lines end (default: the end of ``block``)."""
+    lines end (default: the end of ``block``); ``stamped``: each line's collector stamp is
+    taken off first, as ``split_prefix`` takes it off (the bulk path then reads the records)."""
     end = len(block) if end < 0 else end
+    if stamped:
+        block = _STAMPS.sub(b"\n", b"\n" + block[:end])[1:]
+        end = len(block)
     pos = 0
     stepped = False  # the last bulk step ended at ``pos``
     while pos < end:
@@ -299,8 +280,11 @@ def drive_block(
     return lineno
 
 
-def drive_file(core: Core, kw: Keywords, fh: BinaryIO, bulk: bool = True) -> None:
-    """Feed a whole file, ``CHUNK_BYTES`` at a time; an over-long line's tail is skipped."""
+def drive_file(
+    core: Core, kw: Keywords, fh: BinaryIO, bulk: bool = True, stamped: bool = False
+) -> None:
+    """Feed a whole file, ``CHUNK_BYTES`` at a time; an over-long line's tail is skipped;
+    ``stamped``: see ``drive_block``."""
     fast = Bulk(core, kw) if bulk else None
     lineno = 1
     carry = b""
@@ -315,7 +299,7 @@ def drive_file(core: Core, kw: Keywords, fh: BinaryIO, bulk: bool = True) -> Non
             # line it cut (no copy of the chunk to join that line's two pieces).
             cut = data.rfind(b"\n")
             if cut >= 0:
-                lineno = drive_block(core, kw, fast, data, lineno, cut + 1)
+                lineno = drive_block(core, kw, fast, data, lineno, cut + 1, stamped)
                 if cut + 1 < len(data):
                     fh.seek(cut + 1 - len(data), 1)
                 continue
@@ -334,7 +318,7 @@ def drive_file(core: Core, kw: Keywords, fh: BinaryIO, bulk: bool = True) -> Non
             if len(carry) > MAX_LINE_CHARS * 4:
                 carry, skipping = carry[: MAX_LINE_CHARS * 4], True
             continue
-        lineno = drive_block(core, kw, fast, buf, lineno, cut + 1)
+        lineno = drive_block(core, kw, fast, buf, lineno, cut + 1, stamped)
         carry = buf[cut + 1 :]
     if carry:
         core.feed(lineno, carry.decode("utf-8", "replace"))
