@@ -41,7 +41,7 @@ from analysis.runs import load
 from analysis.runs.problems import UNREAD_CODES
 from analysis.runs.tensorboard import TENSORBOARD_DIR
 from analysis.theory.formulas import STEADY_RULE
-from analysis.theory.units import number
+from analysis.theory.units import count, number
 
 
 class Footnotes:
@@ -133,8 +133,8 @@ def _context(rows: list[RunMetrics]) -> str:
     return (
         f"Model {r.model} ({params}), global batch {r.global_batch_size}, micro-batch "
         f"{r.micro_batch_size}, sequence {r.seq_length}, {r.precision or 'precision unknown'}; "
-        f"{r.nodes if r.nodes is not None else '?'} node(s), {r.world_size} "
-        f"rank{'s' if r.world_size != 1 else ''}, device {r.device or 'unknown'}"
+        f"{r.nodes if r.nodes is not None else '?'} node(s), {count(r.world_size, 'rank')}, "
+        f"device {r.device or 'unknown'}"
         + (f", link {r.link_mbit:g} Mbit/s" if r.link_mbit else "")
         + "."
     )
@@ -551,7 +551,7 @@ def render(
     for r in rows:
         md.append(
             f"- {repeats.label(r)}: `{r.path}`, {r.nodes if r.nodes is not None else '?'} node(s), "
-            f"{r.world_size} rank{'s' if r.world_size != 1 else ''}, device {r.device or '?'}"
+            f"{count(r.world_size, 'rank')}, device {r.device or '?'}"
             + (f"; {r.provenance}" if r.provenance and len(shared) > 1 else "")
             + (f"; problems: {'; '.join(p.message for p in r.problems)}" if r.problems else "")
         )

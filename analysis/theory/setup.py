@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from analysis.theory.units import count
+
 Precision = Literal["fp32", "fp16", "bf16"]
 """Training precision of weights and activations."""
 
@@ -115,9 +117,8 @@ class RunSetup:
     @property
     def setup_key(self) -> str:
         """Runs are compared only within one key: model, cluster shape and network."""
-        nodes = f"{self.nodes} node{'s' if self.nodes != 1 else ''}" if self.nodes else "? nodes"
-        n = self.world_size
-        world = f"{n} rank{'s' if n != 1 else ''}" if n is not None else "? ranks"
+        nodes = count(self.nodes or None, "node")
+        world = count(self.world_size, "rank")
         link = f"{self.link_mbit:g} Mbit/s" if self.link_mbit is not None else "unknown link"
         if self.nodes == 1:
             link = "one machine"

@@ -19,3 +19,8 @@ def percent(value: float | None, digits: int = 1, missing: str = "") -> str:
     if value is None or math.isnan(value):
         return missing
     return f"{value:.{digits}%}"
+
+
+def count(n: int | None, noun: str) -> str:
+    """``1 rank``, ``2 ranks``; ``? ranks`` when ``n`` is unknown."""
+    return f"{n if n is not None else '?'} {noun}{'' if n == 1 else 's'}"
