@@ -12,8 +12,10 @@ Six generators, each writing about ``size_mb`` MiB and returning a ``Written`` r
   prefixed by pdsh (``node0: `` / ``node1: ``), and about as many NCCL INFO lines as content
   lines interleaved (a timer block stays together, as pdsh prints what it read from a node,
   except 1 in 50 that the other node's lines split). About 1.5M iterations per GB.
-  With ``stamped``, the same as ``kubectl logs --timestamps`` collects it: an RFC 3339 time
-  stamp before every line (the ``stamped`` log of the benchmark).
+  With ``collector="kubectl"``, the same as ``kubectl logs --timestamps`` collects it: an RFC
+  3339 time stamp before every line (the ``stamped`` log of the benchmark); ``"compose"``: as
+  ``docker compose logs`` collects one container per node (``node0-1  | ``, the launcher's
+  lines in node0's; the ``compose`` log).
 - ``write_ranks``: a 64-rank run shaped differently: ``srun --label`` prefixes (`` 12: ``),
   ``--log-interval 1``, every rank printing DeepSpeed's per-step timers (three names, another
   order), a Megatron-LM style iteration line (``throughput per GPU``, ``grad norm``), per-rank
@@ -73,20 +75,32 @@ def kubectl_stamp(n: int) -> str:
     )
 
 
-class _Out:
-    """Buffered writer that counts lines; ``stamped``: a kubectl time stamp before each."""
+def compose_prefix(line: str) -> str:
+    """``line`` of the dense log as ``docker compose logs`` prints it: pdsh's ``nodeN: `` as
+    the container's ``nodeN-1  | ``; the launcher's own lines in node0's container."""
+    host, sep, rest = line.partition(": ")
+    if sep and host in ("node0", "node1"):
+        return f"{host}-1  | {rest}"
+    return f"node0-1  | {line}"
 
-    def __init__(self, path: Path, stamped: bool = False) -> None:
+
+class _Out:
+    """Buffered writer that counts lines; ``collector``: what a log collector writes on each
+    (``kubectl``: a time stamp before it, ``compose``: ``compose_prefix``)."""
+
+    def __init__(self, path: Path, collector: str = "") -> None:
         self.fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
         self.parts: list[str] = []
         self.size = 0
         self.lines = 0
         self._pending = 0
-        self.stamped = stamped
+        self.collector = collector
 
     def add(self, lines: list[str]) -> None:
-        if self.stamped:
+        if self.collector == "kubectl":
             lines = [kubectl_stamp(self.lines + i) + ln for i, ln in enumerate(lines)]
+        elif self.collector == "compose":
+            lines = list(map(compose_prefix, lines))
         text = "\n".join(lines) + "\n"
         self.parts.append(text)
         self.size += len(text)
@@ -320,12 +334,11 @@ def _dense_window(
 
 
 def write_dense(
-    path: Path, size_mb: float, lab: Path, seed: int = 0, stamped: bool = False
+    path: Path, size_mb: float, lab: Path, seed: int = 0, collector: str = ""
 ) -> Written:
-    """Content-dense: the real two-node run replayed (module doc); ``stamped``: as collected by
-    ``kubectl logs --timestamps``, a time stamp before every line (the same size in all)."""
-    if stamped:
-        size_mb *= 0.8  # (the stamps make up about a fifth of such a log)
+    """Content-dense: the real two-node run replayed (module doc); ``collector``: as a log
+    collector writes it (``_Out``; the same size in all)."""
+    size_mb *= {"kubectl": 0.8, "compose": 0.9}.get(collector, 1.0)  # (what it adds)
     run = _read_lab(lab)
     step = run.interval
     probe = random.Random(seed + 1)  # the size of a window, measured on 500 of them
@@ -335,7 +348,7 @@ def write_dense(
     windows = max(2, int(size_mb * 2**20 * 500 / sample))
     iters = windows * step
     rng = random.Random(seed)
-    out = _Out(path, stamped)
+    out = _Out(path, collector)
     out.add([run.runner.format(iters=iters)])
     out.add(["node0: " + ln.format(iters=iters) for ln in run.head0])
     out.add(["node1: " + ln.format(iters=iters) for ln in run.head1])

@@ -5,8 +5,9 @@ long two-node run replayed from a real lab log, ``ranks`` = 64 ranks with log in
 rank printing DeepSpeed's timers, ``all-ranks`` = 64 ranks with ``--timing-log-option all``,
 ``interval1`` = the last node's own log of the lab run at log interval 1, ``pipeline`` = the
 lab's PP=2 run with a step line every step, ``stamped`` = the dense log as ``kubectl logs
---timestamps`` collects it, a time stamp before every line), it writes a log of ``--size-mb``
-MiB, then measures, each in its own process:
+--timestamps`` collects it, a time stamp before every line, ``compose`` = the dense log as
+``docker compose logs`` collects it, a container's prefix before every line), it writes a log
+of ``--size-mb`` MiB, then measures, each in its own process:
 
 - ``parse_file``: MB/s (CPU time of the parse, and wall time), peak RSS of the process, the
   bytes the parsed records keep (per training iteration and per record), and whether what was
@@ -57,7 +58,7 @@ LAB = next(
 """The lab logs the dense, interval-1 and pipeline logs replay."""
 CODE = REPO
 """The checkout whose parser is measured (``--code``)."""
-KINDS = ("noise", "dense", "ranks", "all-ranks", "interval1", "pipeline", "stamped")
+KINDS = ("noise", "dense", "ranks", "all-ranks", "interval1", "pipeline", "stamped", "compose")
 """The log kinds (module doc), in the order measured."""
 PERL = (
     r"$s+=$1,$n++ if /elapsed time per iteration \(ms\): ([\d.]+)/; "
@@ -119,14 +120,15 @@ def _run(cmd: list[str], stdout: int | None = subprocess.PIPE) -> Measure:
 def _write(kind: str, path: Path, size_mb: float) -> loggen.Written:
     if kind == "noise":
         return loggen.write_noise(path, size_mb)
-    if kind in ("dense", "interval1", "pipeline", "stamped"):
+    if kind in ("dense", "interval1", "pipeline", "stamped", "compose"):
         if not LAB.is_dir():
             raise SystemExit(f"the {kind} log replays {LAB}, which is not there")
         if kind == "interval1":
             return loggen.write_interval1(path, size_mb, LAB)
         if kind == "pipeline":
             return loggen.write_pipeline(path, size_mb, LAB)
-        return loggen.write_dense(path, size_mb, LAB, stamped=kind == "stamped")
+        collector = {"stamped": "kubectl", "compose": "compose"}.get(kind, "")
+        return loggen.write_dense(path, size_mb, LAB, collector=collector)
     if kind == "all-ranks":
         return loggen.write_all_ranks(path, size_mb)
     return loggen.write_ranks(path, size_mb)

@@ -398,6 +398,9 @@ def test_prefixes_do_not_change_values(prefix):
         ("2026-11-28T10:00:00+01:00 iteration 5/ 30 |", "iteration 5/ 30 |"),
         ("00:01:05.250 node0: [Rank 0] x", "[Rank 0] x"),
         (" 12: 10:00:00 x", "10:00:00 x"),
+        ("node0-1  | 2026-11-28T10:00:00.123Z node0: x", "x"),
+        ("ab_node_1 | iteration 5/ 30 |", "iteration 5/ 30 |"),
+        ("iteration 5/ 30  | x", "iteration 5/ 30  | x"),
     ],
     ids=[
         "pdsh-steps",
@@ -415,22 +418,30 @@ def test_prefixes_do_not_change_values(prefix):
         "rfc3339-offset",
         "ts-relative",
         "srun-then-content-time",
+        "compose-stamp-pdsh",
+        "compose-v1",
+        "bar-in-content",
     ],
 )
 def test_strip_prefix(line, content):
     assert strip_prefix(line) == content
 
 
+@pytest.mark.parametrize("collector", ["kubectl", "compose", "compose-t"])
 @pytest.mark.parametrize("name", ["dp2.log", "2n_dp2_1000mbit_node1.log", "pp2.log"])
-def test_collector_time_stamps_change_nothing(tmp_path, monkeypatch, name):
-    """A log collected with ``kubectl logs --timestamps`` (or piped through ``ts``) reads as the
-    log itself, in both readers, also read in parts that cut lines: Megatron's timer names
-    without the stamp, every record."""
+def test_collector_time_stamps_change_nothing(tmp_path, monkeypatch, name, collector):
+    """A log collected with ``kubectl logs --timestamps`` (or piped through ``ts``), or with
+    ``docker compose logs`` (``-t``: a stamp after the container's prefix) reads as the log
+    itself, in both readers, also read in parts that cut lines: Megatron's timer names without
+    the stamp or the prefix, every record."""
     plain = (LAB_LOGS / name).read_text()
     p = tmp_path / name
     want = [r.to_dict() | {"sources": []} for r in parse_text(plain, str(p))]
     stamps = [f"2026-11-28T10:{k // 60 % 60:02d}:{k % 60:02d}.{k * 7919 % 10**6}Z " for k in
               range(len(plain.splitlines()))]  # fmt: skip
+    if collector != "kubectl":
+        head = "trainer-1   | "
+        stamps = [head + t if collector == "compose-t" else head for t in stamps]
     stamped = "".join(t + line + "\n" for t, line in zip(stamps, plain.splitlines(), strict=True))
     p.write_text(stamped)
     for got in (parse_text(stamped, str(p)), parse_file(p), parse_file(p, bulk=False)):

@@ -69,14 +69,16 @@ def small_chunks(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "kind", ["dense", "ranks", "noise", "all-ranks", "interval1", "pipeline", "stamped"]
+    "kind",
+    ["dense", "ranks", "noise", "all-ranks", "interval1", "pipeline", "stamped", "compose"],
 )
 def test_generated_logs(tmp_path, kind, small_chunks):
     import loggen
 
     path = tmp_path / f"{kind}.log"
-    if kind == "stamped":
-        written = loggen.write_dense(path, 0.3, LAB_LOGS, stamped=True)
+    if kind in ("stamped", "compose"):
+        collector = "kubectl" if kind == "stamped" else "compose"
+        written = loggen.write_dense(path, 0.3, LAB_LOGS, collector=collector)
     elif kind in ("dense", "interval1", "pipeline"):
         write = {"dense": loggen.write_dense, "interval1": loggen.write_interval1}.get(
             kind, loggen.write_pipeline
@@ -100,7 +102,8 @@ def test_generated_logs(tmp_path, kind, small_chunks):
 # -- generated mixtures -------------------------------------------------------------------
 
 _PREFIXES = ["", "node0: ", "node1: ", "[default0]:", "[rank1]: ", " 3: ", "node1: [default0]:",
-             "2026-11-28T10:00:00.5Z node1: ", "Nov 28 10:00:00 "]  # fmt: skip
+             "2026-11-28T10:00:00.5Z node1: ", "Nov 28 10:00:00 ", "node1-1  | ",
+             "node0-1  | 2026-11-28T10:00:00.5Z node1: "]  # fmt: skip
 _NUM = st.sampled_from(["84.77", "230.93", "0.01", "1.0", "5.866232E+00", "9.747E-04", "12"])
 _BAD_NUM = st.sampled_from(["nan", "inf", "1,000.5", "", "0x10", "-0.0", "1e400", "٣"])
 

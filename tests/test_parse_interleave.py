@@ -32,6 +32,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,8 +53,11 @@ STYLES: dict[str, Callable[[int, str], str]] = {
     "srun": lambda i, host: f" {i}: ",
     "rank": lambda i, host: f"[rank{i}]:",
     "default": lambda i, host: f"[default{i}]:",
+    "compose": lambda i, host: f"{host}-1  | ",
 }
-"""Prefix of stream ``i`` (host name ``host``) in each launcher's style."""
+"""Prefix of stream ``i`` (host name ``host``) in each launcher's style (``compose``: ``docker
+compose logs`` of one container per node)."""
+_COMPOSE = re.compile(r"[A-Za-z][\w.-]* +\| ")
 
 _T0 = datetime(2026, 11, 28, 10, 0, 0)
 COLLECTORS: dict[str, Callable[[int], str]] = {
@@ -228,6 +232,13 @@ def interleave(
         pos[i] += n
 
 
+def _collected(line: str, stamp: str, style: str) -> str:
+    """``line`` with a collector's time stamp: first, or after docker compose's prefix."""
+    m = _COMPOSE.match(line) if style.startswith("compose") else None
+    k = m.end() if m else 0
+    return line[:k] + stamp + line[k:]
+
+
 def _rows(logdir: Path) -> dict[str, dict[str, Any]]:
     _runs, rows, _model = report.summarize(logdir, [])
     assert len({r.name for r in rows}) == len(rows), [r.name for r in rows]
@@ -254,8 +265,10 @@ def compare_source(src: Source, tmp: Path, seed: int, modes=("line", "block")) -
     problems: list[str] = []
     COUNTS["runs"] += len(src.streams)
     variants = [(mode, style, "") for mode in modes for style in STYLES]
-    # The same collected by kubectl or piped through ts: a time stamp before every line.
+    # The same collected by kubectl or piped through ts: a time stamp before every line
+    # (``docker compose logs -t``: after the container's prefix).
     variants += [("block", "pdsh", "kubectl"), ("line", "srun", "ts")]
+    variants += [("line", "compose", "kubectl")]
     if src.recorded and set(src.recorded) == set(src.streams):
         variants.append(("recorded", "pdsh", ""))  # the launcher's own interleaving, bare
     for mode, style, collector in variants:
@@ -268,7 +281,8 @@ def compare_source(src: Source, tmp: Path, seed: int, modes=("line", "block")) -
             else:
                 lines = interleave(src.streams[name], src.hosts[name], rnd, mode, style)
                 if collector:
-                    lines = [COLLECTORS[collector](n) + line for n, line in enumerate(lines)]
+                    stamp = COLLECTORS[collector]
+                    lines = [_collected(line, stamp(n), style) for n, line in enumerate(lines)]
                 (bare / f"{name}.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
             COUNTS["interleavings"] += 1
         rows = _rows(bare)

@@ -27,6 +27,12 @@ off before the launcher prefixes, and no part of the stream key.  (A bracketed o
 01:30:03,047] [INFO]``, is DeepSpeed's logger, printed by the program: content.)"""
 _STAMP_RE = re.compile(TIME_STAMP)
 
+COMPOSE = r"[A-Za-z][A-Za-z0-9_.-]{0,62} +\| "
+"""``docker compose logs``'s prefix: the container's name, padded with blanks, then ``| ``
+(``node0-1  | ``).  Taken off first (a time stamp, ``--timestamps``, comes after it); the
+name is the stream's first label."""
+_COMPOSE_RE = re.compile(COMPOSE)
+
 # Launcher prefixes, tried repeatedly at the start of a line:
 #   srun --label            "0: " / " 12: "
 #   mpirun --tag-output     "[1,0]<stdout>:" (Open MPI: [job,rank]<stream>)
@@ -63,17 +69,20 @@ def split_prefix(line: str) -> tuple[str, str]:
 
     The stream key names the launcher prefixes that were removed (``node1|rank3``, or ``""``),
     so that lines of several nodes or ranks interleaved in one file can be told apart. ANSI
-    escape codes are removed everywhere, and a collector's time stamp at the start
-    (``TIME_STAMP``); timestamps such as ``[2026-11-22 01:30:03,047]`` are content and stay.
+    escape codes are removed everywhere, ``docker compose``'s prefix (``COMPOSE``) and then a
+    collector's time stamp at the start (``TIME_STAMP``); timestamps such as ``[2026-11-22
+    01:30:03,047]`` are content and stay.
     """
     if "\x1b" in line:
         line = _ANSI_RE.sub("", line)
+    key = ""
+    if line[:1].isalpha() and (m := _COMPOSE_RE.match(line)) is not None:
+        key, line = m.group()[: m.group().index(" ")], line[m.end() :]
     if line[:1].isdigit() or line[:1].isupper():
         stamp = _STAMP_RE.match(line)
         if stamp is not None:
             line = line[stamp.end() :]
-    key = ""
-    for _ in range(4):
+    for _ in range(4 - bool(key)):  # (four prefixes at most, compose's among them)
         m = _PREFIX_RE.match(line)
         if m is None:
             break

@@ -16,6 +16,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, fields
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,7 +24,14 @@ from typing import Any, BinaryIO
 from analysis.parse.bulk import Bulk
 from analysis.parse.extract import line_end
 from analysis.parse.keywords import Keywords
-from analysis.parse.lines import MAX_LINE_CHARS, TIME_STAMP, demux_tagged, strip_prefix
+from analysis.parse.lines import (
+    COMPOSE,
+    MAX_LINE_CHARS,
+    TIME_STAMP,
+    demux_tagged,
+    split_prefix,
+    strip_prefix,
+)
 from analysis.parse.machine import Core
 from analysis.parse.merge import merge_runs
 from analysis.parse.records import RECORD_LISTS, ParsedRun, TimerBlock, TimerTable, block_dict
@@ -101,21 +109,54 @@ class _Demuxed:
 
 _STAMPS = re.compile(b"\n" + TIME_STAMP.encode())
 """A newline and the collector's time stamp at the start of the line after it."""
+_COMPOSED = re.compile(b"\n(" + COMPOSE.encode() + b")")
+"""A newline and ``docker compose``'s prefix of the line after it."""
+
+
+def collector(peek: bytes) -> Callable[[bytes], bytes] | None:
+    """How to take off what a collector wrote on most lines of ``peek`` (a file's start), a
+    block of lines at a time, so that the bulk path reads the records: a time stamp (taken
+    off), or ``docker compose``'s prefix (and a stamp after it) written as pdsh's ``name: `` for
+    the names ``split_prefix`` reads so (the same stream key, the same content)."""
+    lines = peek.count(b"\n")
+    if 2 * len(_STAMPS.findall(b"\n" + peek)) > lines:
+        return partial(_STAMPS.sub, b"\n")
+    found = _COMPOSED.findall(b"\n" + peek)
+    heads = {h: n for h in found if _pdsh_name((n := h.split(b" ", 1)[0]).decode())}
+    if 2 * len(found) <= lines or not heads:
+        return None
+    names = b"(" + b"|".join(map(re.escape, sorted(set(heads.values())))) + b") +\\| "
+    stamped = re.compile(b"\n" + names + TIME_STAMP.encode())
+    either = re.compile(b"\n" + names + b"(?:" + TIME_STAMP.encode() + b")?")
+
+    def rewrite(block: bytes) -> bytes:
+        if stamped.search(block) is not None:  # (docker compose logs -t)
+            return either.sub(b"\n\\1: ", block)
+        for head, name in heads.items():  # (each a bytes.replace: faster than a pattern)
+            block = block.replace(b"\n" + head, b"\n" + name + b": ")
+        return block
+
+    return rewrite
+
+
+def _pdsh_name(name: str) -> bool:
+    """Whether ``split_prefix`` reads ``name: `` as pdsh's prefix before any text."""
+    return all(split_prefix(f"{name}: {x}") == (name, x) for x in ("x", "1.0 |"))
 
 
 def parse_stream(fh: BinaryIO, source: str, bulk: bool = True) -> list[ParsedRun]:
     """Parse a log from an open binary file (``parse_file`` without the opening)."""
     core = Core(source)
-    stamped = False
+    rewrite: Callable[[bytes], bytes] | None = None
     try:
         if fh.seekable():
             peek = fh.read(OMPI_PEEK_BYTES)
             fh.seek(0)
             if OMPI_TAG_BYTES in peek:  # mpirun --tag-output cuts lines: put them back first
                 fh = _Demuxed(fh)  # type: ignore[assignment]
-            else:  # most lines carry a collector's stamp: taken off a block at a time
-                stamped = 2 * len(_STAMPS.findall(b"\n" + peek)) > peek.count(b"\n")
-        drive_file(core, KW, fh, bulk=bulk, stamped=stamped)
+            else:
+                rewrite = collector(peek)
+        drive_file(core, KW, fh, bulk=bulk, rewrite=rewrite)
     except OSError as exc:
         core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
     return core.finish()
@@ -251,16 +292,16 @@ def drive_block(
     block: bytes,
     lineno: int,
     end: int = -1,
-    stamped: bool = False,
+    rewrite: Callable[[bytes], bytes] | None = None,
 ) -> int:
     """Feed the whole lines of ``block``; return the line number after it.  Where the last
     bulk step took few lines (a log of mostly NCCL chatter), the line path, which jumps
     from keyword to keyword, reads the next ``SPARSE_BYTES``.  ``end``: where the whole
-    lines end (default: the end of ``block``); ``stamped``: each line's collector stamp is
-    taken off first, as ``split_prefix`` takes it off (the bulk path then reads the records)."""
+    lines end (default: the end of ``block``); ``rewrite``: what a collector wrote on each
+    line, rewritten first (``collector``)."""
     end = len(block) if end < 0 else end
-    if stamped:
-        block = _STAMPS.sub(b"\n", b"\n" + block[:end])[1:]
+    if rewrite is not None:
+        block = rewrite(b"\n" + block[:end])[1:]
         end = len(block)
     pos = 0
     stepped = False  # the last bulk step ended at ``pos``
@@ -281,10 +322,14 @@ def drive_block(
 
 
 def drive_file(
-    core: Core, kw: Keywords, fh: BinaryIO, bulk: bool = True, stamped: bool = False
+    core: Core,
+    kw: Keywords,
+    fh: BinaryIO,
+    bulk: bool = True,
+    rewrite: Callable[[bytes], bytes] | None = None,
 ) -> None:
     """Feed a whole file, ``CHUNK_BYTES`` at a time; an over-long line's tail is skipped;
-    ``stamped``: see ``drive_block``."""
+    ``rewrite``: see ``drive_block``."""
     fast = Bulk(core, kw) if bulk else None
     lineno = 1
     carry = b""
@@ -299,7 +344,7 @@ def drive_file(
             # line it cut (no copy of the chunk to join that line's two pieces).
             cut = data.rfind(b"\n")
             if cut >= 0:
-                lineno = drive_block(core, kw, fast, data, lineno, cut + 1, stamped)
+                lineno = drive_block(core, kw, fast, data, lineno, cut + 1, rewrite)
                 if cut + 1 < len(data):
                     fh.seek(cut + 1 - len(data), 1)
                 continue
@@ -318,7 +363,7 @@ def drive_file(
             if len(carry) > MAX_LINE_CHARS * 4:
                 carry, skipping = carry[: MAX_LINE_CHARS * 4], True
             continue
-        lineno = drive_block(core, kw, fast, buf, lineno, cut + 1, stamped)
+        lineno = drive_block(core, kw, fast, buf, lineno, cut + 1, rewrite)
         carry = buf[cut + 1 :]
     if carry:
         core.feed(lineno, carry.decode("utf-8", "replace"))
