@@ -295,7 +295,8 @@ class Bulk:
         cols["line"] = lines
         cols["source"] = self.core.source
         run.iterations.add_columns(len(its), cols)
-        run.iter_index.add_increasing(it_num)
+        if run.seen_iters is not None:
+            run.seen_iters.update(it_num.tolist())
         for key, sid in it_ids.items():
             mine = it_sid == sid
             run.iter_numbers.setdefault(key, array("q")).extend(it_num[mine].tolist())

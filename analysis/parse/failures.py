@@ -7,6 +7,7 @@ own).
 from __future__ import annotations
 
 import ast
+import contextlib
 import re
 import signal
 import warnings
@@ -140,18 +141,6 @@ def outcome(run: RunState, key: str, text: str, lineno: int) -> None:
     run.end(key)
 
 
-def died_of(code: int) -> str:
-    """What a negative return code of the launcher's rank says: Python's ``Popen`` gives -N for
-    a process ended by signal N (-11: `` (died of SIGSEGV: Segmentation fault)``); else ''."""
-    if code >= 0:
-        return ""
-    try:
-        sig = signal.Signals(-code)
-    except ValueError:
-        return ""
-    return f" (died of {sig.name}: {signal.strsignal(sig)})"
-
-
 def exit_line(run: RunState, key: str, text: str, lineno: int) -> None:
     """The launcher's ``exits successfully`` / ``exits with return code = N`` (-9 and 137 are
     a kill), or pdsh's word on a remote node, ``host: ssh exited with exit code N`` (255 is
@@ -166,7 +155,10 @@ def exit_line(run: RunState, key: str, text: str, lineno: int) -> None:
         if m is None:
             return
         code = int(m.group(1))
-        killed, message = code in (-9, 137), f"exits with return code = {code}{died_of(code)}"
+        killed, message = code in (-9, 137), f"exits with return code = {code}"
+        with contextlib.suppress(ValueError):  # Popen's -N: ended by signal N
+            sig = signal.Signals(-code) if code < 0 else None
+            message += f" (died of {sig.name}: {signal.strsignal(sig)})" if sig else ""
     else:
         m = SSH_RC_RE.search(text)
         if m is None:

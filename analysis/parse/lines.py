@@ -38,7 +38,7 @@ _COMPOSE_RE = re.compile(COMPOSE)
 #   mpirun --tag-output     "[1,0]<stdout>:" (Open MPI: [job,rank]<stream>)
 #   torchrun --tee / --log  "[default0]:"
 #   torch >= 2.2 rank tags  "[rank3]:"
-#   pdsh                    "host: " (checked by _is_host below so that "steps: 30" or
+#   pdsh                    "host: " (checked in split_prefix so that "steps: 30" or
 #                           "RuntimeError: ..." stay content)
 _PREFIX_RE = re.compile(
     r"(?:\s{0,4}(?P<srun>\d{1,5}):\s"
@@ -50,18 +50,6 @@ _HOST_SUFFIX_REJECT = ("Error", "Exception", "Warning", "Interrupt", "Exit", ".p
 _HOST_MARK_RE = re.compile(r"[0-9.-]")
 _TIMER_KEY_RE = re.compile(r"[a-z]+(?:-[a-z]+)+")
 _VALUE_PIPE_RE = re.compile(r"\s*[-+]?[\d.]+(?:[eE][-+]?\d+)?\s*(?:\||$)")
-
-
-def _is_host(token: str) -> bool:
-    """Whether ``token`` (text before ``: ``) looks like a pdsh host name rather than content.
-
-    Host names in hostfiles carry a digit, a dash or a dot (``node01``, ``gpu-a``,
-    ``10.0.0.2``), or are ``localhost``; content keys such as ``steps``, ``NOTE``, ``WARNING``
-    do not, and dotted exception names (``torch.OutOfMemoryError``) are rejected by suffix.
-    """
-    if token == "localhost":
-        return True
-    return not token.endswith(_HOST_SUFFIX_REJECT) and _HOST_MARK_RE.search(token) is not None
 
 
 def split_prefix(line: str) -> tuple[str, str]:
@@ -88,7 +76,10 @@ def split_prefix(line: str) -> tuple[str, str]:
             break
         label = m.group("srun") or m.group("ompi") or m.group("tag") or m.group("host")
         if m.group("host") is not None and (
-            not _is_host(label)
+            # a pdsh host name carries a digit, a dash or a dot (``node01``, ``10.0.0.2``) or is
+            # ``localhost``; content keys (``steps``, ``NOTE``, ``torch.OutOfMemoryError``) not
+            (label != "localhost" and not _HOST_MARK_RE.search(label))
+            or label.endswith(_HOST_SUFFIX_REJECT)
             # `backward-send: 0.86 |`: a Megatron timer key at the start of a wrapped line
             or (_TIMER_KEY_RE.fullmatch(label) and _VALUE_PIPE_RE.match(line, m.end()))
         ):

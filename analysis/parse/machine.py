@@ -74,10 +74,13 @@ class Core:
         raw = raw[:MAX_LINE_CHARS].rstrip("\r\n")
         return raw.replace("\x00", "") if "\x00" in raw else raw
 
-    @staticmethod
-    def stream_key(raw: str) -> str:
-        """The stream key ``feed`` finds for a line."""
-        return split_prefix(Core.clean(raw))[0]
+    def offer(self, lineno: int, raw: str) -> None:
+        """Feed a line if it can matter (``active``, a keyword), else only to the open Megatron
+        timer block of its stream, if any."""
+        if self.active or rules.KW.has(raw, self.run.pipe_iterations):
+            self.feed(lineno, raw)
+        elif self.timer_keys and split_prefix(self.clean(raw))[0] in self.timer_keys:
+            self.feed(lineno, raw, dispatch=False)
 
     def feed(self, lineno: int, raw: str, dispatch: bool = True) -> None:
         """Parse one physical line (1-based ``lineno``).  ``dispatch=False``: only continue
@@ -254,10 +257,9 @@ class Core:
                 self.run.problems.append(f"line {start}: DeepSpeed json config dump is not JSON")
             if isinstance(value, dict):
                 self.run.ds_config.update(value)
-        elif mode == "wrap" and st.timer_kind == "timer":
-            self._single_line_timers(key, rules.join_wrapped(buf), start, allow_wrap=False)
         elif mode == "wrap":
-            self._iteration_text(key, rules.join_wrapped(buf), start, allow_wrap=False)
+            read = self._single_line_timers if st.timer_kind == "timer" else self._iteration_text
+            read(key, rules.join_wrapped(buf), start, allow_wrap=False)
         elif mode == "listtb":  # a list's repr is one logical line, cut wherever the width fell
             failures.list_traceback_end(self.run, key, "".join(buf), start, eof)
         elif mode == "traceback" and eof:
@@ -336,13 +338,14 @@ class Core:
 
     def _add_iteration(self, key: str, it: Iteration) -> None:
         run = self.run
-        if it.iteration in run.iter_index:
+        if run.has_iteration(it.iteration):
             return  # printed by several ranks
         if it.iteration < run.max_iter:
             self._new_run(it.line or 0, "the iteration counter went back")
             run = self.run
         run.begin_training(key, it.line or 0)
-        run.iter_index[it.iteration] = len(run.iterations)
+        if run.seen_iters is not None:
+            run.seen_iters.add(it.iteration)
         run.iterations.append(it)
         run.iter_numbers.setdefault(key, array("q")).append(it.iteration)
         run.max_iter = max(run.max_iter, it.iteration)

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from analysis.parse.records import Failure, ParsedRun, PipelineStep, PipelineStepTable, TimerTable
+from analysis.parse.records import Failure, ParsedRun, PipelineStep, PipelineStepTable
 from analysis.parse.rules import RunState
 from analysis.parse.storage import (
     DeepSpeedBlocks,
@@ -38,12 +36,6 @@ DS_BATCH_KEYS = (
     ("micro_batch_size", "train_micro_batch_size_per_gpu"),
 )
 """Summary keys the DeepSpeed config gives when nothing else does: (key, its name there)."""
-
-
-def attribute_ds_blocks(run: RunState, pipeline: bool) -> tuple[TimerTable, list[str]]:
-    """DeepSpeed/pipeline timer blocks with their iteration (see module doc)."""
-    steps = run.steps.column("step").ints() if len(run.steps) else np.zeros(0, dtype=np.int64)
-    return attribute_blocks(run.ds_blocks, run.iter_numbers, steps, pipeline)
 
 
 def run_summary(run: RunState) -> tuple[dict[str, Any], list[str]]:
@@ -116,8 +108,9 @@ def is_pipeline(config: dict[str, Any], has_steps: bool) -> bool:
 def finished_run(run: RunState) -> ParsedRun:
     """Turn the filled state into a ParsedRun: config, attribution, status."""
     config, problems = run_summary(run)
-    ds_blocks, attr_problems = attribute_ds_blocks(run, is_pipeline(config, bool(run.steps)))
-    had_ds_blocks = bool(run.ds_blocks)
+    steps = run.steps.column("step").ints()
+    pipeline = is_pipeline(config, bool(run.steps))
+    ds_blocks, attr_problems = attribute_blocks(run.ds_blocks, run.iter_numbers, steps, pipeline)
     timers = run.megatron_blocks
     timers.extend(ds_blocks)
     del ds_blocks
@@ -164,7 +157,7 @@ def finished_run(run: RunState) -> ParsedRun:
             else None
         )
     found = (run.iterations, run.steps, run.megatron_blocks, run.memory, run.memory_other)
-    if not (had_ds_blocks or any(found) or run.failure or run.outcome or run.args or run.world):
+    if not (any(found) or run.failure or run.outcome or run.args or run.world):
         out.problems.append("no training output recognised")
     return out
 

@@ -19,11 +19,10 @@ from dataclasses import asdict, fields
 from functools import partial
 from itertools import islice
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from analysis.parse.bulk import Bulk
 from analysis.parse.extract import line_end
-from analysis.parse.keywords import Keywords
 from analysis.parse.lines import (
     COMPOSE,
     MAX_LINE_CHARS,
@@ -34,7 +33,7 @@ from analysis.parse.lines import (
 )
 from analysis.parse.machine import Core
 from analysis.parse.merge import merge_runs
-from analysis.parse.records import RECORD_LISTS, ParsedRun, TimerBlock, TimerTable, block_dict
+from analysis.parse.records import RECORD_LISTS, ParsedRun, TimerTable
 from analysis.parse.rules import KW, OMPI_PEEK_BYTES, OMPI_TAG_BYTES, strict
 from analysis.parse.tables import RecordTable
 
@@ -57,10 +56,7 @@ def parse_lines(lines: Iterable[str], source: str) -> list[ParsedRun]:
     core = Core(source)
     try:
         for lineno, line in enumerate(demux_tagged(lines), start=1):
-            if core.active or KW.has(line, core.run.pipe_iterations):
-                core.feed(lineno, line)
-            elif core.timer_keys and core.stream_key(line) in core.timer_keys:
-                core.feed(lineno, line, dispatch=False)
+            core.offer(lineno, line)
     except (OSError, UnicodeError) as exc:
         core.run.problems.append(f"reading stopped: {exc}")
     return core.finish()
@@ -156,7 +152,7 @@ def parse_stream(fh: BinaryIO, source: str, bulk: bool = True) -> list[ParsedRun
                 fh = _Demuxed(fh)  # type: ignore[assignment]
             else:
                 rewrite = collector(peek)
-        drive_file(core, KW, fh, bulk=bulk, rewrite=rewrite)
+        drive_file(core, fh, bulk, rewrite)
     except OSError as exc:
         core.run.problems.append(f"cannot read {source}: {exc.strerror or exc}")
     return core.finish()
@@ -182,17 +178,6 @@ def _summary_line(run: ParsedRun) -> str:
     )
 
 
-def _json_blocks(records: Any, encode: Callable[[Any], str], sep: str) -> Iterator[str]:
-    """The elements of a record list as JSON texts joined by ``sep``, a block at a time
-    (column tables from their columns, without an object per record)."""
-    if isinstance(records, RecordTable | TimerTable):
-        yield from records.json_blocks(sep)
-    elif records:
-        yield sep.join(
-            encode(block_dict(r) if isinstance(r, TimerBlock) else asdict(r)) for r in records
-        )
-
-
 def _iter_json(paths: Iterable[str]) -> Iterator[str]:
     """The ``--json`` document in pieces: one log parsed at a time, one record a line."""
     encode = json.JSONEncoder(allow_nan=False, default=str).encode
@@ -209,7 +194,11 @@ def _iter_json(paths: Iterable[str]) -> Iterator[str]:
                     continue
                 yield "["
                 sep = "\n    "
-                for text in _json_blocks(value, encode, ",\n    "):
+                if isinstance(value, RecordTable | TimerTable):  # a block of records at a time
+                    texts = value.json_blocks(",\n    ")
+                else:  # further_failures: a list
+                    texts = [",\n    ".join(encode(asdict(r)) for r in value)] if value else []
+                for text in texts:
                     yield sep + text
                     sep = ",\n    "
                 yield "]"
@@ -246,36 +235,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def line_step(
-    core: Core,
-    kw: Keywords,
-    block: bytes,
-    pos: int,
-    end: int,
-    lineno: int,
-    look_here: bool = False,
+    core: Core, block: bytes, pos: int, end: int, lineno: int, look_here: bool = False
 ) -> tuple[int, int]:
     """Feed the next line of ``block[pos:end]`` that can matter (``Core.active``, keywords,
     streams with an open timer block); skip the lines before it.  Returns (pos, lineno) after
     the fed line, or (end, lineno at end) when none is left.  ``look_here``: the line at
     ``pos`` most likely holds a keyword (a bulk step ended there): look for one in it first,
     before the keywords are looked for through the rest of the chunk."""
-    if core.active:
+    if core.active or core.timer_keys:  # (open timer blocks: their streams' lines, each line)
         e = line_end(block, pos, end)
-        core.feed(lineno, block[pos:e].decode("utf-8", "replace"))
-        return e + 1, lineno + 1
-    if core.timer_keys:  # lines of those streams continue or close the block: each line
-        e = line_end(block, pos, end)
-        line = block[pos:e].decode("utf-8", "replace")
-        if kw.has(line, core.run.pipe_iterations):
-            core.feed(lineno, line)
-        elif core.stream_key(line) in core.timer_keys:
-            core.feed(lineno, line, dispatch=False)
+        core.offer(lineno, block[pos:e].decode("utf-8", "replace"))
         return e + 1, lineno + 1
     hit = -1
     if look_here:
-        hit = kw.first(block, pos, line_end(block, pos, end), core.run.pipe_iterations, True)
+        hit = KW.first(block, pos, line_end(block, pos, end), core.run.pipe_iterations, True)
     if hit < 0:
-        hit = kw.first(block, pos, end, core.run.pipe_iterations)
+        hit = KW.first(block, pos, end, core.run.pipe_iterations)
     if hit < 0:
         return end, lineno + block.count(b"\n", pos, end)
     s = block.rfind(b"\n", pos, hit) + 1 or pos
@@ -287,19 +262,17 @@ def line_step(
 
 def drive_block(
     core: Core,
-    kw: Keywords,
     bulk: Bulk | None,
     block: bytes,
     lineno: int,
-    end: int = -1,
-    rewrite: Callable[[bytes], bytes] | None = None,
+    end: int,
+    rewrite: Callable[[bytes], bytes] | None,
 ) -> int:
     """Feed the whole lines of ``block``; return the line number after it.  Where the last
     bulk step took few lines (a log of mostly NCCL chatter), the line path, which jumps
     from keyword to keyword, reads the next ``SPARSE_BYTES``.  ``end``: where the whole
-    lines end (default: the end of ``block``); ``rewrite``: what a collector wrote on each
+    lines end; ``rewrite``: what a collector wrote on each
     line, rewritten first (``collector``)."""
-    end = len(block) if end < 0 else end
     if rewrite is not None:
         block = rewrite(b"\n" + block[:end])[1:]
         end = len(block)
@@ -314,7 +287,7 @@ def drive_block(
                 continue
             stepped = True
         start = pos
-        pos, lineno = line_step(core, kw, block, pos, end, lineno, look_here=stepped)
+        pos, lineno = line_step(core, block, pos, end, lineno, look_here=stepped)
         stepped = False
         if bulk is not None:  # (keyword lines of a sparse stretch: fed here until it is spent)
             bulk.line_budget -= pos - start
@@ -322,15 +295,11 @@ def drive_block(
 
 
 def drive_file(
-    core: Core,
-    kw: Keywords,
-    fh: BinaryIO,
-    bulk: bool = True,
-    rewrite: Callable[[bytes], bytes] | None = None,
+    core: Core, fh: BinaryIO, bulk: bool, rewrite: Callable[[bytes], bytes] | None
 ) -> None:
     """Feed a whole file, ``CHUNK_BYTES`` at a time; an over-long line's tail is skipped;
     ``rewrite``: see ``drive_block``."""
-    fast = Bulk(core, kw) if bulk else None
+    fast = Bulk(core, KW) if bulk else None
     lineno = 1
     carry = b""
     skipping = False  # inside the tail of an over-long line
@@ -344,7 +313,7 @@ def drive_file(
             # line it cut (no copy of the chunk to join that line's two pieces).
             cut = data.rfind(b"\n")
             if cut >= 0:
-                lineno = drive_block(core, kw, fast, data, lineno, cut + 1, rewrite)
+                lineno = drive_block(core, fast, data, lineno, cut + 1, rewrite)
                 if cut + 1 < len(data):
                     fh.seek(cut + 1 - len(data), 1)
                 continue
@@ -363,10 +332,10 @@ def drive_file(
             if len(carry) > MAX_LINE_CHARS * 4:
                 carry, skipping = carry[: MAX_LINE_CHARS * 4], True
             continue
-        lineno = drive_block(core, kw, fast, buf, lineno, cut + 1, rewrite)
+        lineno = drive_block(core, fast, buf, lineno, cut + 1, rewrite)
         carry = buf[cut + 1 :]
     if carry:
         core.feed(lineno, carry.decode("utf-8", "replace"))
-    kw.forget()
+    KW.forget()
     if fast is not None:
         fast.keywords.forget()

@@ -21,7 +21,7 @@ from analysis.parse.records import (
     PipelineStepTable,
     TimerTable,
 )
-from analysis.parse.storage import DeepSpeedBlocks, IterIndex
+from analysis.parse.storage import DeepSpeedBlocks
 
 STRICT: ContextVar[bool] = ContextVar("analysis.parse.reader strict mode", default=False)
 """Strict mode (``strict()``): a handler's exception propagates instead of becoming a problem."""
@@ -180,7 +180,6 @@ class RunState:
     source: str
     first_line: int
     iterations: IterationTable = field(default_factory=IterationTable)
-    iter_index: IterIndex = field(init=False)
     memory: MemoryTable = field(default_factory=MemoryTable)
     memory_other: MemoryTable = field(default_factory=MemoryTable)
     megatron_blocks: TimerTable = field(default_factory=TimerTable)
@@ -224,6 +223,17 @@ class RunState:
     ``LATE_CONFIG_LINES``); 0 once the set-up is complete."""
     args_stream: str | None = None
     """Stream that printed Megatron's argument dump (rank 0's)."""
+    seen_iters: set[int] | None = None
+    """The run's iteration numbers, built on first need (``has_iteration``) and kept then."""
+
+    def has_iteration(self, number: int) -> bool:
+        """Whether iteration ``number`` was read: numbers usually only grow, so one above the
+        last is new; anything else is looked up in a set built on first need."""
+        if number >= self.max_iter:
+            return number == self.max_iter
+        if self.seen_iters is None:
+            self.seen_iters = set(self.iterations.column("iteration").ints().tolist())
+        return number in self.seen_iters
 
     def begin_training(self, key: str, lineno: int, content: bool = True) -> None:
         """Stream ``key`` printed training output at ``lineno`` (``content``: a record, not
@@ -250,9 +260,6 @@ class RunState:
         """Megatron's argument dump was read, and the padded vocabulary or the end of the set-up
         of the stream that printed the dump (its own training output): the spec is known."""
         return bool(self.args) and (bool(self.vocab) or self.args_stream in self.training_streams)
-
-    def __post_init__(self) -> None:
-        self.iter_index = IterIndex(self.iterations)
 
 
 WRAP_MAX_LINES = 40

@@ -13,41 +13,6 @@ from analysis.parse.columns import Column
 from analysis.parse.records import IterationTable, TimerBlock, TimerTable
 
 
-class IterIndex:
-    """``number in index`` and ``index[number] = position`` over a run's iteration numbers,
-    without a dict entry per iteration: numbers usually only grow, so a number above the
-    largest is new; anything else is looked up in a set built on first need."""
-
-    def __init__(self, table: IterationTable) -> None:
-        self._table = table
-        self._max: int | None = None
-        self._seen: set[int] | None = None
-
-    def __contains__(self, number: int) -> bool:
-        if self._max is None or number > self._max:
-            return False
-        if number == self._max:
-            return True
-        if self._seen is None:
-            self._seen = set(self._table.column("iteration").ints().tolist())
-        return number in self._seen
-
-    def __setitem__(self, number: int, _position: int) -> None:
-        """Record a number (added to the table by the caller)."""
-        if self._seen is not None:
-            self._seen.add(number)
-        if self._max is None or number > self._max:
-            self._max = number
-
-    def add_increasing(self, numbers: np.ndarray) -> None:
-        """Record numbers that are each above every number before (bulk)."""
-        if not len(numbers):
-            return
-        if self._seen is not None:
-            self._seen.update(numbers.tolist())
-        self._max = int(numbers[-1])
-
-
 class DeepSpeedBlocks:
     """DeepSpeed ``time (ms) |`` blocks of a run being parsed, before attribution: the values
     as a ``TimerTable`` and, per block, how many iteration lines of its own stream and how many
@@ -90,16 +55,11 @@ class DeepSpeedBlocks:
         self.n_steps.add_ints(n_steps)
         self.stream.add_ints(stream)
 
-    def __len__(self) -> int:
-        return len(self.table)
-
 
 def _runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For consecutive equal keys: the 1-based position of each element in its run, and the
     length of its run."""
     n = len(keys)
-    if not n:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
     lengths = np.diff(np.concatenate([starts, [n]]))
     run_id = np.repeat(np.arange(len(starts)), lengths)
@@ -121,8 +81,6 @@ def _attribute_piece(
     both = has_prev & has_next
     match = both & (nxt - prev == m)
     mismatch = bool((both & (nxt - prev != m)).any())
-    out[rows[match]] = (prev + k)[match]
-    none[rows[match]] = False
     # Before the first iteration line: one block per step since the start (m == N) or since a
     # resume one log interval earlier; anything else (a one-off set-up timer such as ZeRO-3's
     # init_optimizer_state) stays unattributed.
@@ -132,9 +90,9 @@ def _attribute_piece(
         ok = first & ((m == nxt) | (m == interval if interval is not None else False))
         out[rows[ok]] = (nxt - m + k)[ok]
         none[rows[ok]] = False
-    after = has_prev & ~has_next
-    out[rows[after]] = (prev + k)[after]
-    none[rows[after]] = False
+    take = match | (has_prev & ~has_next)  # (after the last iteration line: the next ones)
+    out[rows[take]] = (prev + k)[take]
+    none[rows[take]] = False
     return mismatch
 
 
