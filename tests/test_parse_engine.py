@@ -11,6 +11,7 @@ enough that records straddle their boundaries.
 from __future__ import annotations
 
 import math
+import random
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -97,6 +98,33 @@ def test_generated_logs(tmp_path, kind, small_chunks):
     assert run["iterations"][-1]["iteration"] == written.iterations
     assert len(run["timers"]) == written.timer_blocks
     assert len(run["memory"]) == written.memory_reports
+
+
+@pytest.mark.parametrize("form", ["stamps", "compose", "compose-name"])
+def test_collector_forms_on_some_lines(tmp_path, form):
+    """What a collector writes, on some lines only: a time stamp on a third of them (too few
+    for the file to be rewritten first), or ``docker compose``'s prefix on the lines of the
+    node that prints the timer blocks, the other's keeping pdsh's (a pdsh-like name, or one
+    pdsh's rule does not read as a host).  Lines of a timer block's stream with a stamp go on
+    with the block: both readers read the same records, and as many as written."""
+    import loggen
+
+    plain = tmp_path / "dense.log"
+    written = loggen.write_dense(plain, 0.3, LAB_LOGS)
+    rnd = random.Random(7)
+    head = "trainer  | " if form == "compose-name" else "node1-1  | "
+    out = []
+    for line in plain.read_text().splitlines():
+        if form == "stamps" and rnd.random() < 0.35:
+            line = "2026-11-28T10:00:00.5Z " + line
+        elif form != "stamps" and line.startswith("node1: "):
+            line = head + line[7:]
+        out.append(line)
+    path = tmp_path / f"{form}.log"
+    path.write_text("\n".join(out) + "\n")
+    runs = _three_ways(path)
+    assert [len(r["iterations"]) for r in runs] == [written.iteration_lines]
+    assert [len(r["timers"]) for r in runs] == [written.timer_blocks]
 
 
 # -- generated mixtures -------------------------------------------------------------------

@@ -23,7 +23,7 @@ from analysis.parse.extract import (
     matches,
     spans_text,
 )
-from analysis.parse.lines import MAX_LINE_CHARS, split_prefix, to_float
+from analysis.parse.lines import MAX_LINE_CHARS, TIME_STAMP, split_prefix, to_float
 from analysis.parse.rules import TIMER_LINE_RE, TIMER_NAME_RE, TIMER_RANK_RE
 
 HEAD_RE = re.compile(rb" across ranks \(ms\):([ \t]*\r?\n)")
@@ -97,7 +97,9 @@ class BlockExtractor:
         got = self.prefix_runs.get(raw)
         if got is None:
             k, rest = split_prefix(raw.decode("ascii"))
-            got = self.prefix_runs[raw] = (k, len(raw) - len(rest))
+            got = (k, len(raw) - len(rest))
+            if len(self.prefix_runs) < 65536:  # (a time stamp makes each line's its own)
+                self.prefix_runs[raw] = got
         c = s + got[1]
         if c < e and (block[c] >= 0x7F or (block[c] < 0x20 and block[c] != 0x09)):
             line = block[s:e].decode("utf-8", "replace")[:MAX_LINE_CHARS].rstrip("\r\n")
@@ -105,14 +107,24 @@ class BlockExtractor:
         return got[0]
 
     def stream_re(self, key: str) -> re.Pattern[bytes]:
-        """A newline and the launcher prefix of a line of stream ``key`` (not empty), or of
-        another stream with the same first label."""
+        """A newline and the outermost prefix (``docker compose``'s or a launcher's, maybe after
+        a time stamp) of a line of stream ``key`` (not empty), or of another stream with the
+        same first label."""
         pat = self.stream_res.get(key)
         if pat is None:
             label = re.escape(key.split("|")[0].encode())
-            forms = (rb"\s{0,4}%s:\s", rb"\[%s\]:", rb"\[\d{1,9},%s\]<std(?:out|err)>:")
+            forms = (
+                rb"\s{0,4}%s:\s",
+                rb"\[%s\]:",
+                rb"\[\d{1,9},%s\]<std(?:out|err)>:",
+                rb"%s +\| ",
+            )
             pat = self.stream_res[key] = re.compile(
-                rb"\n(?:" + b"|".join(f % label for f in forms) + rb")"
+                rb"\n(?:"
+                + TIME_STAMP.encode()
+                + rb")?(?:"
+                + b"|".join(f % label for f in forms)
+                + rb")"
             )
         return pat
 

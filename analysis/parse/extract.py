@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.parse.lines import COMPOSE, MAX_LINE_CHARS, norm_key, split_prefix
+from analysis.parse.lines import COMPOSE, MAX_LINE_CHARS, TIME_STAMP, norm_key, split_prefix
 from analysis.parse.rules import INT_FIELDS, ITER_FIELDS
 
 DIGITS = b"0123456789"
@@ -22,12 +22,13 @@ WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 PRINTABLE = bytes(range(0x20, 0x7F)) + b"\t"
 MISSING = object()
 PREFIXES_RE = re.compile(
-    b"(?:" + COMPOSE.encode() + b")?"
+    b"(?:" + COMPOSE.encode() + b")?(?:" + TIME_STAMP.encode() + b")?"
     rb"(?:\s{0,4}\d{1,5}:\s|\[\d{1,9},\d{1,6}\]<std(?:out|err)>:|\[(?:default\d+|rank\d+)\]:\s?"
     rb"|[A-Za-z0-9][A-Za-z0-9_.-]{0,62}:\s){0,4}"
 )
-"""``docker compose``'s and launcher prefixes at the start of a line, as ``lines.split_prefix``
-reads them (which then says how many of them really are prefixes)."""
+"""``docker compose``'s prefix, a collector's time stamp and launcher prefixes at the start of a
+line, as ``lines.split_prefix`` reads them (which then says how many of them really are
+prefixes)."""
 
 NUM = rb"-?\d++(?:\.\d++)?+"
 """A plain decimal: ``float()`` reads it as ``lines.to_float`` does."""
