@@ -401,6 +401,11 @@ def test_prefixes_do_not_change_values(prefix):
         ("node0-1  | 2026-11-28T10:00:00.123Z node0: x", "x"),
         ("ab_node_1 | iteration 5/ 30 |", "iteration 5/ 30 |"),
         ("iteration 5/ 30  | x", "iteration 5/ 30  | x"),
+        ("10.0.0.2-1  | [Rank 0] x", "[Rank 0] x"),
+        (
+            "26.740 | tokens per gpu per second (tgs): 1711.333 |",
+            "26.740 | tokens per gpu per second (tgs): 1711.333 |",
+        ),
     ],
     ids=[
         "pdsh-steps",
@@ -421,6 +426,8 @@ def test_prefixes_do_not_change_values(prefix):
         "compose-stamp-pdsh",
         "compose-v1",
         "bar-in-content",
+        "compose-digit-name",
+        "wrapped-value-bar",
     ],
 )
 def test_strip_prefix(line, content):

@@ -27,10 +27,11 @@ off before the launcher prefixes, and no part of the stream key.  (A bracketed o
 01:30:03,047] [INFO]``, is DeepSpeed's logger, printed by the program: content.)"""
 _STAMP_RE = re.compile(TIME_STAMP)
 
-COMPOSE = r"[A-Za-z][A-Za-z0-9_.-]{0,62} +\| "
+COMPOSE = r"(?:[A-Za-z][A-Za-z0-9_.-]{0,62} +|\d[A-Za-z0-9_.-]{0,62}  +)\| "
 """``docker compose logs``'s prefix: the container's name, padded with blanks, then ``| ``
-(``node0-1  | ``).  Taken off first (a time stamp, ``--timestamps``, comes after it); the
-name is the stream's first label."""
+(``node0-1  | ``; a name that starts with a digit, at least two blanks: a hard-wrapped
+record's ``26.740 | tokens`` stays content).  Taken off first (a time stamp, ``--timestamps``,
+comes after it); the name is the stream's first label."""
 _COMPOSE_RE = re.compile(COMPOSE)
 
 # Launcher prefixes, tried repeatedly at the start of a line:
@@ -64,7 +65,7 @@ def split_prefix(line: str) -> tuple[str, str]:
     if "\x1b" in line:
         line = _ANSI_RE.sub("", line)
     key = ""
-    if line[:1].isalpha() and (m := _COMPOSE_RE.match(line)) is not None:
+    if line[:1].isalnum() and (m := _COMPOSE_RE.match(line)) is not None:
         key, line = m.group()[: m.group().index(" ")], line[m.end() :]
     if line[:1].isdigit() or line[:1].isupper():
         stamp = _STAMP_RE.match(line)
