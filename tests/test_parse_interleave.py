@@ -43,7 +43,7 @@ from typing import Any
 import pytest
 from conftest import LAB_LOGS
 
-from analysis.parse.lines import split_prefix
+from analysis.parse.lines import COMPOSE, split_prefix
 from analysis.report import build as report
 from analysis.runs.load import NODE_SUFFIX
 from analysis.theory.formulas import RATE_IN_NAME
@@ -57,7 +57,7 @@ STYLES: dict[str, Callable[[int, str], str]] = {
 }
 """Prefix of stream ``i`` (host name ``host``) in each launcher's style (``compose``: ``docker
 compose logs`` of one container per node)."""
-_COMPOSE = re.compile(r"[A-Za-z][\w.-]* +\| ")
+_COMPOSE = re.compile(COMPOSE)
 
 _T0 = datetime(2026, 11, 28, 10, 0, 0)
 COLLECTORS: dict[str, Callable[[int], str]] = {
